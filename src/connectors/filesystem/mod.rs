@@ -1,0 +1,273 @@
+//! The filesystem connector: walks one or more paths and publishes each matching file.
+//!
+//! Ids are paths relative to the root given (a file given directly is its own root, its id is
+//! its name). Symbolic links are followed only when they resolve inside the root; a dangling
+//! link is reported as an unreadable document, a link out of the root as a dropped one.
+//! `.jsonl` files hold one document per line (see [`super::jsonl`]).
+
+mod config;
+
+use std::fs;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use globset::GlobSet;
+use walkdir::WalkDir;
+
+pub use config::{FilesystemConfig, ValidFilesystemConfig, DEFAULT_EXTENSIONS};
+
+use super::jsonl::{publish_lines, JsonlFields};
+use super::{decode, Connector, ConnectorError, Decoded};
+use crate::document::Document;
+use crate::publisher::Publisher;
+
+pub struct FilesystemConnector {
+    config: ValidFilesystemConfig,
+}
+
+/// A file found by the walk, before it is read.
+struct Found {
+    /// The path to read (for a link, the link: reading follows it).
+    path: PathBuf,
+    id: String,
+    /// Set when the entry is known to be unusable: (stage, reason, is_failure).
+    problem: Option<(&'static str, String, bool)>,
+}
+
+impl FilesystemConnector {
+    pub fn new(config: ValidFilesystemConfig) -> Self {
+        FilesystemConnector { config }
+    }
+
+    /// Walk every root, in a stable order.
+    fn walk(&self) -> Vec<Found> {
+        let mut found = Vec::new();
+        for root in &self.config.roots {
+            if root.is_file() {
+                let id = root.file_name().map_or_else(
+                    || root.display().to_string(),
+                    |n| n.to_string_lossy().into(),
+                );
+                found.push(Found {
+                    path: root.clone(),
+                    id,
+                    problem: None,
+                });
+                continue;
+            }
+            // Roots were checked to exist; canonicalize succeeds unless they vanished since.
+            let canonical_root = fs::canonicalize(root).unwrap_or_else(|_| root.clone());
+            let walker = WalkDir::new(root)
+                .follow_links(false)
+                .sort_by_file_name()
+                .into_iter()
+                .filter_entry(|e| e.depth() == 0 || !is_hidden(e.file_name()));
+            for entry in walker {
+                let entry = match entry {
+                    Ok(entry) => entry,
+                    Err(err) => {
+                        let path = err
+                            .path()
+                            .map(Path::to_path_buf)
+                            .unwrap_or_else(|| root.clone());
+                        found.push(Found {
+                            id: relative_id(root, &path),
+                            path,
+                            problem: Some(("read", format!("cannot list: {err}"), true)),
+                        });
+                        continue;
+                    }
+                };
+                let path = entry.path();
+                let rel = relative_id(root, path);
+                let file_type = entry.file_type();
+                if file_type.is_dir() {
+                    continue;
+                }
+                if !self.config.selects(&rel) {
+                    continue;
+                }
+                let problem = if file_type.is_symlink() {
+                    match fs::canonicalize(path) {
+                        Err(e) => Some((
+                            "read",
+                            format!(
+                                "dangling symbolic link to `{}` ({e}); fix or remove the link",
+                                fs::read_link(path)
+                                    .map(|t| t.display().to_string())
+                                    .unwrap_or_default()
+                            ),
+                            true,
+                        )),
+                        Ok(target) if !target.starts_with(&canonical_root) => Some((
+                            "read",
+                            format!(
+                                "symbolic link to `{}`, outside the root `{}`; not followed",
+                                target.display(),
+                                root.display()
+                            ),
+                            false,
+                        )),
+                        // A link to a folder inside the root: its files are walked there.
+                        Ok(target) if target.is_dir() => continue,
+                        Ok(_) => None,
+                    }
+                } else if !file_type.is_file() {
+                    Some((
+                        "read",
+                        "not a regular file (socket, device or FIFO)".into(),
+                        false,
+                    ))
+                } else {
+                    None
+                };
+                found.push(Found {
+                    path: path.to_path_buf(),
+                    id: rel,
+                    problem,
+                });
+            }
+        }
+        found
+    }
+
+    fn publish_file(&self, found: Found, publisher: &Publisher) -> Result<(), ConnectorError> {
+        let source = found.path.display().to_string();
+        if let Some((stage, reason, failure)) = found.problem {
+            if failure {
+                publisher.publish_failed(&found.id, Some(&source), stage, &reason);
+            } else {
+                publisher.publish_dropped(&found.id, Some(&source), stage, &reason);
+            }
+            return Ok(());
+        }
+        let format = format_of(&found.path);
+        if format == "jsonl" {
+            return match fs::File::open(&found.path) {
+                Ok(file) => publish_lines(
+                    BufReader::new(file),
+                    &found.id,
+                    &self.config.jsonl,
+                    publisher,
+                ),
+                Err(e) => {
+                    publisher.publish_failed(&found.id, Some(&source), "read", &format!("{e}"));
+                    Ok(())
+                }
+            };
+        }
+        let size = fs::metadata(&found.path).map(|m| m.len()).unwrap_or(0);
+        if size > self.config.max_file_bytes {
+            let reason = format!(
+                "file is {size} bytes, over --max-file-bytes={}; raise it to ingest this file",
+                self.config.max_file_bytes
+            );
+            publisher.publish_failed(&found.id, Some(&source), "read", &reason);
+            return Ok(());
+        }
+        let bytes = match fs::read(&found.path) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                let reason = format!("cannot read: {e}");
+                publisher.publish_failed(&found.id, Some(&source), "read", &reason);
+                return Ok(());
+            }
+        };
+        match decode(bytes) {
+            Decoded::Text(text) => {
+                let mut doc = Document::new(found.id, text);
+                doc.fields.source = Some(source);
+                doc.fields.metadata.insert("format".into(), format.into());
+                publisher.publish(doc)?;
+            }
+            Decoded::Empty => {
+                publisher.publish_dropped(&found.id, Some(&source), "read", "empty document")
+            }
+            Decoded::Binary => publisher.publish_dropped(
+                &found.id,
+                Some(&source),
+                "read",
+                "binary content (NUL bytes): not a text document",
+            ),
+            Decoded::Invalid(reason) => {
+                publisher.publish_failed(&found.id, Some(&source), "read", &reason)
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Connector for FilesystemConnector {
+    fn name(&self) -> &'static str {
+        "filesystem"
+    }
+
+    fn run(&mut self, publisher: &Publisher) -> Result<(), ConnectorError> {
+        let found = self.walk();
+        publisher.announce(found.len() as u64);
+        for file in found {
+            self.publish_file(file, publisher)?;
+        }
+        Ok(())
+    }
+}
+
+fn is_hidden(name: &std::ffi::OsStr) -> bool {
+    name.to_str().is_some_and(|s| s.starts_with('.'))
+}
+
+/// The id of `path` under `root`: the relative path with `/` separators.
+fn relative_id(root: &Path, path: &Path) -> String {
+    let rel = path.strip_prefix(root).unwrap_or(path);
+    let parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.is_empty() {
+        path.display().to_string()
+    } else {
+        parts.join("/")
+    }
+}
+
+/// The document format, from the extension: what the extract stage will parse it as.
+pub fn format_of(path: &Path) -> &'static str {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_default();
+    match ext.as_str() {
+        "md" | "markdown" | "mdx" => "markdown",
+        "html" | "htm" | "xhtml" => "html",
+        "rst" => "rst",
+        "jsonl" | "ndjson" => "jsonl",
+        _ => "text",
+    }
+}
+
+impl ValidFilesystemConfig {
+    /// Does the walk take the file at relative path `rel`?
+    fn selects(&self, rel: &str) -> bool {
+        let ext = Path::new(rel)
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        let by_extension = ext.is_some_and(|e| self.extensions.iter().any(|x| *x == e));
+        let included = if self.include.is_empty() {
+            by_extension
+        } else {
+            matches(&self.include, rel)
+        };
+        included && !matches(&self.exclude, rel)
+    }
+}
+
+fn matches(set: &GlobSet, rel: &str) -> bool {
+    !set.is_empty() && set.is_match(rel)
+}
+
+/// The JSONL fields used for `.jsonl` files found in the walk.
+pub fn jsonl_fields(config: &ValidFilesystemConfig) -> &JsonlFields {
+    &config.jsonl
+}

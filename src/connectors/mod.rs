@@ -1,0 +1,96 @@
+//! Connectors read documents from a source and publish them, each on its own thread.
+//!
+//! A connector never stops the run for one bad item: an unreadable file, invalid UTF-8 or a
+//! malformed JSONL line is published as a failed document (or a dropped one, for empty and
+//! binary files) with its id and the reason, and the connector carries on.
+
+pub mod filesystem;
+pub mod jsonl;
+
+use thiserror::Error;
+
+use crate::publisher::Publisher;
+use crate::queue::Stopped;
+
+#[derive(Debug, Error)]
+pub enum ConnectorError {
+    /// A problem with the connector's configuration, found before anything ran.
+    #[error("{0}")]
+    Config(String),
+    /// The run stopped while the connector was publishing.
+    #[error(transparent)]
+    Stopped(#[from] Stopped),
+    /// The source as a whole failed (not one item of it).
+    #[error("{0}")]
+    Source(String),
+}
+
+/// A source of documents.
+pub trait Connector: Send {
+    /// The connector's name, for messages.
+    fn name(&self) -> &'static str;
+
+    /// Publish every document, then return. Per-item problems are published as failures or
+    /// drops; an error means the source as a whole could not be read.
+    fn run(&mut self, publisher: &Publisher) -> Result<(), ConnectorError>;
+}
+
+/// How the bytes of a file turned out.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    Text(String),
+    /// Nothing but whitespace.
+    Empty,
+    /// NUL bytes near the start: not a text document.
+    Binary,
+    /// Not UTF-8: the reason, with where and how to fix it.
+    Invalid(String),
+}
+
+/// Decide what a file's bytes are: UTF-8 text (BOM removed), empty, binary, or invalid.
+pub fn decode(bytes: Vec<u8>) -> Decoded {
+    if bytes.starts_with(&[0xFF, 0xFE]) || bytes.starts_with(&[0xFE, 0xFF]) {
+        return Decoded::Invalid(
+            "UTF-16 text; convert it to UTF-8 (e.g. `iconv -f UTF-16 -t UTF-8`)".into(),
+        );
+    }
+    let head = &bytes[..bytes.len().min(8192)];
+    if head.contains(&0) {
+        return Decoded::Binary;
+    }
+    let mut bytes = bytes;
+    if bytes.starts_with(&[0xEF, 0xBB, 0xBF]) {
+        bytes.drain(..3);
+    }
+    match String::from_utf8(bytes) {
+        Ok(text) if text.trim().is_empty() => Decoded::Empty,
+        Ok(text) => Decoded::Text(text),
+        Err(err) => {
+            let at = err.utf8_error().valid_up_to();
+            let line = 1 + err.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
+            Decoded::Invalid(format!(
+                "invalid UTF-8 at byte {at} (line {line}); convert the file to UTF-8 \
+                 (e.g. `iconv -f latin1 -t utf-8`)"
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_text_empty_binary_and_invalid() {
+        assert_eq!(
+            decode(b"\xEF\xBB\xBFhi".to_vec()),
+            Decoded::Text("hi".into())
+        );
+        assert_eq!(decode(b" \n\t".to_vec()), Decoded::Empty);
+        assert_eq!(decode(b"\x7fELF\x00\x01".to_vec()), Decoded::Binary);
+        match decode(b"ok\nfa\xE7ade".to_vec()) {
+            Decoded::Invalid(msg) => assert!(msg.contains("byte 5 (line 2)"), "{msg}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! The document model. Parents come from connectors; children (chunks) are made by stages and
+//! are first-class documents with their own id, events and index records.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Identifies one run. Events stamped with another run id are ignored by the publisher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RunId(pub u64);
+
+impl RunId {
+    /// A fresh id from the clock and the process id: unique enough to tell runs apart.
+    pub fn generate() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        RunId(nanos ^ (u64::from(std::process::id()) << 48))
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// The content and description of a document.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Fields {
+    /// The text: raw content from the connector, extracted text after the extract stage, the
+    /// chunk's text for a child.
+    pub text: String,
+    /// A title, from front matter, `<title>`, the first heading or the connector.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Where the document came from (a file path, `file.jsonl:17`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Everything else: front matter keys, JSONL extra fields, the detected format.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, serde_json::Value>,
+}
+
+/// What a chunk carries beyond its text: where it sits in its parent and what the model sees.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Chunk {
+    /// Position among the parent's chunks, from 0.
+    pub ordinal: u32,
+    /// Headings above the chunk, outermost first ("Hooks", "useEffect", "Caveats").
+    pub heading_path: Vec<String>,
+    /// Byte range of the chunk in the parent's extracted text.
+    pub start: usize,
+    pub end: usize,
+    /// Number of model tokens, special tokens excluded.
+    pub token_count: u32,
+    /// The model's token ids for the chunk, special tokens excluded: computed once by the
+    /// chunker and reused by the embedder. Not written to the index.
+    #[serde(skip)]
+    pub token_ids: Vec<u32>,
+    /// The embedding, once the embedder has run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vector: Option<Vec<f32>>,
+}
+
+/// A document in flight.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Document {
+    pub id: String,
+    pub run_id: RunId,
+    /// This instance of the document in this run: the publisher numbers what it publishes;
+    /// a child's instance is derived from its parent's instance and its own id, so a parent
+    /// processed twice (at-least-once delivery) yields the same child instances and the
+    /// publisher can tell duplicates from new work. Two documents with the same id published
+    /// twice are two instances, each needing its own terminal event.
+    #[serde(skip)]
+    pub instance: u64,
+    /// Set on children: the id of the document they were made from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+    /// The parent's instance, on children.
+    #[serde(skip)]
+    pub parent_instance: Option<u64>,
+    pub fields: Fields,
+    /// Set by a stage that decides the document goes no further, with the reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<String>,
+    /// How many children stages made from this document. Stamped by the worker and carried on
+    /// the document's terminal event, so the publisher knows how many CREATEs to expect.
+    #[serde(skip)]
+    pub children: u32,
+    /// Chunk data, on children made by the chunker.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chunk: Option<Box<Chunk>>,
+    /// The structure of `fields.text` found by the extract stage (headings, paragraphs,
+    /// code blocks, tables), for the chunker. Empty before extraction.
+    #[serde(skip)]
+    pub blocks: Vec<Block>,
+}
+
+/// What kind of block of text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BlockKind {
+    /// A heading of `level` (1 = top) with its plain text.
+    Heading {
+        level: u8,
+        text: String,
+    },
+    Paragraph,
+    /// A fenced or indented code block, or `<pre>`: kept whole where it fits.
+    Code,
+    /// A table: kept whole where it fits.
+    Table,
+    ListItem,
+    /// Anything else (HTML blocks, quotes, rules).
+    Other,
+}
+
+/// A block of the extracted text: `text[start..end]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub kind: BlockKind,
+    pub start: usize,
+    pub end: usize,
+}
+
+impl Block {
+    pub fn is_heading(&self) -> bool {
+        matches!(self.kind, BlockKind::Heading { .. })
+    }
+
+    /// Code and tables are split only when they alone exceed the chunk limit.
+    pub fn keep_whole(&self) -> bool {
+        matches!(self.kind, BlockKind::Code | BlockKind::Table)
+    }
+}
+
+impl Document {
+    /// A parent document as a connector makes it; the publisher stamps the run id.
+    pub fn new(id: impl Into<String>, text: impl Into<String>) -> Self {
+        Document {
+            id: id.into(),
+            run_id: RunId(0),
+            instance: 0,
+            parent_id: None,
+            parent_instance: None,
+            fields: Fields {
+                text: text.into(),
+                ..Fields::default()
+            },
+            dropped: None,
+            children: 0,
+            chunk: None,
+            blocks: Vec::new(),
+        }
+    }
+
+    /// A child of this document, with the run id and source carried over.
+    pub fn child(&self, id: impl Into<String>, text: impl Into<String>) -> Self {
+        let id = id.into();
+        Document {
+            instance: child_instance(self.instance, &id),
+            id,
+            run_id: self.run_id,
+            parent_id: Some(self.id.clone()),
+            parent_instance: Some(self.instance),
+            fields: Fields {
+                text: text.into(),
+                title: self.fields.title.clone(),
+                source: self.fields.source.clone(),
+                metadata: BTreeMap::new(),
+            },
+            dropped: None,
+            children: 0,
+            chunk: None,
+            blocks: Vec::new(),
+        }
+    }
+
+    pub fn is_child(&self) -> bool {
+        self.parent_id.is_some()
+    }
+
+    /// Mark the document dropped: it goes no further and ends with a DROP event.
+    pub fn drop_with(&mut self, reason: impl Into<String>) {
+        self.dropped = Some(reason.into());
+    }
+
+    /// A rough size in bytes, for batching by bytes.
+    pub fn approx_bytes(&self) -> usize {
+        let chunk = self.chunk.as_ref().map_or(0, |c| {
+            c.vector.as_ref().map_or(0, |v| v.len() * 4) + c.token_ids.len() * 4 + 64
+        });
+        self.id.len()
+            + self.fields.text.len()
+            + self.fields.title.as_ref().map_or(0, String::len)
+            + self.fields.source.as_ref().map_or(0, String::len)
+            + self.fields.metadata.len() * 32
+            + chunk
+            + 64
+    }
+}
+
+/// The instance number of the child `id` of parent instance `parent`: deterministic, so that
+/// reprocessing a parent names the same children.
+pub fn child_instance(parent: u64, id: &str) -> u64 {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&parent.to_le_bytes());
+    hasher.update(id.as_bytes());
+    let bytes = hasher.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&bytes.as_bytes()[..8]);
+    // 0 is never an instance: the publisher counts from 1.
+    u64::from_le_bytes(first).max(1)
+}

@@ -1,0 +1,295 @@
+//! Finding a model's files (a local folder in the Hugging Face layout, or a hub id through the
+//! hf-hub cache) and reading its sentence-transformers configuration.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::EmbedError;
+
+/// The model used when none is named.
+pub const DEFAULT_MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
+
+/// How token embeddings become one vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    Mean,
+    Cls,
+    LastToken,
+    Max,
+    MeanSqrtLen,
+}
+
+/// Everything needed to run a model, resolved to local paths.
+#[derive(Clone, Debug)]
+pub struct ModelFiles {
+    /// The name the user gave (a hub id or a folder), recorded in the index.
+    pub name: String,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub tokenizer: PathBuf,
+    pub weights: PathBuf,
+    pub pooling: Pooling,
+    pub normalize: bool,
+    /// Longest input in tokens, special tokens included (sentence_bert_config.json, else the
+    /// model's position embeddings).
+    pub max_seq_length: Option<usize>,
+    /// Text prepended to queries and to passages (config_sentence_transformers.json prompts).
+    pub query_prompt: Option<String>,
+    pub passage_prompt: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ModuleEntry {
+    #[serde(default)]
+    path: String,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Deserialize)]
+struct PoolingConfig {
+    #[serde(default)]
+    pooling_mode_cls_token: bool,
+    #[serde(default)]
+    pooling_mode_mean_tokens: bool,
+    #[serde(default)]
+    pooling_mode_max_tokens: bool,
+    #[serde(default)]
+    pooling_mode_mean_sqrt_len_tokens: bool,
+    #[serde(default)]
+    pooling_mode_lasttoken: bool,
+}
+
+#[derive(Deserialize)]
+struct SentenceBertConfig {
+    max_seq_length: Option<usize>,
+}
+
+#[derive(Deserialize)]
+struct StConfig {
+    #[serde(default)]
+    prompts: std::collections::HashMap<String, String>,
+}
+
+impl ModelFiles {
+    /// Resolve `spec`: an existing folder; else `models/<name>` beside the working directory
+    /// (where scripts/fetch-model.sh puts it); else a hub id, from the hf-hub cache or the hub.
+    pub fn resolve(spec: &str) -> Result<Self, EmbedError> {
+        let as_path = Path::new(spec);
+        if as_path.is_dir() {
+            return Self::from_dir(spec, as_path);
+        }
+        if let Some(last) = spec.rsplit('/').next() {
+            for base in models_dirs() {
+                let candidate = base.join(last);
+                if candidate.join("config.json").is_file() {
+                    return Self::from_dir(spec, &candidate);
+                }
+            }
+        }
+        if as_path.is_absolute() || spec.starts_with('.') || spec.split('/').count() > 2 {
+            return Err(EmbedError::NotFound(format!(
+                "model folder `{spec}` does not exist; run scripts/fetch-model.sh or give \
+                 --model a folder in the Hugging Face layout or a hub id"
+            )));
+        }
+        let dir = hub_snapshot(spec)?;
+        Self::from_dir(spec, &dir)
+    }
+
+    /// Read a local folder in the Hugging Face / sentence-transformers layout.
+    pub fn from_dir(name: &str, dir: &Path) -> Result<Self, EmbedError> {
+        let need = |file: &str| -> Result<PathBuf, EmbedError> {
+            let path = dir.join(file);
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(EmbedError::ModelFile {
+                    path,
+                    reason: "missing; the model folder must be in the Hugging Face layout \
+                             (run scripts/fetch-model.sh for the default model)"
+                        .into(),
+                })
+            }
+        };
+        let config = need("config.json")?;
+        let tokenizer = need("tokenizer.json")?;
+        let weights = dir.join("model.safetensors");
+        if !weights.is_file() {
+            let reason = if dir.join("pytorch_model.bin").is_file() {
+                "missing: only pytorch_model.bin is there, and ragline reads safetensors; \
+                 convert it (e.g. with the safetensors `convert` script)"
+            } else {
+                "missing"
+            };
+            return Err(EmbedError::ModelFile {
+                path: weights,
+                reason: reason.into(),
+            });
+        }
+
+        // modules.json lists the sentence-transformers pipeline; without it, a plain
+        // transformers model gets mean pooling, as sentence-transformers itself does.
+        let mut pooling = Pooling::Mean;
+        let mut normalize = false;
+        let modules_path = dir.join("modules.json");
+        if modules_path.is_file() {
+            let modules: Vec<ModuleEntry> = read_json(&modules_path)?;
+            for module in &modules {
+                let kind = module.kind.rsplit('.').next().unwrap_or("");
+                match kind {
+                    "Transformer" => {}
+                    "Pooling" => {
+                        pooling = read_pooling(&dir.join(&module.path).join("config.json"))?
+                    }
+                    "Normalize" => normalize = true,
+                    other => {
+                        return Err(EmbedError::Unsupported(format!(
+                            "{}: module `{other}` is not supported; supported: Transformer, \
+                             Pooling, Normalize",
+                            modules_path.display()
+                        )))
+                    }
+                }
+            }
+        }
+        let max_seq_length = match dir.join("sentence_bert_config.json") {
+            p if p.is_file() => read_json::<SentenceBertConfig>(&p)?.max_seq_length,
+            _ => None,
+        };
+        let (mut query_prompt, mut passage_prompt) = (None, None);
+        let st_config = dir.join("config_sentence_transformers.json");
+        if st_config.is_file() {
+            let st: StConfig = read_json(&st_config)?;
+            query_prompt = st.prompts.get("query").filter(|p| !p.is_empty()).cloned();
+            passage_prompt = st
+                .prompts
+                .get("passage")
+                .or_else(|| st.prompts.get("document"))
+                .filter(|p| !p.is_empty())
+                .cloned();
+        }
+        Ok(ModelFiles {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            config,
+            tokenizer,
+            weights,
+            pooling,
+            normalize,
+            max_seq_length,
+            query_prompt,
+            passage_prompt,
+        })
+    }
+}
+
+/// Folders searched for `models/<name>`: $RAGLINE_MODELS, then ./models.
+fn models_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = std::env::var_os("RAGLINE_MODELS") {
+        dirs.push(PathBuf::from(d));
+    }
+    dirs.push(PathBuf::from("models"));
+    dirs
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, EmbedError> {
+    let bytes = std::fs::read(path).map_err(|e| EmbedError::ModelFile {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| EmbedError::ModelFile {
+        path: path.to_path_buf(),
+        reason: format!("not the expected JSON: {e}"),
+    })
+}
+
+fn read_pooling(path: &Path) -> Result<Pooling, EmbedError> {
+    let c: PoolingConfig = read_json(path)?;
+    let modes = [
+        (c.pooling_mode_mean_tokens, Pooling::Mean),
+        (c.pooling_mode_cls_token, Pooling::Cls),
+        (c.pooling_mode_lasttoken, Pooling::LastToken),
+        (c.pooling_mode_max_tokens, Pooling::Max),
+        (c.pooling_mode_mean_sqrt_len_tokens, Pooling::MeanSqrtLen),
+    ];
+    let on: Vec<Pooling> = modes.iter().filter(|m| m.0).map(|m| m.1).collect();
+    match on.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(EmbedError::Unsupported(format!(
+            "{}: no pooling mode is enabled",
+            path.display()
+        ))),
+        _ => Err(EmbedError::Unsupported(format!(
+            "{}: several pooling modes at once ({on:?}) are not supported",
+            path.display()
+        ))),
+    }
+}
+
+/// The local snapshot folder of a hub model: from the cache when offline (HF_HUB_OFFLINE=1)
+/// or when the hub cannot be reached, else downloaded through hf-hub.
+fn hub_snapshot(id: &str) -> Result<PathBuf, EmbedError> {
+    const FILES: &[&str] = &[
+        "config.json",
+        "tokenizer.json",
+        "model.safetensors",
+        "modules.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+        "1_Pooling/config.json",
+    ];
+    const OPTIONAL: &[&str] = &[
+        "modules.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+        "1_Pooling/config.json",
+    ];
+    let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1" || v == "true");
+    let cache = hf_hub::Cache::from_env();
+    let cached = cache.model(id.to_string());
+    let from_cache = || -> Option<PathBuf> {
+        let config = cached.get("config.json")?;
+        Some(config.parent()?.to_path_buf())
+    };
+    if offline {
+        return from_cache().ok_or_else(|| {
+            EmbedError::NotFound(format!(
+                "model `{id}` is not in the Hugging Face cache ({}) and HF_HUB_OFFLINE is set; \
+                 unset it to download, or give --model a local folder",
+                cache.path().display()
+            ))
+        });
+    }
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_progress(false)
+        .build()
+        .map_err(|e| EmbedError::NotFound(format!("cannot set up the hub client: {e}")))?;
+    let repo = api.model(id.to_string());
+    let mut dir = None;
+    for file in FILES {
+        match repo.get(file) {
+            Ok(path) => {
+                if dir.is_none() {
+                    dir = path.parent().map(Path::to_path_buf);
+                }
+            }
+            Err(e) if OPTIONAL.contains(file) => {
+                let _ = e;
+            }
+            Err(e) => {
+                if let Some(dir) = from_cache() {
+                    return Ok(dir);
+                }
+                return Err(EmbedError::NotFound(format!(
+                    "cannot get `{file}` of model `{id}` from the hub ({e}) and it is not \
+                     cached; check the id, the network, or run scripts/fetch-model.sh and \
+                     give --model the folder"
+                )));
+            }
+        }
+    }
+    dir.ok_or_else(|| EmbedError::NotFound(format!("model `{id}`: no files")))
+}

@@ -1,0 +1,40 @@
+//! Embedding: loading a sentence-transformers model, running it on a device, and the embedder
+//! pool that batches chunks across documents by a token budget.
+
+pub mod batch;
+pub mod bert;
+pub mod device;
+pub mod files;
+pub mod gelu;
+pub mod model;
+pub mod pool;
+pub mod texts;
+pub mod tokenizer;
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+pub use device::{DTypeChoice, DeviceChoice};
+pub use files::{ModelFiles, DEFAULT_MODEL};
+pub use model::EmbeddingModel;
+
+#[derive(Debug, Error)]
+pub enum EmbedError {
+    /// A file of the model is missing or unreadable.
+    #[error("model file `{path}`: {reason}")]
+    ModelFile { path: PathBuf, reason: String },
+    /// The model is of a kind ragline cannot run.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The model could not be found locally or on the hub.
+    #[error("{0}")]
+    NotFound(String),
+    /// The requested device cannot be used.
+    #[error("{0}")]
+    Device(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("model: {0}")]
+    Candle(#[from] candle_core::Error),
+}

@@ -1,0 +1,208 @@
+//! A sentence-embedding model on one device: tokenizer, encoder, pooling, normalisation.
+
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::VarBuilder;
+
+use super::bert::{Bert, BertConfig, SUPPORTED_MODEL_TYPES};
+use super::files::{ModelFiles, Pooling};
+use super::tokenizer::TextTokenizer;
+use super::EmbedError;
+
+/// The parts of config.json read before choosing an architecture.
+#[derive(serde::Deserialize)]
+struct ArchProbe {
+    model_type: Option<String>,
+}
+
+pub struct EmbeddingModel {
+    pub files: ModelFiles,
+    bert: Bert,
+    pub tokenizer: TextTokenizer,
+    pooling: Pooling,
+    normalize: bool,
+    device: Device,
+    dtype: DType,
+}
+
+impl EmbeddingModel {
+    /// Load the model's weights onto `device` in `dtype`.
+    pub fn load(files: &ModelFiles, device: &Device, dtype: DType) -> Result<Self, EmbedError> {
+        let raw = std::fs::read(&files.config).map_err(|e| EmbedError::ModelFile {
+            path: files.config.clone(),
+            reason: e.to_string(),
+        })?;
+        let probe: ArchProbe = serde_json::from_slice(&raw).map_err(|e| EmbedError::ModelFile {
+            path: files.config.clone(),
+            reason: format!("not the expected JSON: {e}"),
+        })?;
+        let model_type = probe.model_type.unwrap_or_else(|| "(none)".into());
+        if !SUPPORTED_MODEL_TYPES.contains(&model_type.as_str()) {
+            return Err(EmbedError::Unsupported(format!(
+                "{}: model_type `{model_type}` is not supported; supported: {}",
+                files.config.display(),
+                SUPPORTED_MODEL_TYPES.join(", ")
+            )));
+        }
+        let config: BertConfig =
+            serde_json::from_slice(&raw).map_err(|e| EmbedError::ModelFile {
+                path: files.config.clone(),
+                reason: format!("not a BERT config: {e}"),
+            })?;
+        // SAFETY: the weights file is memory-mapped read-only; ragline does not modify it
+        // while running, and a file truncated under us is the user's to avoid.
+        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&files.weights], dtype, device) }
+            .map_err(|e| EmbedError::ModelFile {
+            path: files.weights.clone(),
+            reason: e.to_string(),
+        })?;
+        let bert = Bert::load(vb, &config).map_err(|e| EmbedError::ModelFile {
+            path: files.weights.clone(),
+            reason: format!("does not fit config.json: {e}"),
+        })?;
+        let max_len = files
+            .max_seq_length
+            .unwrap_or(config.max_position_embeddings)
+            .min(config.max_position_embeddings);
+        let tokenizer = TextTokenizer::load(files, max_len)?;
+        Ok(EmbeddingModel {
+            files: files.clone(),
+            bert,
+            tokenizer,
+            pooling: files.pooling,
+            normalize: files.normalize,
+            device: device.clone(),
+            dtype,
+        })
+    }
+
+    /// Build from an encoder and tokenizer already in memory (tests).
+    pub fn from_parts(files: ModelFiles, bert: Bert, tokenizer: TextTokenizer) -> Self {
+        EmbeddingModel {
+            pooling: files.pooling,
+            normalize: files.normalize,
+            device: bert.device().clone(),
+            dtype: bert.dtype(),
+            files,
+            bert,
+            tokenizer,
+        }
+    }
+
+    pub fn dimension(&self) -> usize {
+        self.bert.hidden_size()
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// A string that changes whenever the vectors would: model name, weights size and
+    /// pooling, normalisation and length settings.
+    pub fn fingerprint(&self) -> String {
+        let weights = std::fs::metadata(&self.files.weights).map_or(0, |m| m.len());
+        let text = format!(
+            "{}|{}|{:?}|{}|{}|{:?}",
+            self.files.name,
+            weights,
+            self.pooling,
+            self.normalize,
+            self.tokenizer.max_len(),
+            self.tokenizer.passage_prompt_ids(),
+        );
+        blake3::hash(text.as_bytes()).to_hex()[..16].to_string()
+    }
+
+    /// Embed sequences of content token ids (no special tokens), each preceded by the
+    /// `prompt` ids (a query or passage prompt, or nothing). Each sequence plus the prompt
+    /// must fit in `tokenizer.max_content_len()`. Returns one vector per sequence.
+    pub fn embed_ids(&self, seqs: &[&[u32]], prompt: &[u32]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (specials_before, suffix) = self.tokenizer.specials();
+        let prefix: Vec<u32> = specials_before.iter().chain(prompt).copied().collect();
+        let prefix = prefix.as_slice();
+        let longest = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
+        if longest + prompt.len() > self.tokenizer.max_content_len() {
+            return Err(EmbedError::Tokenizer(format!(
+                "a sequence of {longest} tokens (plus a {}-token prompt) exceeds the model's \
+                 limit of {} content tokens",
+                prompt.len(),
+                self.tokenizer.max_content_len()
+            )));
+        }
+        let len = longest + prefix.len() + suffix.len();
+        let b = seqs.len();
+        let mut ids = vec![self.tokenizer.pad_id(); b * len];
+        let mut mask = vec![0f32; b * len];
+        let mut lengths = Vec::with_capacity(b);
+        for (row, seq) in seqs.iter().enumerate() {
+            let out = &mut ids[row * len..(row + 1) * len];
+            let n = prefix.len() + seq.len() + suffix.len();
+            out[..prefix.len()].copy_from_slice(prefix);
+            out[prefix.len()..prefix.len() + seq.len()].copy_from_slice(seq);
+            out[prefix.len() + seq.len()..n].copy_from_slice(suffix);
+            mask[row * len..row * len + n].fill(1.0);
+            lengths.push(n);
+        }
+        let ids = Tensor::from_vec(ids, (b, len), &self.device)?;
+        let mask = Tensor::from_vec(mask, (b, len), &self.device)?.to_dtype(self.dtype)?;
+        let hidden = self.bert.forward(&ids, &mask)?;
+        let pooled = pool(&hidden, &mask, &lengths, self.pooling)?;
+        let pooled = pooled.to_dtype(DType::F32)?;
+        let pooled = if self.normalize {
+            let norm = pooled
+                .sqr()?
+                .sum_keepdim(1)?
+                .sqrt()?
+                .clamp(1e-12, f64::MAX)?;
+            pooled.broadcast_div(&norm)?
+        } else {
+            pooled
+        };
+        Ok(pooled.to_vec2::<f32>()?)
+    }
+}
+
+/// Pool hidden states [b, len, h] into [b, h] (in f32 for the sums).
+fn pool(
+    hidden: &Tensor,
+    mask: &Tensor,
+    lengths: &[usize],
+    pooling: Pooling,
+) -> candle_core::Result<Tensor> {
+    let hidden = hidden.to_dtype(DType::F32)?;
+    let mask = mask.to_dtype(DType::F32)?;
+    match pooling {
+        Pooling::Cls => hidden.narrow(1, 0, 1)?.squeeze(1),
+        Pooling::LastToken => {
+            let rows = lengths
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| hidden.get(i)?.get(n - 1))
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Tensor::stack(&rows, 0)
+        }
+        Pooling::Mean | Pooling::MeanSqrtLen => {
+            let m = mask.unsqueeze(2)?;
+            let sum = hidden.broadcast_mul(&m)?.sum(1)?;
+            let count = mask.sum_keepdim(1)?.clamp(1e-9, f64::MAX)?;
+            let count = if pooling == Pooling::MeanSqrtLen {
+                count.sqrt()?
+            } else {
+                count
+            };
+            sum.broadcast_div(&count)
+        }
+        Pooling::Max => {
+            // Padding must never win: push it far down before the max.
+            let m = mask.unsqueeze(2)?;
+            let penalty = ((m.ones_like()? - &m)? * -1e9)?;
+            hidden.broadcast_add(&penalty)?.max(D::Minus2)
+        }
+    }
+}

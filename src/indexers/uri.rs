@@ -1,0 +1,89 @@
+//! Parsing `--index` URIs.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::BackendError;
+
+/// Where a run writes its output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IndexUri {
+    /// `jsonl:PATH`: one JSON object per document or chunk.
+    Jsonl(PathBuf),
+    /// `null:` discards everything (for measuring); `null:?delay=5ms` also waits per batch,
+    /// standing in for a slow backend.
+    Null { delay: Duration },
+}
+
+impl FromStr for IndexUri {
+    type Err = BackendError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("jsonl:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(BackendError::Invalid(
+                    "`jsonl:` needs a path, e.g. jsonl:out.jsonl".into(),
+                ));
+            }
+            return Ok(IndexUri::Jsonl(PathBuf::from(path)));
+        }
+        if let Some(rest) = s.strip_prefix("null:") {
+            let mut delay = Duration::ZERO;
+            if let Some(query) = rest.strip_prefix("?") {
+                for pair in query.split('&') {
+                    match pair.split_once('=') {
+                        Some(("delay", value)) => delay = parse_duration(value)?,
+                        _ => {
+                            return Err(BackendError::Invalid(format!(
+                                "unknown option `{pair}` in `{s}`; null: takes ?delay=5ms"
+                            )))
+                        }
+                    }
+                }
+            }
+            return Ok(IndexUri::Null { delay });
+        }
+        Err(BackendError::UnknownScheme(s.to_string()))
+    }
+}
+
+fn parse_duration(value: &str) -> Result<Duration, BackendError> {
+    let bad = || BackendError::Invalid(format!("bad duration `{value}`: use e.g. 250us, 5ms, 1s"));
+    let (number, unit) = value
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| value.split_at(i))
+        .ok_or_else(bad)?;
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    match unit {
+        "us" => Ok(Duration::from_micros(n)),
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_schemes() {
+        assert_eq!(
+            "jsonl:/tmp/o.jsonl".parse::<IndexUri>().unwrap(),
+            IndexUri::Jsonl("/tmp/o.jsonl".into())
+        );
+        assert_eq!(
+            "null:?delay=5ms".parse::<IndexUri>().unwrap(),
+            IndexUri::Null {
+                delay: Duration::from_millis(5)
+            }
+        );
+        assert!(matches!(
+            "es://x".parse::<IndexUri>(),
+            Err(BackendError::UnknownScheme(_))
+        ));
+        assert!("null:?delay=5parsecs".parse::<IndexUri>().is_err());
+    }
+}

@@ -1,0 +1,16 @@
+//! ragline turns document corpora into vector indexes for retrieval-augmented generation.
+//!
+//! See ARCHITECTURE.md for the map. In short: [`connectors`] publish documents through the
+//! [`publisher`] onto bounded [`queue`]s; workers run [`stages`] (extract, chunk); the
+//! [`embed`] pool batches chunks through the model; [`indexers`] write to a backend; the
+//! publisher follows [`event`]s until the [`run`] is complete.
+
+pub mod connectors;
+pub mod document;
+pub mod embed;
+pub mod event;
+pub mod indexers;
+pub mod publisher;
+pub mod queue;
+pub mod run;
+pub mod stages;

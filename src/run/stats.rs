@@ -1,0 +1,34 @@
+//! Counters the stages update while a run goes, for progress and the summary.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct RunStats {
+    pub chunks_embedded: AtomicU64,
+    /// Real (non-padding) tokens through the model.
+    pub tokens_embedded: AtomicU64,
+    /// Tokens computed including padding.
+    pub tokens_padded: AtomicU64,
+    pub batches: AtomicU64,
+}
+
+impl RunStats {
+    pub fn add_batch(&self, chunks: u64, tokens: u64, padded: u64) {
+        self.chunks_embedded.fetch_add(chunks, Ordering::Relaxed);
+        self.tokens_embedded.fetch_add(tokens, Ordering::Relaxed);
+        self.tokens_padded.fetch_add(padded, Ordering::Relaxed);
+        self.batches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn chunks(&self) -> u64 {
+        self.chunks_embedded.load(Ordering::Relaxed)
+    }
+
+    pub fn tokens(&self) -> u64 {
+        self.tokens_embedded.load(Ordering::Relaxed)
+    }
+
+    pub fn padded(&self) -> u64 {
+        self.tokens_padded.load(Ordering::Relaxed)
+    }
+}

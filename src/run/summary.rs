@@ -1,0 +1,64 @@
+//! The end of a run: exact counts, every failure and drop, and rates.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::stats::RunStats;
+use crate::document::RunId;
+use crate::publisher::{Counts, Outcome};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub index: String,
+    pub elapsed_secs: f64,
+    pub counts: Counts,
+    pub chunks_embedded: u64,
+    pub tokens_embedded: u64,
+    /// Share of the tokens computed by the model that were padding.
+    pub padding_ratio: f64,
+    pub documents_per_sec: f64,
+    pub tokens_per_sec: f64,
+    /// Every document that failed, with the stage and the reason.
+    pub failures: Vec<Outcome>,
+    /// Every document that was dropped, with the stage and the reason.
+    pub dropped: Vec<Outcome>,
+}
+
+impl RunSummary {
+    pub fn new(
+        run_id: RunId,
+        index: String,
+        elapsed: Duration,
+        counts: Counts,
+        failures: Vec<Outcome>,
+        dropped: Vec<Outcome>,
+        stats: &RunStats,
+    ) -> Self {
+        let secs = elapsed.as_secs_f64().max(1e-9);
+        let padded = stats.padded();
+        RunSummary {
+            run_id: run_id.to_string(),
+            index,
+            elapsed_secs: elapsed.as_secs_f64(),
+            documents_per_sec: counts.published as f64 / secs,
+            counts,
+            chunks_embedded: stats.chunks(),
+            tokens_embedded: stats.tokens(),
+            padding_ratio: if padded == 0 {
+                0.0
+            } else {
+                1.0 - stats.tokens() as f64 / padded as f64
+            },
+            tokens_per_sec: stats.tokens() as f64 / secs,
+            failures,
+            dropped,
+        }
+    }
+
+    /// True when no document or chunk failed.
+    pub fn succeeded(&self) -> bool {
+        self.counts.failed == 0 && self.counts.children_failed == 0
+    }
+}

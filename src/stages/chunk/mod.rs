@@ -1,0 +1,126 @@
+//! The chunk stage: tokenizes a document once with the model's tokenizer, cuts it into chunks
+//! by token counts (see [`split`]), and makes each chunk a child document carrying its
+//! heading path, byte offsets, token count and token ids (which the embedder reuses).
+
+pub mod split;
+
+use super::{Stage, StageError};
+use crate::document::{Chunk, Document};
+use crate::embed::tokenizer::TextTokenizer;
+pub use split::{Sizes, Span};
+
+/// Tokens per chunk, aimed for (`--chunk-tokens`); never more than the model's limit.
+pub const DEFAULT_CHUNK_TOKENS: usize = 256;
+/// Tokens shared by consecutive chunks of a section (`--chunk-overlap`).
+pub const DEFAULT_CHUNK_OVERLAP: usize = 32;
+
+/// The chunker's settings as given; [`ChunkConfig::validate`] checks them against the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkConfig {
+    pub target: usize,
+    pub overlap: usize,
+}
+
+impl Default for ChunkConfig {
+    fn default() -> Self {
+        ChunkConfig {
+            target: DEFAULT_CHUNK_TOKENS,
+            overlap: DEFAULT_CHUNK_OVERLAP,
+        }
+    }
+}
+
+impl ChunkConfig {
+    /// Check against the model's limit (content tokens, prompt excluded). A target above the
+    /// limit is an error only when `explicit` (the user asked for it); the default is clamped.
+    pub fn validate(self, limit: usize, explicit: bool) -> Result<Sizes, String> {
+        if explicit && self.target > limit {
+            return Err(format!(
+                "--chunk-tokens={} exceeds the model's limit of {limit} tokens per chunk; \
+                 lower it to at most {limit}",
+                self.target
+            ));
+        }
+        let target = self.target.min(limit);
+        if target == 0 {
+            return Err("--chunk-tokens must be at least 1".into());
+        }
+        if self.overlap * 2 >= target {
+            return Err(format!(
+                "--chunk-overlap={} must be less than half of the chunk size ({target}); \
+                 lower it",
+                self.overlap
+            ));
+        }
+        Ok(Sizes {
+            target,
+            overlap: self.overlap,
+            limit,
+        })
+    }
+}
+
+pub struct ChunkStage {
+    tokenizer: TextTokenizer,
+    sizes: Sizes,
+}
+
+impl ChunkStage {
+    pub fn new(tokenizer: TextTokenizer, sizes: Sizes) -> Self {
+        ChunkStage { tokenizer, sizes }
+    }
+
+    /// The model-independent part of a fingerprint for what this stage produces.
+    pub fn fingerprint(sizes: &Sizes) -> String {
+        format!(
+            "chunk-v1:{}:{}:{}",
+            sizes.target, sizes.overlap, sizes.limit
+        )
+    }
+}
+
+impl Stage for ChunkStage {
+    fn name(&self) -> &'static str {
+        "chunk"
+    }
+
+    fn process(&mut self, doc: &mut Document) -> Result<Vec<Document>, StageError> {
+        if doc.is_child() {
+            return Ok(Vec::new());
+        }
+        let text = &doc.fields.text;
+        let tokens = self
+            .tokenizer
+            .tokenize(text)
+            .map_err(|e| StageError::Internal(e.to_string()))?;
+        if tokens.ids.is_empty() {
+            doc.drop_with("no tokens: the text holds nothing the model's tokenizer keeps");
+            return Ok(Vec::new());
+        }
+        let blocks = std::mem::take(&mut doc.blocks);
+        let spans = split::split(text, &blocks, &tokens.offsets, self.sizes);
+        let children = spans
+            .into_iter()
+            .enumerate()
+            .map(|(ordinal, span)| {
+                let (b0, b1) = span.bytes;
+                let mut child = doc.child(format!("{}#{ordinal}", doc.id), &text[b0..b1]);
+                let ids = tokens.ids[span.tokens.0..span.tokens.1].to_vec();
+                child.chunk = Some(Box::new(Chunk {
+                    ordinal: ordinal as u32,
+                    heading_path: span.heading_path,
+                    start: b0,
+                    end: b1,
+                    token_count: ids.len() as u32,
+                    token_ids: ids,
+                    vector: None,
+                }));
+                child
+            })
+            .collect();
+        Ok(children)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,219 @@
+//! Where chunks begin and end, computed on token offsets.
+//!
+//! The text is tokenized once; chunk boundaries are token indices. Sections (a heading and
+//! what follows it, up to the next heading) are never mixed in one chunk; a section with
+//! nothing but its heading joins the next one. A section longer than the target is cut at the
+//! most meaningful boundary that leaves the chunk at least half full: a block boundary
+//! (paragraph, list item, code block, table), then a sentence, then a word, then any token.
+//! A code block or table that fits in the limit is never cut: a chunk ends before it, and the
+//! chunk holding it may grow up to the limit. Consecutive chunks of a section share exactly
+//! `overlap` tokens, except where a whole code block or table needs the room.
+
+use unicode_segmentation::UnicodeSegmentation;
+
+use crate::document::{Block, BlockKind};
+
+/// Chunk sizes, in model tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizes {
+    /// Chunks aim for this many tokens.
+    pub target: usize,
+    /// Tokens shared by consecutive chunks of a section.
+    pub overlap: usize,
+    /// No chunk is ever longer (the model's limit).
+    pub limit: usize,
+}
+
+/// A chunk: tokens `tokens.0..tokens.1`, text `bytes.0..bytes.1`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub tokens: (usize, usize),
+    pub bytes: (usize, usize),
+    pub heading_path: Vec<String>,
+    /// Index of the section the chunk belongs to.
+    pub section: usize,
+}
+
+const BLOCK: u8 = 3;
+const SENTENCE: u8 = 2;
+const WORD: u8 = 1;
+
+/// Cut `text` (tokenized as `offsets`, byte ranges per token) into chunks.
+pub fn split(text: &str, blocks: &[Block], offsets: &[(usize, usize)], sizes: Sizes) -> Vec<Span> {
+    let n = offsets.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let token_at = |byte: usize| offsets.partition_point(|o| o.0 < byte);
+
+    // Sections: the preamble, then one per heading up to the next heading. A section that
+    // holds nothing but its heading joins the next one.
+    let headings: Vec<(usize, usize, u8, &str)> = blocks
+        .iter()
+        .filter_map(|b| match &b.kind {
+            BlockKind::Heading { level, text } => {
+                Some((token_at(b.start), token_at(b.end), *level, text.as_str()))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut sections: Vec<(usize, usize, Vec<String>)> = Vec::new();
+    let first = headings.first().map_or(n, |h| h.0);
+    if first > 0 {
+        sections.push((0, first, Vec::new()));
+    }
+    let mut path: Vec<(u8, &str)> = Vec::new();
+    let mut carry: Option<usize> = None;
+    for (k, &(t, heading_end, level, title)) in headings.iter().enumerate() {
+        while path.last().is_some_and(|(l, _)| *l >= level) {
+            path.pop();
+        }
+        path.push((level, title));
+        let next = headings.get(k + 1).map_or(n, |h| h.0);
+        if next <= t {
+            continue;
+        }
+        let start = carry.take().unwrap_or(t);
+        if heading_end >= next && k + 1 < headings.len() {
+            carry = Some(start);
+            continue;
+        }
+        let names = path.iter().map(|(_, t)| t.to_string()).collect();
+        sections.push((start, next, names));
+    }
+
+    // Boundary classes: how good a place token j is to start a chunk.
+    let mut class = vec![0u8; n + 1];
+    for j in 1..n {
+        if offsets[j - 1].1 < offsets[j].0 {
+            class[j] = WORD;
+        }
+    }
+    let mut protected: Vec<(usize, usize)> = Vec::new();
+    for b in blocks {
+        let t0 = token_at(b.start);
+        let t1 = token_at(b.end);
+        if t0 < n {
+            class[t0] = BLOCK;
+        }
+        if b.keep_whole() && t1 > t0 {
+            if t1 - t0 <= sizes.limit {
+                protected.push((t0, t1));
+            } else if b.kind == BlockKind::Code {
+                // Too long to keep whole: cut it at lines.
+                for (i, _) in text[b.start..b.end].match_indices('\n') {
+                    let t = token_at(b.start + i + 1);
+                    if t > t0 && t < t1 {
+                        class[t] = class[t].max(SENTENCE);
+                    }
+                }
+            }
+        }
+    }
+
+    let mut spans = Vec::new();
+    for (index, (s, e, p)) in sections.into_iter().enumerate() {
+        if e - s > sizes.target {
+            mark_sentences(text, offsets, s, e, &mut class);
+        }
+        cut_section(s, e, &class, &protected, sizes, &mut |a, b| {
+            spans.push(Span {
+                tokens: (a, b),
+                bytes: byte_range(text, offsets, a, b),
+                heading_path: p.clone(),
+                section: index,
+            })
+        });
+    }
+    spans
+}
+
+/// Sentence starts inside tokens `s..e`.
+fn mark_sentences(text: &str, offsets: &[(usize, usize)], s: usize, e: usize, class: &mut [u8]) {
+    let from = offsets[s].0;
+    let to = offsets[e - 1].1;
+    for (i, _) in text[from..to].split_sentence_bound_indices() {
+        let t = offsets.partition_point(|o| o.0 < from + i);
+        if t > s && t < e && class[t] < SENTENCE {
+            class[t] = SENTENCE;
+        }
+    }
+}
+
+fn cut_section(
+    s: usize,
+    e: usize,
+    class: &[u8],
+    protected: &[(usize, usize)],
+    sizes: Sizes,
+    emit: &mut dyn FnMut(usize, usize),
+) {
+    let inside = |t: usize| protected.iter().find(|&&(a, b)| a < t && t < b).copied();
+    let mut cur = s;
+    // The first token no earlier chunk holds: every chunk must hold some new token.
+    let mut fresh = s;
+    loop {
+        if e - cur <= sizes.target {
+            emit(cur, e);
+            return;
+        }
+        let max_end = cur + sizes.target;
+        let end = match inside(max_end) {
+            // The window ends inside a block that must stay whole: end before it when that
+            // leaves something new in the chunk...
+            Some((b0, _)) if b0 > fresh => b0,
+            // ...else take the whole block, starting late enough to fit in the limit.
+            Some((_, b1)) => {
+                cur = cur.max(b1.saturating_sub(sizes.limit));
+                b1
+            }
+            None => best_cut(cur, fresh, max_end, sizes.overlap, class, &inside),
+        };
+        emit(cur, end);
+        if end >= e {
+            return;
+        }
+        fresh = end;
+        cur = end.saturating_sub(sizes.overlap).max(cur);
+    }
+}
+
+/// The last boundary of the best class in the window that leaves the chunk at least half full
+/// (a word or token boundary only has to leave more than the overlap), so that each chunk
+/// moves on by at least one token.
+fn best_cut(
+    cur: usize,
+    fresh: usize,
+    max_end: usize,
+    overlap: usize,
+    class: &[u8],
+    inside: &dyn Fn(usize) -> Option<(usize, usize)>,
+) -> usize {
+    let least = (fresh + 1).max(cur + overlap + 1).min(max_end);
+    let half = (cur + (max_end - cur) / 2).max(least);
+    for level in [BLOCK, SENTENCE, WORD] {
+        let lo = if level == WORD { least } else { half };
+        if let Some(j) = (lo..=max_end)
+            .rev()
+            .find(|&j| class[j] >= level && inside(j).is_none())
+        {
+            return j;
+        }
+    }
+    max_end
+}
+
+/// Bytes of tokens `a..b`: from the first token's start to the end of what the last token
+/// owns (up to the next token, so characters the tokenizer skipped are kept), trimmed.
+fn byte_range(text: &str, offsets: &[(usize, usize)], a: usize, b: usize) -> (usize, usize) {
+    let start = if a == 0 { 0 } else { offsets[a].0 };
+    let end = if b < offsets.len() {
+        offsets[b].0
+    } else {
+        text.len()
+    };
+    let slice = &text[start..end];
+    let lead = slice.len() - slice.trim_start().len();
+    let trail = slice.len() - slice.trim_end().len();
+    (start + lead, (end - trail).max(start + lead))
+}

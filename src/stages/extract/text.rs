@@ -1,0 +1,181 @@
+//! Plain text and reStructuredText: paragraphs are blocks separated by blank lines; in RST,
+//! underlined (and overlined) titles are headings and `::` introduces a literal (code) block.
+
+use super::Extracted;
+use crate::document::{Block, BlockKind};
+
+pub fn extract_plain(raw: &str) -> Extracted {
+    Extracted {
+        text: raw.to_string(),
+        blocks: paragraphs(raw),
+        ..Extracted::default()
+    }
+}
+
+/// Paragraphs: runs of non-blank lines.
+pub fn paragraphs(text: &str) -> Vec<Block> {
+    let mut blocks = Vec::new();
+    let mut start: Option<usize> = None;
+    let mut end = 0;
+    for (line_start, line) in lines(text) {
+        if line.trim().is_empty() {
+            if let Some(s) = start.take() {
+                blocks.push(block(BlockKind::Paragraph, s, end));
+            }
+        } else {
+            start.get_or_insert(line_start + (line.len() - line.trim_start().len()));
+            end = line_start + line.trim_end().len();
+        }
+    }
+    if let Some(s) = start {
+        blocks.push(block(BlockKind::Paragraph, s, end));
+    }
+    blocks
+}
+
+pub fn extract_rst(raw: &str) -> Extracted {
+    let all: Vec<(usize, &str)> = lines(raw).collect();
+    let mut blocks = Vec::new();
+    // Adornment styles in order of first appearance: their index is the heading level - 1.
+    let mut styles: Vec<(char, bool)> = Vec::new();
+    let mut para: Option<(usize, usize)> = None;
+    let mut literal_next = false;
+    let mut i = 0;
+    while i < all.len() {
+        let (at, line) = all[i];
+        let trimmed = line.trim_end();
+        // Title: text line followed by an adornment line at least as long (optionally also
+        // preceded by one).
+        let over = adornment(trimmed);
+        let (title_idx, under_idx) =
+            if over.is_some() && i + 2 < all.len() && adornment(all[i + 2].1.trim_end()) == over {
+                (i + 1, i + 2)
+            } else {
+                (i, i + 1)
+            };
+        if under_idx < all.len() && title_idx < all.len() {
+            let title = all[title_idx].1.trim();
+            let under = adornment(all[under_idx].1.trim_end());
+            let is_title = !title.is_empty()
+                && adornment(title).is_none()
+                && under.is_some_and(|(_, n)| n >= title.chars().count())
+                && (title_idx == i || over.map(|o| o.0) == under.map(|u| u.0));
+            if is_title && para.is_none() {
+                let (ch, _) = under.expect("checked");
+                let style = (ch, title_idx != i);
+                let level = match styles.iter().position(|s| *s == style) {
+                    Some(p) => p + 1,
+                    None => {
+                        styles.push(style);
+                        styles.len()
+                    }
+                };
+                let end_line = all[under_idx];
+                blocks.push(block(
+                    BlockKind::Heading {
+                        level: level.min(6) as u8,
+                        text: title.to_string(),
+                    },
+                    at,
+                    end_line.0 + end_line.1.trim_end().len(),
+                ));
+                i = under_idx + 1;
+                continue;
+            }
+        }
+        if trimmed.trim().is_empty() {
+            if let Some((s, e)) = para.take() {
+                let kind = if literal_next {
+                    BlockKind::Code
+                } else {
+                    BlockKind::Paragraph
+                };
+                literal_next = !literal_next && raw[s..e].ends_with("::");
+                blocks.push(block(kind, s, e));
+            }
+        } else {
+            let indent = line.len() - line.trim_start().len();
+            // A literal block is the indented text after a paragraph ending in `::`.
+            if para.is_none() && literal_next && indent == 0 {
+                literal_next = false;
+            }
+            let s = para.map_or(at + indent, |p| p.0);
+            para = Some((s, at + trimmed.len()));
+        }
+        i += 1;
+    }
+    if let Some((s, e)) = para {
+        let kind = if literal_next {
+            BlockKind::Code
+        } else {
+            BlockKind::Paragraph
+        };
+        blocks.push(block(kind, s, e));
+    }
+    Extracted {
+        text: raw.to_string(),
+        title: blocks.iter().find_map(|b| match &b.kind {
+            BlockKind::Heading { text, .. } => Some(text.clone()),
+            _ => None,
+        }),
+        blocks,
+        ..Extracted::default()
+    }
+}
+
+/// `(char, length)` when the line is an RST adornment (one punctuation character repeated).
+fn adornment(line: &str) -> Option<(char, usize)> {
+    let mut chars = line.chars();
+    let first = chars.next()?;
+    if !"=-`:'\"~^_*+#<>".contains(first) {
+        return None;
+    }
+    let n = line.chars().count();
+    (n >= 3 && line.chars().all(|c| c == first)).then_some((first, n))
+}
+
+fn lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    let mut pos = 0;
+    text.split_inclusive('\n').map(move |l| {
+        let at = pos;
+        pos += l.len();
+        (at, l.trim_end_matches(['\n', '\r']))
+    })
+}
+
+fn block(kind: BlockKind, start: usize, end: usize) -> Block {
+    Block { kind, start, end }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_paragraphs() {
+        let t = "one\ntwo\n\n\n  three  \n";
+        let b = paragraphs(t);
+        assert_eq!(b.len(), 2);
+        assert_eq!(&t[b[0].start..b[0].end], "one\ntwo");
+        assert_eq!(&t[b[1].start..b[1].end], "three");
+    }
+
+    #[test]
+    fn rst_titles_and_literal_blocks() {
+        let t = "=====\nGuide\n=====\n\nIntro::\n\n    code here\n\nSection\n-------\n\nText.\n";
+        let e = extract_rst(t);
+        let kinds: Vec<String> = e
+            .blocks
+            .iter()
+            .map(|b| match &b.kind {
+                BlockKind::Heading { level, text } => format!("h{level}:{text}"),
+                k => format!("{k:?}"),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            vec!["h1:Guide", "Paragraph", "Code", "h2:Section", "Paragraph"]
+        );
+        assert_eq!(e.title.as_deref(), Some("Guide"));
+    }
+}
