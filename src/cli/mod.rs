@@ -1,5 +1,6 @@
 //! Command-line interface: one module per subcommand.
 
+mod embed;
 mod ingest;
 mod model_args;
 
@@ -27,10 +28,13 @@ pub struct Cli {
 enum Command {
     /// Read documents, chunk them, embed the chunks and write them to an index.
     Ingest(ingest::IngestArgs),
+    /// Embed texts from a JSONL file into a .npy or JSONL file of vectors.
+    Embed(embed::EmbedArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Ingest(args) => ingest::run(args),
+        Command::Embed(args) => embed::run(args),
     }
 }

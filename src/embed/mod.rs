@@ -7,9 +7,11 @@ pub mod device;
 pub mod files;
 pub mod gelu;
 pub mod model;
+pub mod npy;
 pub mod pool;
 pub mod texts;
 pub mod tokenizer;
+pub mod wordpiece;
 
 use std::path::PathBuf;
 

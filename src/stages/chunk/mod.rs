@@ -98,7 +98,16 @@ impl Stage for ChunkStage {
             return Ok(Vec::new());
         }
         let blocks = std::mem::take(&mut doc.blocks);
-        let spans = split::split(text, &blocks, &tokens.offsets, self.sizes);
+        let mut spans = split::split(text, &blocks, &tokens.offsets, self.sizes);
+        // The document's title roots every heading path ("useEffect > Usage > ..."), unless
+        // the text's own first heading already says it.
+        if let Some(title) = doc.fields.title.as_ref().filter(|t| !t.is_empty()) {
+            for span in &mut spans {
+                if span.heading_path.first() != Some(title) {
+                    span.heading_path.insert(0, title.clone());
+                }
+            }
+        }
         let children = spans
             .into_iter()
             .enumerate()

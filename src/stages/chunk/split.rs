@@ -112,11 +112,9 @@ pub fn split(text: &str, blocks: &[Block], offsets: &[(usize, usize)], sizes: Si
     }
 
     let mut spans = Vec::new();
+    let sentences = |lo: usize, hi: usize| sentence_starts(text, offsets, lo, hi);
     for (index, (s, e, p)) in sections.into_iter().enumerate() {
-        if e - s > sizes.target {
-            mark_sentences(text, offsets, s, e, &mut class);
-        }
-        cut_section(s, e, &class, &protected, sizes, &mut |a, b| {
+        cut_section(s, e, &class, &protected, sizes, &sentences, &mut |a, b| {
             spans.push(Span {
                 tokens: (a, b),
                 bytes: byte_range(text, offsets, a, b),
@@ -128,16 +126,24 @@ pub fn split(text: &str, blocks: &[Block], offsets: &[(usize, usize)], sizes: Si
     spans
 }
 
-/// Sentence starts inside tokens `s..e`.
-fn mark_sentences(text: &str, offsets: &[(usize, usize)], s: usize, e: usize, class: &mut [u8]) {
-    let from = offsets[s].0;
-    let to = offsets[e - 1].1;
-    for (i, _) in text[from..to].split_sentence_bound_indices() {
-        let t = offsets.partition_point(|o| o.0 < from + i);
-        if t > s && t < e && class[t] < SENTENCE {
-            class[t] = SENTENCE;
-        }
-    }
+/// Tokens in `lo..=hi` that start a sentence, last first. Segmentation starts a little
+/// before `lo` so that the first sentence is seen whole; only the window a cut falls in is
+/// segmented, never the whole text.
+fn sentence_starts(text: &str, offsets: &[(usize, usize)], lo: usize, hi: usize) -> Vec<usize> {
+    let back = lo.saturating_sub(64);
+    let from = offsets[back].0;
+    let to = if hi < offsets.len() {
+        offsets[hi].0
+    } else {
+        text.len()
+    };
+    let mut starts: Vec<usize> = text[from..to]
+        .split_sentence_bound_indices()
+        .map(|(i, _)| offsets.partition_point(|o| o.0 < from + i))
+        .filter(|&t| t >= lo && t <= hi)
+        .collect();
+    starts.reverse();
+    starts
 }
 
 fn cut_section(
@@ -146,6 +152,7 @@ fn cut_section(
     class: &[u8],
     protected: &[(usize, usize)],
     sizes: Sizes,
+    sentences: &dyn Fn(usize, usize) -> Vec<usize>,
     emit: &mut dyn FnMut(usize, usize),
 ) {
     let inside = |t: usize| protected.iter().find(|&&(a, b)| a < t && t < b).copied();
@@ -167,7 +174,15 @@ fn cut_section(
                 cur = cur.max(b1.saturating_sub(sizes.limit));
                 b1
             }
-            None => best_cut(cur, fresh, max_end, sizes.overlap, class, &inside),
+            None => best_cut(
+                cur,
+                fresh,
+                max_end,
+                sizes.overlap,
+                class,
+                &inside,
+                sentences,
+            ),
         };
         emit(cur, end);
         if end >= e {
@@ -188,19 +203,28 @@ fn best_cut(
     overlap: usize,
     class: &[u8],
     inside: &dyn Fn(usize) -> Option<(usize, usize)>,
+    sentences: &dyn Fn(usize, usize) -> Vec<usize>,
 ) -> usize {
     let least = (fresh + 1).max(cur + overlap + 1).min(max_end);
     let half = (cur + (max_end - cur) / 2).max(least);
-    for level in [BLOCK, SENTENCE, WORD] {
-        let lo = if level == WORD { least } else { half };
-        if let Some(j) = (lo..=max_end)
+    let last = |lo: usize, level: u8| {
+        (lo..=max_end)
             .rev()
             .find(|&j| class[j] >= level && inside(j).is_none())
-        {
-            return j;
-        }
+    };
+    if let Some(j) = last(half, BLOCK) {
+        return j;
     }
-    max_end
+    if let Some(j) = last(half, SENTENCE) {
+        return j;
+    }
+    if let Some(j) = sentences(half, max_end)
+        .into_iter()
+        .find(|&j| j > cur && inside(j).is_none())
+    {
+        return j;
+    }
+    last(least, WORD).unwrap_or(max_end)
 }
 
 /// Bytes of tokens `a..b`: from the first token's start to the end of what the last token

@@ -1,0 +1,209 @@
+//! `ragline embed`: texts in, vectors out.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use ragline::embed::npy::NpyWriter;
+use ragline::embed::texts::embed_texts;
+use serde_json::Value;
+
+use super::model_args::ModelArgs;
+use super::{EXIT_FAILURES, EXIT_OK};
+
+/// Lines read and embedded together.
+const READ_WINDOW: usize = 65_536;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Prompt {
+    /// No prompt (sentence-transformers' `encode` default).
+    None,
+    /// The model's query prompt (or --query-prompt).
+    Query,
+    /// The model's passage prompt (or --passage-prompt).
+    Passage,
+}
+
+#[derive(Args, Debug)]
+pub struct EmbedArgs {
+    /// JSONL input, `-` for standard input: each line a JSON object with a text field (its
+    /// `id`, when present, is copied to the output) or a JSON string.
+    #[arg(long, short)]
+    input: PathBuf,
+
+    /// Output: FILE.npy (float32, one row per input line), FILE.jsonl, or `-` for JSONL on
+    /// standard output.
+    #[arg(long, short)]
+    output: PathBuf,
+
+    /// The field holding the text.
+    #[arg(long, default_value = "text")]
+    text_field: String,
+
+    /// Which prompt goes before each text.
+    #[arg(long, value_enum, default_value = "none")]
+    prompt: Prompt,
+
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+enum Sink {
+    Npy(NpyWriter),
+    Jsonl(Box<dyn Write>),
+}
+
+pub fn run(args: EmbedArgs) -> anyhow::Result<ExitCode> {
+    let files = args.model.files()?;
+    let devices = args.model.devices()?;
+    let device = &devices[0];
+    eprintln!("embedding on {} ({})", device.label, device.reason);
+    let model = args.model.load(&files, device)?;
+    let batch_tokens = args.model.batch_tokens(device);
+    let prompt: Vec<u32> = match args.prompt {
+        Prompt::None => Vec::new(),
+        Prompt::Query => model.tokenizer.query_prompt_ids().to_vec(),
+        Prompt::Passage => model.tokenizer.passage_prompt_ids().to_vec(),
+    };
+
+    let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
+        Box::new(BufReader::new(std::io::stdin()))
+    } else {
+        Box::new(BufReader::new(File::open(&args.input).with_context(
+            || format!("cannot read --input {}", args.input.display()),
+        )?))
+    };
+    let out_name = args.output.to_string_lossy().to_string();
+    let mut sink = if out_name.ends_with(".npy") {
+        Sink::Npy(
+            NpyWriter::create(&args.output, model.dimension())
+                .with_context(|| format!("cannot write --output {out_name}"))?,
+        )
+    } else if out_name == "-" {
+        Sink::Jsonl(Box::new(BufWriter::new(std::io::stdout())))
+    } else {
+        Sink::Jsonl(Box::new(BufWriter::new(
+            File::create(&args.output)
+                .with_context(|| format!("cannot write --output {out_name}"))?,
+        )))
+    };
+
+    let bar = if std::io::stderr().is_terminal() {
+        let b = ProgressBar::new_spinner();
+        b.set_style(ProgressStyle::with_template(
+            "{spinner} {pos} texts {per_sec} {elapsed}",
+        )?);
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let started = std::time::Instant::now();
+    let (mut total, mut bad, mut tokens) = (0usize, 0usize, 0usize);
+    let mut lines = reader.lines().enumerate();
+    loop {
+        // One window: (line number, id, text or the reason it has none).
+        let mut window: Vec<(usize, Option<Value>, Result<String, String>)> = Vec::new();
+        for (i, line) in lines.by_ref() {
+            let line = line.context("reading --input")?;
+            window.push(parse(i + 1, &line, &args.text_field));
+            if window.len() == READ_WINDOW {
+                break;
+            }
+        }
+        if window.is_empty() {
+            break;
+        }
+        let texts: Vec<&str> = window
+            .iter()
+            .map(|(_, _, t)| t.as_deref().unwrap_or(""))
+            .collect();
+        let mut vectors: Vec<Vec<f32>> = Vec::with_capacity(texts.len());
+        let stats = embed_texts(&model, &texts, &prompt, batch_tokens, |_, v| {
+            vectors.push(v);
+            Ok(())
+        })?;
+        tokens += stats.tokens;
+        for ((line, id, text), vector) in window.into_iter().zip(vectors) {
+            total += 1;
+            let error = text.err();
+            if let Some(reason) = &error {
+                bad += 1;
+                eprintln!("line {line}: {reason}");
+            }
+            match &mut sink {
+                Sink::Npy(w) => {
+                    let row = if error.is_some() {
+                        vec![f32::NAN; vector.len()]
+                    } else {
+                        vector
+                    };
+                    w.write_row(&row)?;
+                }
+                Sink::Jsonl(w) => {
+                    let mut obj = serde_json::Map::new();
+                    if let Some(id) = id {
+                        obj.insert("id".into(), id);
+                    }
+                    match error {
+                        Some(reason) => obj.insert("error".into(), Value::String(reason)),
+                        None => obj.insert("vector".into(), serde_json::to_value(vector)?),
+                    };
+                    serde_json::to_writer(&mut *w, &obj)?;
+                    w.write_all(b"\n")?;
+                }
+            }
+        }
+        bar.set_position(total as u64);
+    }
+    match sink {
+        Sink::Npy(w) => {
+            w.finish().context("writing --output")?;
+        }
+        Sink::Jsonl(mut w) => w.flush().context("writing --output")?,
+    }
+    bar.finish_and_clear();
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "embedded {} texts ({} tokens) in {secs:.1}s: {:.0} tokens/s; {bad} bad lines",
+        total - bad,
+        tokens,
+        tokens as f64 / secs.max(1e-9)
+    );
+    if bad > 0 {
+        eprintln!("bad lines got NaN rows (npy) or an `error` field (JSONL) so rows stay aligned");
+        return Ok(ExitCode::from(EXIT_FAILURES));
+    }
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+fn parse(line: usize, raw: &str, field: &str) -> (usize, Option<Value>, Result<String, String>) {
+    let value: Value = match serde_json::from_str(raw) {
+        Ok(v) => v,
+        Err(e) => {
+            return (
+                line,
+                None,
+                Err(format!("invalid JSON ({e}); one JSON object per line")),
+            )
+        }
+    };
+    match value {
+        Value::String(s) => (line, None, Ok(s)),
+        Value::Object(mut m) => {
+            let id = m.remove("id");
+            match m.remove(field) {
+                Some(Value::String(s)) => (line, id, Ok(s)),
+                _ => (
+                    line,
+                    id,
+                    Err(format!("no string field `{field}`; set --text-field")),
+                ),
+            }
+        }
+        _ => (line, None, Err("not a JSON object or string".into())),
+    }
+}
