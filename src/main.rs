@@ -2,6 +2,12 @@
 
 mod cli;
 
+/// mimalloc keeps freed memory for reuse: the model allocates and frees multi-megabyte
+/// activations on every layer, which the system allocator hands back to the kernel and
+/// page-faults in again.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -1,5 +1,6 @@
 //! Command-line interface: one module per subcommand.
 
+mod bench;
 mod embed;
 mod ingest;
 mod model_args;
@@ -30,11 +31,14 @@ enum Command {
     Ingest(ingest::IngestArgs),
     /// Embed texts from a JSONL file into a .npy or JSONL file of vectors.
     Embed(embed::EmbedArgs),
+    /// Measure embedding throughput on this host (tokens/s, padding, memory, chunker MB/s).
+    Bench(bench::BenchArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Ingest(args) => ingest::run(args),
         Command::Embed(args) => embed::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }

@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
+use super::cpu::{Activation, CpuBert, LayerWeights};
 use super::gelu::bias_gelu;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -215,6 +216,44 @@ impl Bert {
         })
     }
 
+    /// The same encoder as a [`CpuBert`]: f32, unpadded, fused (the fast CPU path).
+    pub fn to_cpu(&self) -> Result<CpuBert> {
+        let act = match self.act {
+            HiddenAct::Gelu => Activation::GeluErf,
+            HiddenAct::GeluApproximate => Activation::GeluTanh,
+            HiddenAct::Relu => Activation::Relu,
+        };
+        let norm = |n: &LayerNorm| (n.weight.clone(), n.bias.clone(), n.eps);
+        let layers: Vec<_> = self
+            .layers
+            .iter()
+            .map(|l| (l, norm(&l.attention_norm), norm(&l.output_norm)))
+            .collect();
+        let weights = layers
+            .iter()
+            .map(|(l, an, on)| LayerWeights {
+                qkv: (&l.qkv.weight_t, &l.qkv.bias),
+                attention_out: (&l.attention_out.weight_t, &l.attention_out.bias),
+                attention_norm: (&an.0, &an.1, an.2),
+                intermediate: (&l.intermediate.weight_t, &l.intermediate.bias),
+                output: (&l.output.weight_t, &l.output.bias),
+                output_norm: (&on.0, &on.1, on.2),
+            })
+            .collect();
+        CpuBert::new(
+            &self.word_embeddings,
+            &self.position_type,
+            (
+                &self.embedding_norm.weight,
+                &self.embedding_norm.bias,
+                self.embedding_norm.eps,
+            ),
+            weights,
+            self.heads,
+            act,
+        )
+    }
+
     pub fn hidden_size(&self) -> usize {
         self.hidden
     }
@@ -384,6 +423,39 @@ mod tests {
         }))
         .unwrap();
         (t, config)
+    }
+
+    /// The fused CPU encoder gives the candle encoder's hidden states, without padding.
+    #[test]
+    fn cpu_path_matches_candle_path() {
+        let dev = Device::Cpu;
+        let (tensors, config) = tiny(5);
+        let bert =
+            Bert::load(VarBuilder::from_tensors(tensors, DType::F32, &dev), &config).unwrap();
+        let cpu = bert.to_cpu().unwrap();
+        let seqs: Vec<&[u32]> = vec![&[1, 7, 9, 4, 2], &[1, 30, 2], &[1, 3, 3, 3, 3, 3, 3, 2]];
+        let fused = cpu.forward(&seqs).unwrap();
+        let mut row = 0;
+        for s in &seqs {
+            let ids = Tensor::new(*s, &dev).unwrap().unsqueeze(0).unwrap();
+            let mask = Tensor::ones((1, s.len()), DType::F32, &dev).unwrap();
+            let reference = bert
+                .forward(&ids, &mask)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let ours = &fused[row * 16..(row + s.len()) * 16];
+            let diff = ours
+                .iter()
+                .zip(&reference)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(diff < 1e-4, "sequence {s:?}: max difference {diff}");
+            row += s.len();
+        }
+        assert_eq!(row * 16, fused.len());
     }
 
     /// Our encoder and candle-transformers' agree, padding included.

@@ -55,6 +55,33 @@ fn bias_gelu_dispatch(out: &mut [f32], x: &[f32], bias: &[f32]) {
     bias_gelu_rows(out, x, bias)
 }
 
+#[inline(always)]
+fn gelu_slice(x: &mut [f32]) {
+    for v in x {
+        *v = gelu(*v);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_slice_avx2(x: &mut [f32]) {
+    gelu_slice(x)
+}
+
+/// Exact GELU in place, over the rayon pool.
+pub fn gelu_in_place(x: &mut [f32]) {
+    use rayon::prelude::*;
+    x.par_chunks_mut(16384).for_each(|c| {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports the features the function is compiled for.
+            unsafe { gelu_slice_avx2(c) };
+            return;
+        }
+        gelu_slice(c)
+    });
+}
+
 /// `gelu(x + bias)` for a contiguous f32 `x` of shape [.., n] and `bias` of shape [n].
 struct BiasGelu;
 

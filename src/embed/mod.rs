@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod bert;
+pub mod cpu;
 pub mod device;
 pub mod files;
 pub mod gelu;

@@ -4,6 +4,7 @@ use candle_core::{DType, Device, Tensor, D};
 use candle_nn::VarBuilder;
 
 use super::bert::{Bert, BertConfig, SUPPORTED_MODEL_TYPES};
+use super::cpu::CpuBert;
 use super::files::{ModelFiles, Pooling};
 use super::tokenizer::TextTokenizer;
 use super::EmbedError;
@@ -14,9 +15,16 @@ struct ArchProbe {
     model_type: Option<String>,
 }
 
+/// The encoder: candle ops on any device, or the fused unpadded path on the CPU in f32.
+enum Encoder {
+    Candle(Bert),
+    Cpu(Box<CpuBert>),
+}
+
 pub struct EmbeddingModel {
     pub files: ModelFiles,
-    bert: Bert,
+    encoder: Encoder,
+    dimension: usize,
     pub tokenizer: TextTokenizer,
     pooling: Pooling,
     normalize: bool,
@@ -64,9 +72,11 @@ impl EmbeddingModel {
             .unwrap_or(config.max_position_embeddings)
             .min(config.max_position_embeddings);
         let tokenizer = TextTokenizer::load(files, max_len)?;
+        let dimension = bert.hidden_size();
         Ok(EmbeddingModel {
             files: files.clone(),
-            bert,
+            encoder: encoder(bert)?,
+            dimension,
             tokenizer,
             pooling: files.pooling,
             normalize: files.normalize,
@@ -76,20 +86,33 @@ impl EmbeddingModel {
     }
 
     /// Build from an encoder and tokenizer already in memory (tests).
-    pub fn from_parts(files: ModelFiles, bert: Bert, tokenizer: TextTokenizer) -> Self {
-        EmbeddingModel {
+    pub fn from_parts(
+        files: ModelFiles,
+        bert: Bert,
+        tokenizer: TextTokenizer,
+    ) -> Result<Self, EmbedError> {
+        Ok(EmbeddingModel {
             pooling: files.pooling,
             normalize: files.normalize,
             device: bert.device().clone(),
             dtype: bert.dtype(),
+            dimension: bert.hidden_size(),
+            encoder: encoder(bert)?,
             files,
-            bert,
             tokenizer,
-        }
+        })
     }
 
     pub fn dimension(&self) -> usize {
-        self.bert.hidden_size()
+        self.dimension
+    }
+
+    /// "fused CPU f32" or "candle".
+    pub fn encoder_kind(&self) -> &'static str {
+        match self.encoder {
+            Encoder::Candle(_) => "candle",
+            Encoder::Cpu(_) => "fused CPU f32",
+        }
     }
 
     pub fn device(&self) -> &Device {
@@ -135,6 +158,10 @@ impl EmbeddingModel {
                 self.tokenizer.max_content_len()
             )));
         }
+        let bert = match &self.encoder {
+            Encoder::Cpu(cpu) => return self.embed_cpu(cpu, seqs, prefix, suffix),
+            Encoder::Candle(bert) => bert,
+        };
         let len = longest + prefix.len() + suffix.len();
         let b = seqs.len();
         let mut ids = vec![self.tokenizer.pad_id(); b * len];
@@ -151,7 +178,7 @@ impl EmbeddingModel {
         }
         let ids = Tensor::from_vec(ids, (b, len), &self.device)?;
         let mask = Tensor::from_vec(mask, (b, len), &self.device)?.to_dtype(self.dtype)?;
-        let hidden = self.bert.forward(&ids, &mask)?;
+        let hidden = bert.forward(&ids, &mask)?;
         let pooled = pool(&hidden, &mask, &lengths, self.pooling)?;
         let pooled = pooled.to_dtype(DType::F32)?;
         let pooled = if self.normalize {
@@ -165,6 +192,71 @@ impl EmbeddingModel {
             pooled
         };
         Ok(pooled.to_vec2::<f32>()?)
+    }
+}
+
+impl EmbeddingModel {
+    fn embed_cpu(
+        &self,
+        cpu: &CpuBert,
+        seqs: &[&[u32]],
+        prefix: &[u32],
+        suffix: &[u32],
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let full: Vec<Vec<u32>> = seqs.iter().map(|s| [prefix, s, suffix].concat()).collect();
+        let refs: Vec<&[u32]> = full.iter().map(Vec::as_slice).collect();
+        let hidden = cpu.forward(&refs)?;
+        let h = self.dimension;
+        let mut row = 0;
+        let mut out = Vec::with_capacity(seqs.len());
+        for s in &full {
+            let rows = &hidden[row * h..(row + s.len()) * h];
+            row += s.len();
+            let mut v = pool_rows(rows, h, self.pooling);
+            if self.normalize {
+                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+                v.iter_mut().for_each(|x| *x /= norm);
+            }
+            out.push(v);
+        }
+        Ok(out)
+    }
+}
+
+fn encoder(bert: Bert) -> Result<Encoder, EmbedError> {
+    if bert.device().is_cpu() && bert.dtype() == DType::F32 {
+        Ok(Encoder::Cpu(Box::new(bert.to_cpu()?)))
+    } else {
+        Ok(Encoder::Candle(bert))
+    }
+}
+
+/// Pool the hidden rows [len, h] of one sequence.
+fn pool_rows(rows: &[f32], h: usize, pooling: Pooling) -> Vec<f32> {
+    let n = rows.len() / h;
+    match pooling {
+        Pooling::Cls => rows[..h].to_vec(),
+        Pooling::LastToken => rows[(n - 1) * h..].to_vec(),
+        Pooling::Max => {
+            let mut v = vec![f32::NEG_INFINITY; h];
+            for r in rows.chunks_exact(h) {
+                v.iter_mut().zip(r).for_each(|(a, b)| *a = a.max(*b));
+            }
+            v
+        }
+        Pooling::Mean | Pooling::MeanSqrtLen => {
+            let mut v = vec![0f32; h];
+            for r in rows.chunks_exact(h) {
+                v.iter_mut().zip(r).for_each(|(a, b)| *a += b);
+            }
+            let d = if pooling == Pooling::Mean {
+                n as f32
+            } else {
+                (n as f32).sqrt()
+            };
+            v.iter_mut().for_each(|a| *a /= d);
+            v
+        }
     }
 }
 

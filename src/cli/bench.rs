@@ -1,0 +1,262 @@
+//! `ragline bench`: embedding throughput on this host.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use ragline::document::Document;
+use ragline::embed::batch;
+use ragline::stages::chunk::{
+    ChunkConfig, ChunkStage, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS,
+};
+use ragline::stages::extract::Extract;
+use ragline::stages::Stage;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::model_args::ModelArgs;
+
+/// The page benchmarked when no --corpus is given (react.dev, CC BY 4.0).
+const SAMPLE: &str = include_str!("../../tests/fixtures/react/useEffect.md");
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+
+    /// A folder of .md/.html/.txt documents to chunk and embed [default: a built-in page].
+    #[arg(long)]
+    corpus: Option<PathBuf>,
+
+    /// Chunks to embed [default: 2,000 on the CPU, 50,000 on a GPU].
+    #[arg(long)]
+    chunks: Option<usize>,
+
+    /// Chunk size to aim for, in model tokens.
+    #[arg(long, default_value_t = DEFAULT_CHUNK_TOKENS)]
+    chunk_tokens: usize,
+
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    model: String,
+    device: String,
+    dtype: String,
+    threads: usize,
+    batch_tokens: usize,
+    corpus_bytes: usize,
+    chunker_mb_per_s: f64,
+    chunker_mb_per_s_per_core: f64,
+    chunks: usize,
+    tokens: usize,
+    padded_tokens: usize,
+    padding_ratio: f64,
+    batches: usize,
+    mean_batch_size: f64,
+    seconds: f64,
+    tokens_per_s: f64,
+    chunks_per_s: f64,
+    peak_rss_mb: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_memory_used_mb: Option<f64>,
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let files = args.model.files()?;
+    let devices = args.model.devices()?;
+    let device = &devices[0];
+    let model = args.model.load(&files, device)?;
+    let batch_tokens = args.model.batch_tokens(device);
+    let target = args.chunks.unwrap_or(if device.device.is_cpu() {
+        2_000
+    } else {
+        50_000
+    });
+    if !args.json {
+        eprintln!("embedding on {} ({})", device.label, device.reason);
+    }
+
+    // Chunk the corpus on every core, timed.
+    let docs = read_corpus(args.corpus.as_deref())?;
+    let bytes: usize = docs.iter().map(|d| d.fields.text.len()).sum();
+    let limit = model.tokenizer.max_content_len() - model.tokenizer.passage_prompt_ids().len();
+    let sizes = ChunkConfig {
+        target: args.chunk_tokens,
+        overlap: DEFAULT_CHUNK_OVERLAP,
+    }
+    .validate(limit, args.chunk_tokens != DEFAULT_CHUNK_TOKENS)
+    .map_err(anyhow::Error::msg)?;
+    let started = Instant::now();
+    let tokenizer = &model.tokenizer;
+    let chunked: Vec<Vec<u32>> = docs
+        .into_par_iter()
+        .map_init(
+            || (Extract, ChunkStage::new(tokenizer.clone(), sizes)),
+            |(extract, chunk), mut doc| {
+                extract.process(&mut doc).ok();
+                chunk
+                    .process(&mut doc)
+                    .map(|children| {
+                        children
+                            .into_iter()
+                            .filter_map(|c| c.chunk.map(|c| c.token_ids))
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default()
+            },
+        )
+        .flatten()
+        .collect();
+    let chunk_secs = started.elapsed().as_secs_f64();
+    if chunked.is_empty() {
+        bail!("the corpus yielded no chunks");
+    }
+    let threads = rayon::current_num_threads();
+    // Repeat the corpus's chunks until there are enough.
+    let seqs: Vec<&[u32]> = chunked
+        .iter()
+        .cycle()
+        .take(target)
+        .map(Vec::as_slice)
+        .collect();
+    let prompt = model.tokenizer.passage_prompt_ids().to_vec();
+    let specials = {
+        let (a, b) = model.tokenizer.specials();
+        a.len() + b.len() + prompt.len()
+    };
+    let lengths: Vec<usize> = seqs.iter().map(|s| s.len() + specials).collect();
+    let plan = batch::plan(&lengths, batch_tokens);
+
+    // Warm up (a GPU compiles its kernels on first use), then time.
+    let warm: Vec<&[u32]> = plan[0].iter().map(|&i| seqs[i]).collect();
+    model.embed_ids(&warm, &prompt)?;
+    let started = Instant::now();
+    let mut padded = 0;
+    for b in &plan {
+        let batch: Vec<&[u32]> = b.iter().map(|&i| seqs[i]).collect();
+        // embed_ids returns host vectors, so the device is synchronised per batch.
+        model.embed_ids(&batch, &prompt)?;
+        padded += batch::padded(&lengths, b);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let tokens: usize = lengths.iter().sum();
+    let report = Report {
+        model: files.name.clone(),
+        device: device.label.clone(),
+        dtype: format!("{:?}", model.dtype()).to_lowercase(),
+        threads,
+        batch_tokens,
+        corpus_bytes: bytes,
+        chunker_mb_per_s: bytes as f64 / 1e6 / chunk_secs,
+        chunker_mb_per_s_per_core: bytes as f64 / 1e6 / chunk_secs / threads as f64,
+        chunks: seqs.len(),
+        tokens,
+        padded_tokens: padded,
+        padding_ratio: 1.0 - tokens as f64 / padded as f64,
+        batches: plan.len(),
+        mean_batch_size: seqs.len() as f64 / plan.len() as f64,
+        seconds: secs,
+        tokens_per_s: tokens as f64 / secs,
+        chunks_per_s: seqs.len() as f64 / secs,
+        peak_rss_mb: peak_rss_mb(),
+        device_memory_used_mb: device_memory_mb(&device.device),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "model {} on {} ({}), {} threads, batches of <= {} tokens\n\
+             chunker: {:.1} MB/s ({:.1} MB/s per core) over {:.1} MB\n\
+             embedder: {} chunks, {} tokens in {:.2}s: {:.0} tokens/s, {:.1} chunks/s\n\
+             padding {:.1}%, {} batches of {:.1} chunks on average\n\
+             peak RSS {:.0} MB{}",
+            report.model,
+            report.device,
+            report.dtype,
+            report.threads,
+            report.batch_tokens,
+            report.chunker_mb_per_s,
+            report.chunker_mb_per_s_per_core,
+            bytes as f64 / 1e6,
+            report.chunks,
+            report.tokens,
+            report.seconds,
+            report.tokens_per_s,
+            report.chunks_per_s,
+            report.padding_ratio * 100.0,
+            report.batches,
+            report.mean_batch_size,
+            report.peak_rss_mb,
+            report
+                .device_memory_used_mb
+                .map(|m| format!(", device memory in use {m:.0} MB"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn read_corpus(dir: Option<&std::path::Path>) -> anyhow::Result<Vec<Document>> {
+    let Some(dir) = dir else {
+        let mut d = Document::new("useEffect.md", SAMPLE);
+        d.fields.metadata.insert("format".into(), "markdown".into());
+        return Ok(vec![d]);
+    };
+    let mut docs = Vec::new();
+    for e in walkdir::WalkDir::new(dir).sort_by_file_name() {
+        let e = e.with_context(|| format!("reading --corpus {}", dir.display()))?;
+        let format = ragline::connectors::filesystem::format_of(e.path());
+        let ext_ok = e
+            .path()
+            .extension()
+            .and_then(|x| x.to_str())
+            .is_some_and(|x| ["md", "markdown", "mdx", "html", "htm", "txt", "rst"].contains(&x));
+        if !e.file_type().is_file() || !ext_ok {
+            continue;
+        }
+        if let Ok(text) = std::fs::read_to_string(e.path()) {
+            let mut d = Document::new(e.path().display().to_string(), text);
+            d.fields.metadata.insert("format".into(), format.into());
+            docs.push(d);
+        }
+    }
+    if docs.is_empty() {
+        bail!(
+            "--corpus {} holds no .md, .html, .txt or .rst files",
+            dir.display()
+        );
+    }
+    Ok(docs)
+}
+
+/// Peak resident memory of this process, from /proc (0 where there is none).
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+#[cfg(feature = "cuda")]
+fn device_memory_mb(device: &candle_core::Device) -> Option<f64> {
+    if !device.is_cuda() {
+        return None;
+    }
+    let (free, total) = candle_core::cuda::cudarc::driver::result::mem_get_info().ok()?;
+    Some((total - free) as f64 / 1e6)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device_memory_mb(_device: &candle_core::Device) -> Option<f64> {
+    None
+}
