@@ -94,6 +94,14 @@ pub struct Document {
     /// Chunk data, on children made by the chunker.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chunk: Option<Box<Chunk>>,
+    /// Set by the incremental stage when the index already holds this exact document: the
+    /// remaining stages are skipped and the indexer only confirms it.
+    #[serde(skip)]
+    pub unchanged: bool,
+    /// blake3 of the content as read (before extraction), set by the incremental stage;
+    /// children inherit it, so every chunk records which version of its parent it came from.
+    #[serde(skip)]
+    pub content_hash: Option<String>,
     /// The structure of `fields.text` found by the extract stage (headings, paragraphs,
     /// code blocks, tables), for the chunker. Empty before extraction.
     #[serde(skip)]
@@ -153,6 +161,8 @@ impl Document {
             dropped: None,
             children: 0,
             chunk: None,
+            unchanged: false,
+            content_hash: None,
             blocks: Vec::new(),
         }
     }
@@ -175,6 +185,8 @@ impl Document {
             dropped: None,
             children: 0,
             chunk: None,
+            unchanged: false,
+            content_hash: self.content_hash.clone(),
             blocks: Vec::new(),
         }
     }

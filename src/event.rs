@@ -77,7 +77,12 @@ impl Event {
     }
 
     pub fn finish(doc: &Document) -> Self {
-        Self::terminal(doc, EventKind::Finish { unchanged: false })
+        Self::terminal(
+            doc,
+            EventKind::Finish {
+                unchanged: doc.unchanged,
+            },
+        )
     }
 
     pub fn fail(doc: &Document, stage: &str, reason: impl Into<String>) -> Self {

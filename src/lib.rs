@@ -13,4 +13,5 @@ pub mod indexers;
 pub mod publisher;
 pub mod queue;
 pub mod run;
+pub mod search;
 pub mod stages;

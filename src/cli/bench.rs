@@ -7,7 +7,6 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use ragline::document::Document;
-use ragline::embed::batch;
 use ragline::stages::chunk::{
     ChunkConfig, ChunkStage, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS,
 };
@@ -131,7 +130,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         a.len() + b.len() + prompt.len()
     };
     let lengths: Vec<usize> = seqs.iter().map(|s| s.len() + specials).collect();
-    let plan = batch::plan(&lengths, batch_tokens);
+    let plan = model.plan_batches(&lengths, batch_tokens);
 
     // Warm up (a GPU compiles its kernels on first use), then time.
     let warm: Vec<&[u32]> = plan[0].iter().map(|&i| seqs[i]).collect();
@@ -142,7 +141,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         let batch: Vec<&[u32]> = b.iter().map(|&i| seqs[i]).collect();
         // embed_ids returns host vectors, so the device is synchronised per batch.
         model.embed_ids(&batch, &prompt)?;
-        padded += batch::padded(&lengths, b);
+        padded += model.computed_tokens(&lengths, b);
     }
     let secs = started.elapsed().as_secs_f64();
     let tokens: usize = lengths.iter().sum();

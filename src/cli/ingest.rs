@@ -3,6 +3,7 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -10,6 +11,7 @@ use clap::Args;
 use ragline::connectors::filesystem::{FilesystemConfig, FilesystemConnector};
 use ragline::connectors::jsonl::JsonlFields;
 use ragline::connectors::Connector;
+use ragline::indexers::sqlite::{IndexIdentity, ModelIdentity};
 use ragline::indexers::{self, BatchConfig, IndexUri};
 use ragline::run::progress::{Bars, LogLines, Observer, Silent};
 use ragline::run::{self, RunOptions, RunParts, RunSummary};
@@ -17,6 +19,7 @@ use ragline::stages::chunk::{
     ChunkConfig, ChunkStage, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS,
 };
 use ragline::stages::extract::Extract;
+use ragline::stages::incremental::Incremental;
 use ragline::stages::{Pipeline, Stage, StageError};
 
 use super::model_args::ModelArgs;
@@ -29,9 +32,14 @@ pub struct IngestArgs {
     #[arg(required = true)]
     paths: Vec<PathBuf>,
 
-    /// Where to write: jsonl:PATH (one JSON object per document or chunk), null: (discard).
-    #[arg(long, env = "RAGLINE_INDEX", default_value = "jsonl:ragline.jsonl")]
+    /// Where to write: sqlite://PATH (the embedded index: vectors, full text, incremental
+    /// re-runs), jsonl:PATH (one JSON object per document or chunk), null: (discard).
+    #[arg(long, env = "RAGLINE_INDEX", default_value = "sqlite://ragline.db")]
     index: String,
+
+    /// Delete from the index the documents whose source is gone.
+    #[arg(long)]
+    prune: bool,
 
     /// CPU worker threads (extract, chunk, tokenize) [default: the number of cores].
     #[arg(long)]
@@ -126,16 +134,10 @@ pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
         std::fs::File::create(report)
             .with_context(|| format!("cannot write --report {}", report.display()))?;
     }
-    let backend = indexers::open(&uri)?;
 
-    let (pipeline, embedder): (
-        Box<dyn Fn() -> Result<Pipeline, StageError> + Send + Sync>,
-        _,
-    ) = if args.no_chunk {
-        (
-            Box::new(|| Ok(Pipeline::new(vec![Box::new(Extract)]))),
-            None,
-        )
+    // The model and the chunker, unless whole documents are indexed.
+    let embedding = if args.no_chunk {
+        None
     } else {
         let files = args.model.files()?;
         let devices = args.model.devices()?;
@@ -143,9 +145,9 @@ pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
             eprintln!("embedding on {} ({})", d.label, d.reason);
         }
         let pool = args.model.pool(&files, &devices)?;
-        let first = &pool_model_tokenizer(&pool);
-        let tokenizer = first.0.clone();
-        let limit = first.1;
+        let model = &pool.embedders()[0].model;
+        let tokenizer = model.tokenizer.clone();
+        let limit = tokenizer.max_content_len() - tokenizer.passage_prompt_ids().len();
         let explicit = args.chunk_tokens != DEFAULT_CHUNK_TOKENS;
         let sizes = ChunkConfig {
             target: args.chunk_tokens,
@@ -153,14 +155,52 @@ pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
         }
         .validate(limit, explicit)
         .map_err(anyhow::Error::msg)?;
-        let factory = move || {
-            let stages: Vec<Box<dyn Stage>> = vec![
-                Box::new(Extract),
-                Box::new(ChunkStage::new(tokenizer.clone(), sizes)),
-            ];
-            Ok(Pipeline::new(stages))
+        let identity = ModelIdentity {
+            name: files.name.clone(),
+            dir: std::fs::canonicalize(&files.dir)
+                .unwrap_or_else(|_| files.dir.clone())
+                .display()
+                .to_string(),
+            fingerprint: model.fingerprint()?,
+            dimension: model.dimension(),
         };
-        (Box::new(factory), Some(pool))
+        Some((pool, tokenizer, sizes, identity))
+    };
+    let pipeline_fingerprint = match &embedding {
+        Some((_, _, sizes, identity)) => {
+            format!(
+                "{}|{}",
+                ChunkStage::fingerprint(sizes),
+                identity.fingerprint
+            )
+        }
+        None => "extract-v1".to_string(),
+    };
+    let identity = IndexIdentity {
+        model: embedding.as_ref().map(|e| e.3.clone()),
+        pipeline_fingerprint: pipeline_fingerprint.clone(),
+    };
+    let backend = indexers::open(&uri, identity)?;
+    let known = Arc::new(backend.known_documents()?);
+    let in_index = backend.document_ids()?;
+    let fingerprint: Arc<str> = pipeline_fingerprint.into();
+
+    let (chunking, pool) = match embedding {
+        Some((pool, tokenizer, sizes, _)) => (Some((tokenizer, sizes)), Some(pool)),
+        None => (None, None),
+    };
+    let pipeline = move || -> Result<Pipeline, StageError> {
+        let mut stages: Vec<Box<dyn Stage>> = vec![
+            Box::new(Incremental::new(
+                Arc::clone(&known),
+                Arc::clone(&fingerprint),
+            )),
+            Box::new(Extract),
+        ];
+        if let Some((tokenizer, sizes)) = &chunking {
+            stages.push(Box::new(ChunkStage::new(tokenizer.clone(), *sizes)));
+        }
+        Ok(Pipeline::new(stages))
     };
 
     let mut options = RunOptions::default();
@@ -171,6 +211,7 @@ pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
         options.workers = w;
     }
     options.indexers = args.indexers.max(1);
+    options.track_ids = in_index.is_some();
     options.batch = BatchConfig {
         max_items: args.batch_size.max(1),
         max_bytes: args.batch_bytes.max(1),
@@ -180,20 +221,31 @@ pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
     let connectors: Vec<Box<dyn Connector>> = vec![Box::new(FilesystemConnector::new(fs_config))];
     let parts = RunParts {
         connectors,
-        pipeline: pipeline.as_ref(),
-        embedder,
+        pipeline: &pipeline,
+        embedder: pool,
         backend: backend.as_ref(),
     };
     let result = run::execute(parts, &options, observer.as_mut());
     observer.finish();
-    let summary = match result {
+    let mut summary = match result {
         Ok(summary) => summary,
         Err(err) => {
             eprintln!("error: {err:#}");
             return Ok(ExitCode::from(EXIT_SETUP));
         }
     };
-    print_summary(&summary)?;
+    // Documents the index holds that this run's source no longer has.
+    if let (Some(before), Some(seen)) = (&in_index, &summary.published_ids) {
+        let mut missing: Vec<String> = before.difference(seen).cloned().collect();
+        missing.sort();
+        if args.prune && !missing.is_empty() {
+            summary.pruned = backend.delete_documents(&missing)? as u64;
+        }
+        summary.missing_from_source = missing;
+    } else if args.prune {
+        eprintln!("warning: --prune does nothing with {}", backend.describe());
+    }
+    print_summary(&summary, args.prune)?;
     if let Some(report) = &args.report {
         let json = serde_json::to_vec_pretty(&summary)?;
         std::fs::write(report, json)
@@ -206,17 +258,6 @@ pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
     }))
 }
 
-/// The tokenizer (and its chunk limit: content tokens minus the passage prompt) of the pool's
-/// model; every embedder runs the same model.
-fn pool_model_tokenizer(
-    pool: &ragline::embed::pool::EmbedderPool,
-) -> (ragline::embed::tokenizer::TextTokenizer, usize) {
-    let model = &pool.embedders()[0].model;
-    let t = model.tokenizer.clone();
-    let limit = t.max_content_len() - t.passage_prompt_ids().len();
-    (t, limit)
-}
-
 fn observer(choice: &str) -> anyhow::Result<Box<dyn Observer>> {
     Ok(match choice {
         "auto" if std::io::stderr().is_terminal() => Box::new(Bars::new()),
@@ -227,7 +268,7 @@ fn observer(choice: &str) -> anyhow::Result<Box<dyn Observer>> {
     })
 }
 
-fn print_summary(s: &RunSummary) -> anyhow::Result<()> {
+fn print_summary(s: &RunSummary, pruned: bool) -> anyhow::Result<()> {
     let c = &s.counts;
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -236,7 +277,7 @@ fn print_summary(s: &RunSummary) -> anyhow::Result<()> {
          {} failed, {} dropped",
         s.index, s.elapsed_secs, c.published, c.indexed, c.unchanged, c.failed, c.dropped
     )?;
-    if c.children_created > 0 {
+    if c.children_created > 0 || c.unchanged > 0 {
         writeln!(
             out,
             "chunks: {} created, {} embedded, {} indexed, {} failed, {} dropped; \
@@ -249,6 +290,29 @@ fn print_summary(s: &RunSummary) -> anyhow::Result<()> {
             s.tokens_embedded,
             s.tokens_per_sec,
             s.padding_ratio * 100.0
+        )?;
+    }
+    if !s.missing_from_source.is_empty() {
+        let what = if pruned {
+            format!("{} pruned from the index", s.pruned)
+        } else {
+            "still in the index (--prune deletes them)".to_string()
+        };
+        writeln!(
+            out,
+            "{} documents are no longer in the source, {what}: {}{}",
+            s.missing_from_source.len(),
+            s.missing_from_source
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            if s.missing_from_source.len() > 5 {
+                ", ..."
+            } else {
+                ""
+            }
         )?;
     }
     const SHOWN: usize = 20;

@@ -4,6 +4,7 @@ mod bench;
 mod embed;
 mod ingest;
 mod model_args;
+mod search;
 
 use std::process::ExitCode;
 
@@ -31,6 +32,8 @@ enum Command {
     Ingest(ingest::IngestArgs),
     /// Embed texts from a JSONL file into a .npy or JSONL file of vectors.
     Embed(embed::EmbedArgs),
+    /// Search an index by meaning, keywords, or both.
+    Search(search::SearchArgs),
     /// Measure embedding throughput on this host (tokens/s, padding, memory, chunker MB/s).
     Bench(bench::BenchArgs),
 }
@@ -40,5 +43,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ingest(args) => ingest::run(args),
         Command::Embed(args) => embed::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Search(args) => search::run(args),
     }
 }

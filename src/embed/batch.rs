@@ -21,6 +21,28 @@ pub fn plan(lengths: &[usize], budget: usize) -> Vec<Vec<usize>> {
     batches
 }
 
+/// For encoders that compute no padding: batches whose real tokens stay within `budget`,
+/// sequences sorted by length (similar lengths still balance the per-sequence attention).
+pub fn plan_unpadded(lengths: &[usize], budget: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    order.sort_by_key(|&i| lengths[i]);
+    let mut batches = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    let mut sum = 0;
+    for i in order {
+        if !current.is_empty() && sum + lengths[i] > budget {
+            batches.push(std::mem::take(&mut current));
+            sum = 0;
+        }
+        sum += lengths[i];
+        current.push(i);
+    }
+    if !current.is_empty() {
+        batches.push(current);
+    }
+    batches
+}
+
 /// Padded tokens a batch computes.
 pub fn padded(lengths: &[usize], batch: &[usize]) -> usize {
     batch.iter().map(|&i| lengths[i]).max().unwrap_or(0) * batch.len()

@@ -107,6 +107,30 @@ impl EmbeddingModel {
         self.dimension
     }
 
+    /// Whether the encoder computes padding: batches are rectangles (candle) or not (the
+    /// fused CPU path, which lays sequences end to end).
+    pub fn pads(&self) -> bool {
+        matches!(self.encoder, Encoder::Candle(_))
+    }
+
+    /// Batches for sequences of `lengths` tokens within `budget` tokens computed.
+    pub fn plan_batches(&self, lengths: &[usize], budget: usize) -> Vec<Vec<usize>> {
+        if self.pads() {
+            super::batch::plan(lengths, budget)
+        } else {
+            super::batch::plan_unpadded(lengths, budget)
+        }
+    }
+
+    /// Tokens the encoder computes for `batch`, padding included.
+    pub fn computed_tokens(&self, lengths: &[usize], batch: &[usize]) -> usize {
+        if self.pads() {
+            super::batch::padded(lengths, batch)
+        } else {
+            batch.iter().map(|&i| lengths[i]).sum()
+        }
+    }
+
     /// "fused CPU f32" or "candle".
     pub fn encoder_kind(&self) -> &'static str {
         match self.encoder {
@@ -123,20 +147,37 @@ impl EmbeddingModel {
         self.dtype
     }
 
-    /// A string that changes whenever the vectors would: model name, weights size and
-    /// pooling, normalisation and length settings.
-    pub fn fingerprint(&self) -> String {
-        let weights = std::fs::metadata(&self.files.weights).map_or(0, |m| m.len());
-        let text = format!(
-            "{}|{}|{:?}|{}|{}|{:?}",
-            self.files.name,
-            weights,
-            self.pooling,
-            self.normalize,
-            self.tokenizer.max_len(),
-            self.tokenizer.passage_prompt_ids(),
+    /// A string that changes whenever the vectors would: the bytes of the config, tokenizer
+    /// and weights, and the pooling, normalisation, length and prompt settings. The same model
+    /// named two ways (a hub id, a folder) has the same fingerprint.
+    pub fn fingerprint(&self) -> Result<String, EmbedError> {
+        let mut h = blake3::Hasher::new();
+        for path in [
+            &self.files.config,
+            &self.files.tokenizer,
+            &self.files.weights,
+        ] {
+            let mut f = std::fs::File::open(path).map_err(|e| EmbedError::ModelFile {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            std::io::copy(&mut f, &mut h).map_err(|e| EmbedError::ModelFile {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        }
+        h.update(
+            format!(
+                "|{:?}|{}|{}|{:?}|{:?}",
+                self.pooling,
+                self.normalize,
+                self.tokenizer.max_len(),
+                self.tokenizer.passage_prompt_ids(),
+                self.tokenizer.query_prompt_ids(),
+            )
+            .as_bytes(),
         );
-        blake3::hash(text.as_bytes()).to_hex()[..16].to_string()
+        Ok(h.finalize().to_hex()[..16].to_string())
     }
 
     /// Embed sequences of content token ids (no special tokens), each preceded by the

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::batch;
 use super::model::EmbeddingModel;
 use crate::document::Document;
 use crate::event::Event;
@@ -150,7 +149,7 @@ impl Embedder {
                     .map_or(0, |d| token_len(&d.item) + prompt.len() + 2)
             })
             .collect();
-        for plan in batch::plan(&lengths, self.policy.batch_tokens) {
+        for plan in self.model.plan_batches(&lengths, self.policy.batch_tokens) {
             let plan: Vec<usize> = plan.into_iter().filter(|&i| items[i].is_some()).collect();
             if plan.is_empty() {
                 continue;
@@ -164,7 +163,7 @@ impl Embedder {
             stats.add_batch(
                 plan.len() as u64,
                 real as u64,
-                batch::padded(&lengths, &plan) as u64,
+                self.model.computed_tokens(&lengths, &plan) as u64,
             );
             match result {
                 Ok(vectors) => {

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
-use super::batch;
 use super::model::EmbeddingModel;
 use super::EmbedError;
 
@@ -69,11 +68,11 @@ pub fn embed_texts<S: AsRef<str> + Sync>(
                 .collect();
             let mut out: Vec<Option<Vec<f32>>> = vec![None; ids.len()];
             let started = Instant::now();
-            for plan in batch::plan(&lengths, batch_tokens) {
+            for plan in model.plan_batches(&lengths, batch_tokens) {
                 let seqs: Vec<&[u32]> = plan.iter().map(|&i| ids[i].as_slice()).collect();
                 let vectors = model.embed_ids(&seqs, prompt)?;
                 stats.batches += 1;
-                stats.padded_tokens += batch::padded(&lengths, &plan);
+                stats.padded_tokens += model.computed_tokens(&lengths, &plan);
                 for (&i, v) in plan.iter().zip(vectors) {
                     out[i] = Some(v);
                 }

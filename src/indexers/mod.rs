@@ -9,9 +9,10 @@
 pub mod batch;
 pub mod jsonl;
 pub mod null;
+pub mod sqlite;
 pub mod uri;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use thiserror::Error;
@@ -49,7 +50,7 @@ impl ItemError {
 /// A backend that cannot be opened or used at all: the run cannot start (exit code 2).
 #[derive(Debug, Error)]
 pub enum BackendError {
-    #[error("unknown index URI `{0}`: use jsonl:PATH, sqlite://PATH or null:")]
+    #[error("unknown index URI `{0}`: use sqlite://PATH, jsonl:PATH or null:")]
     UnknownScheme(String),
     #[error("cannot write `{path}`: {source}; choose a writable location with --index")]
     Unwritable {
@@ -86,16 +87,36 @@ pub trait BackendFactory: Send + Sync {
 
     fn connect(&self) -> Result<Box<dyn Backend>, BackendError>;
 
-    /// What the index holds, by document id (empty for backends that cannot tell).
+    /// What the index holds completely, by document id (empty for backends that cannot
+    /// tell): the incremental stage skips these when their content is unchanged.
     fn known_documents(&self) -> Result<HashMap<String, KnownDocument>, BackendError> {
         Ok(HashMap::new())
     }
+
+    /// Every document id in the index, or None for backends that cannot tell (files).
+    fn document_ids(&self) -> Result<Option<HashSet<String>>, BackendError> {
+        Ok(None)
+    }
+
+    /// Delete documents and their chunks; how many were deleted.
+    fn delete_documents(&self, ids: &[String]) -> Result<usize, BackendError> {
+        let _ = ids;
+        Err(BackendError::Invalid(format!(
+            "{} cannot delete documents",
+            self.describe()
+        )))
+    }
 }
 
-/// Open the backend a URI names, checking it is usable before the run starts.
-pub fn open(uri: &IndexUri) -> Result<Box<dyn BackendFactory>, BackendError> {
+/// Open the backend a URI names for a run with `identity`, checking it is usable before the
+/// run starts.
+pub fn open(
+    uri: &IndexUri,
+    identity: sqlite::IndexIdentity,
+) -> Result<Box<dyn BackendFactory>, BackendError> {
     match uri {
         IndexUri::Jsonl(path) => Ok(Box::new(jsonl::JsonlFactory::create(path)?)),
         IndexUri::Null { delay } => Ok(Box::new(null::NullFactory { delay: *delay })),
+        IndexUri::Sqlite(path) => Ok(Box::new(sqlite::SqliteFactory::open(path, identity)?)),
     }
 }

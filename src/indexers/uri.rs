@@ -9,6 +9,8 @@ use super::BackendError;
 /// Where a run writes its output.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IndexUri {
+    /// `sqlite://PATH` (also `sqlite:PATH`): the embedded index.
+    Sqlite(PathBuf),
     /// `jsonl:PATH`: one JSON object per document or chunk.
     Jsonl(PathBuf),
     /// `null:` discards everything (for measuring); `null:?delay=5ms` also waits per batch,
@@ -20,6 +22,15 @@ impl FromStr for IndexUri {
     type Err = BackendError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("sqlite:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(BackendError::Invalid(
+                    "`sqlite://` needs a path, e.g. sqlite://ragline.db".into(),
+                ));
+            }
+            return Ok(IndexUri::Sqlite(PathBuf::from(path)));
+        }
         if let Some(path) = s.strip_prefix("jsonl:") {
             let path = path.strip_prefix("//").unwrap_or(path);
             if path.is_empty() {
@@ -70,6 +81,14 @@ mod tests {
 
     #[test]
     fn parses_schemes() {
+        assert_eq!(
+            "sqlite://rag.db".parse::<IndexUri>().unwrap(),
+            IndexUri::Sqlite("rag.db".into())
+        );
+        assert_eq!(
+            "sqlite:///abs/rag.db".parse::<IndexUri>().unwrap(),
+            IndexUri::Sqlite("/abs/rag.db".into())
+        );
         assert_eq!(
             "jsonl:/tmp/o.jsonl".parse::<IndexUri>().unwrap(),
             IndexUri::Jsonl("/tmp/o.jsonl".into())

@@ -7,6 +7,7 @@
 
 pub mod tracker;
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -26,17 +27,40 @@ pub struct Publisher {
     signal: Arc<RunSignal>,
     /// How many documents the connectors announced they will publish (0: unknown).
     announced: Arc<AtomicU64>,
+    /// The ids published, when the run needs them (to find documents gone from the source).
+    ids: Option<Arc<Mutex<HashSet<String>>>>,
 }
 
 impl Publisher {
-    pub fn new(run_id: RunId, work: Arc<dyn Queue<Document>>, signal: Arc<RunSignal>) -> Self {
+    pub fn new(
+        run_id: RunId,
+        work: Arc<dyn Queue<Document>>,
+        signal: Arc<RunSignal>,
+        track_ids: bool,
+    ) -> Self {
         Publisher {
             run_id,
             tracker: Arc::new(Mutex::new(RunTracker::new(run_id))),
             work,
             signal,
             announced: Arc::new(AtomicU64::new(0)),
+            ids: track_ids.then(|| Arc::new(Mutex::new(HashSet::new()))),
         }
+    }
+
+    fn remember(&self, id: &str) {
+        if let Some(ids) = &self.ids {
+            ids.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id.to_string());
+        }
+    }
+
+    /// The ids published so far, when tracked.
+    pub fn published_ids(&self) -> Option<HashSet<String>> {
+        self.ids
+            .as_ref()
+            .map(|ids| ids.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
     pub fn run_id(&self) -> RunId {
@@ -52,6 +76,7 @@ impl Publisher {
     pub fn publish(&self, mut doc: Document) -> Result<(), Stopped> {
         doc.run_id = self.run_id;
         doc.instance = self.tracker().publish();
+        self.remember(&doc.id);
         push_until_stopped(&self.work, doc, &self.signal)
     }
 
@@ -82,6 +107,7 @@ impl Publisher {
     }
 
     fn publish_terminal(&self, id: &str, source: Option<&str>, kind: EventKind) {
+        self.remember(id);
         let mut doc = Document::new(id, String::new());
         doc.run_id = self.run_id;
         doc.fields.source = source.map(str::to_string);

@@ -55,6 +55,9 @@ pub struct RunOptions {
     pub batch: BatchConfig,
     /// How often the observer hears about progress.
     pub tick: Duration,
+    /// Keep the ids of the published documents in the summary (to find documents gone from
+    /// the source).
+    pub track_ids: bool,
 }
 
 impl Default for RunOptions {
@@ -68,6 +71,7 @@ impl Default for RunOptions {
             event_queue: DEFAULT_EVENT_QUEUE,
             batch: BatchConfig::default(),
             tick: Duration::from_millis(200),
+            track_ids: false,
         }
     }
 }
@@ -115,7 +119,12 @@ pub fn execute(
     let embed: Option<Arc<dyn Queue<Document>>> = parts.embedder.as_ref().map(|_| {
         Arc::new(MemoryQueue::new("embed", options.embed_queue)) as Arc<dyn Queue<Document>>
     });
-    let publisher = Publisher::new(run_id, Arc::clone(&work), Arc::clone(&signal));
+    let publisher = Publisher::new(
+        run_id,
+        Arc::clone(&work),
+        Arc::clone(&signal),
+        options.track_ids,
+    );
 
     // Set up everything that can fail before any thread starts.
     let pipelines = (0..options.workers.max(1))
@@ -193,7 +202,7 @@ pub fn execute(
     }
     debug_assert!(complete, "the event loop ends complete unless aborted");
     let tracker = publisher.tracker();
-    Ok(RunSummary::new(
+    let mut summary = RunSummary::new(
         run_id,
         parts.backend.describe(),
         started.elapsed(),
@@ -201,7 +210,10 @@ pub fn execute(
         tracker.failures().to_vec(),
         tracker.drops().to_vec(),
         &stats,
-    ))
+    );
+    drop(tracker);
+    summary.published_ids = publisher.published_ids();
+    Ok(summary)
 }
 
 /// Spawn a thread of the run; if it panics, the run aborts with the panic's message instead of

@@ -24,6 +24,14 @@ pub struct RunSummary {
     pub failures: Vec<Outcome>,
     /// Every document that was dropped, with the stage and the reason.
     pub dropped: Vec<Outcome>,
+    /// Documents the index holds that the source no longer has (filled in by the caller).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing_from_source: Vec<String>,
+    /// Of those, how many were deleted (`--prune`).
+    pub pruned: u64,
+    /// The ids published, when the run tracked them.
+    #[serde(skip)]
+    pub published_ids: Option<std::collections::HashSet<String>>,
 }
 
 impl RunSummary {
@@ -54,6 +62,9 @@ impl RunSummary {
             tokens_per_sec: stats.tokens() as f64 / secs,
             failures,
             dropped,
+            missing_from_source: Vec::new(),
+            pruned: 0,
+            published_ids: None,
         }
     }
 

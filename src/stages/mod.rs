@@ -6,6 +6,7 @@
 
 pub mod chunk;
 pub mod extract;
+pub mod incremental;
 pub mod noop;
 pub mod pipeline;
 

@@ -66,6 +66,10 @@ impl Pipeline {
                         dropped_by = Some(name);
                         break;
                     }
+                    if doc.unchanged {
+                        // The index already holds it: nothing more to do here.
+                        break;
+                    }
                     continue;
                 }
                 Ok(Err(StageError::BadDocument(msg))) => msg,

@@ -3,5 +3,6 @@
 mod chunking;
 mod embedding;
 mod engine;
+mod index;
 mod tokenizer;
 mod util;

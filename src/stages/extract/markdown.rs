@@ -9,7 +9,7 @@ use crate::document::{Block, BlockKind};
 
 pub fn extract(raw: &str) -> Extracted {
     let (metadata, body_start) = front_matter::split(raw);
-    let text = raw[body_start..].to_string();
+    let text = strip_markup(&raw[body_start..]);
     let blocks = blocks(&text);
     let title = metadata
         .get("title")
@@ -20,6 +20,103 @@ pub fn extract(raw: &str) -> Extracted {
         blocks,
         title,
         metadata,
+    }
+}
+
+/// Remove what is markup and not content, outside code: HTML and JSX tags (their inner text
+/// stays: `<CodeStep step={1}>setup</CodeStep>` becomes `setup`) and MDX comments
+/// (`{/*usage*/}`). Lines left empty by it go too. Chunks then hold what a reader reads, which
+/// embeds better; code blocks and inline code are left exactly as written.
+pub fn strip_markup(text: &str) -> String {
+    let options =
+        Options::ENABLE_TABLES | Options::ENABLE_FOOTNOTES | Options::ENABLE_STRIKETHROUGH;
+    let mut cut: Vec<(usize, usize)> = Vec::new();
+    let mut code: Vec<(usize, usize)> = Vec::new();
+    let mut in_code_block = false;
+    for (event, range) in Parser::new_ext(text, options).into_offset_iter() {
+        match event {
+            Event::Start(Tag::CodeBlock(_)) => {
+                in_code_block = true;
+                code.push((range.start, range.end));
+            }
+            Event::End(TagEnd::CodeBlock) => in_code_block = false,
+            Event::Code(_) => code.push((range.start, range.end)),
+            Event::InlineHtml(_) if !in_code_block => cut.push((range.start, range.end)),
+            Event::Html(_) if !in_code_block => tags_in(text, range.start, range.end, &mut cut),
+            _ => {}
+        }
+    }
+    // MDX comments span several markdown events (`*` reads as emphasis): find them in the
+    // text itself, outside code.
+    let mut from = 0;
+    while let Some(p) = text[from..].find("{/*") {
+        let a = from + p;
+        let Some(q) = text[a..].find("*/}") else {
+            break;
+        };
+        let b = a + q + 3;
+        if !code.iter().any(|&(c0, c1)| a < c1 && b > c0) {
+            let a = if a > 0 && text.as_bytes()[a - 1] == b' ' {
+                a - 1
+            } else {
+                a
+            };
+            cut.push((a, b));
+        }
+        from = b;
+    }
+    if cut.is_empty() {
+        return text.to_string();
+    }
+    cut.sort_unstable();
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for (a, b) in cut {
+        if a >= at {
+            out.push_str(&text[at..a]);
+            at = b;
+        } else if b > at {
+            at = b;
+        }
+    }
+    out.push_str(&text[at..]);
+    // Drop lines that held nothing but markup; keep blank lines between blocks single.
+    let mut cleaned = String::with_capacity(out.len());
+    let mut blank = false;
+    for line in out.split_inclusive('\n') {
+        let empty = line.trim().is_empty();
+        if empty && blank {
+            continue;
+        }
+        blank = empty;
+        cleaned.push_str(if empty { "\n" } else { line });
+    }
+    cleaned
+}
+
+/// Ranges of `<tag ...>` and `</tag>` in `text[start..end]` (an HTML block: its text stays).
+fn tags_in(text: &str, start: usize, end: usize, cut: &mut Vec<(usize, usize)>) {
+    let bytes = text.as_bytes();
+    let mut i = start;
+    while i < end {
+        if bytes[i] == b'<' {
+            let name_at = i + 1 + usize::from(bytes.get(i + 1) == Some(&b'/'));
+            let starts_tag = bytes.get(name_at).is_some_and(|b| b.is_ascii_alphabetic());
+            let comment = text[i..end].starts_with("<!--");
+            let close = if comment {
+                text[i..end].find("-->").map(|p| i + p + 3)
+            } else if starts_tag {
+                text[i..end].find('>').map(|p| i + p + 1)
+            } else {
+                None
+            };
+            if let Some(c) = close {
+                cut.push((i, c));
+                i = c;
+                continue;
+            }
+        }
+        i += 1;
     }
 }
 
@@ -170,6 +267,15 @@ mod tests {
             "```js\nuseEffect(() => {});\n```"
         );
         assert_eq!(&md[b[5].start..b[5].end], "- one");
+    }
+
+    #[test]
+    fn strips_jsx_tags_and_mdx_comments_but_not_code() {
+        let md = "## Usage {/*usage*/}\n\n<Intro>\n\nThe <CodeStep step={1}>setup code</CodeStep> runs.\n\n</Intro>\n\n```js\n<div>{/*keep*/}</div>\n```\n\nUse `<App />` here.\n";
+        assert_eq!(
+            strip_markup(md),
+            "## Usage\n\nThe setup code runs.\n\n```js\n<div>{/*keep*/}</div>\n```\n\nUse `<App />` here.\n"
+        );
     }
 
     #[test]

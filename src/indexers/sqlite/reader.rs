@@ -1,0 +1,209 @@
+//! Reading the index: its metadata, vector and keyword searches, chunk rows. Opens the file
+//! read-only, so it never changes it, and works while an ingest is writing (WAL).
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::{read_only_flags, register_sqlite_vec, schema::SCHEMA_VERSION, vector_bytes};
+use crate::indexers::BackendError;
+
+/// What the index says about itself.
+#[derive(Clone, Debug, Default)]
+pub struct IndexMeta {
+    pub schema_version: i64,
+    pub model: Option<String>,
+    pub model_dir: Option<String>,
+    pub model_fingerprint: Option<String>,
+    pub dimension: Option<usize>,
+}
+
+/// A chunk as stored, with its document's source and title.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ChunkRow {
+    #[serde(skip)]
+    pub rowid: i64,
+    pub id: String,
+    pub document_id: String,
+    pub source: Option<String>,
+    pub title: Option<String>,
+    pub heading_path: String,
+    pub ordinal: i64,
+    pub text: String,
+}
+
+pub struct SqliteReader {
+    conn: Connection,
+    meta: IndexMeta,
+}
+
+impl SqliteReader {
+    /// Open an existing index read-only; a file that is not a ragline index is an error that
+    /// says so.
+    pub fn open(path: &Path) -> Result<Self, BackendError> {
+        register_sqlite_vec();
+        let not_index = |why: String| {
+            BackendError::Invalid(format!(
+                "`{}` is not a ragline index ({why}); choose another --index, or move the file \
+                 away to create a new index there",
+                path.display()
+            ))
+        };
+        if !path.is_file() {
+            return Err(BackendError::Invalid(format!(
+                "no index at `{}`: run `ragline ingest` first, or give --index",
+                path.display()
+            )));
+        }
+        let conn = Connection::open_with_flags(path, read_only_flags())
+            .map_err(|e| not_index(e.to_string()))?;
+        let rows: Vec<(String, String)> = conn
+            .prepare("SELECT key, value FROM meta")
+            .and_then(|mut s| {
+                s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<rusqlite::Result<_>>()
+            })
+            .map_err(|e| match e.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::NotADatabase) => {
+                    not_index("not an SQLite database, or a corrupted one".into())
+                }
+                _ if e.to_string().contains("no such table") => {
+                    not_index("an SQLite database without ragline's tables".into())
+                }
+                _ => not_index(e.to_string()),
+            })?;
+        let mut meta = IndexMeta::default();
+        for (k, v) in rows {
+            match k.as_str() {
+                "schema_version" => meta.schema_version = v.parse().unwrap_or(0),
+                "model" => meta.model = Some(v),
+                "model_dir" => meta.model_dir = Some(v),
+                "model_fingerprint" => meta.model_fingerprint = Some(v),
+                "dimension" => meta.dimension = v.parse().ok(),
+                _ => {}
+            }
+        }
+        if meta.schema_version > SCHEMA_VERSION {
+            return Err(BackendError::Invalid(format!(
+                "index `{}` has schema version {}, newer than this ragline understands ({}); \
+                 upgrade ragline",
+                path.display(),
+                meta.schema_version,
+                SCHEMA_VERSION
+            )));
+        }
+        Ok(SqliteReader { conn, meta })
+    }
+
+    pub fn meta(&self) -> &IndexMeta {
+        &self.meta
+    }
+
+    fn err(&self, e: rusqlite::Error) -> BackendError {
+        BackendError::Io(format!("index: {e}"))
+    }
+
+    /// (documents, chunks, vectors) in the index.
+    pub fn counts(&self) -> Result<(u64, u64, u64), BackendError> {
+        let count = |sql: &str| -> Result<u64, BackendError> {
+            self.conn
+                .query_row(sql, [], |r| r.get::<_, i64>(0))
+                .map(|n| n as u64)
+                .map_err(|e| self.err(e))
+        };
+        let vectors = if self.meta.dimension.is_some() {
+            count("SELECT COUNT(*) FROM chunk_vectors")?
+        } else {
+            0
+        };
+        Ok((
+            count("SELECT COUNT(*) FROM documents")?,
+            count("SELECT COUNT(*) FROM chunks")?,
+            vectors,
+        ))
+    }
+
+    /// The `k` chunks nearest to `query` by cosine distance: (rowid, distance), nearest first.
+    pub fn nearest(&self, query: &[f32], k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
+        if self.meta.dimension.is_none() {
+            return Ok(Vec::new());
+        }
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT rowid, distance FROM chunk_vectors
+                 WHERE embedding MATCH ?1 AND k = ?2 ORDER BY distance",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(params![vector_bytes(query), k as i64], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.err(e))?;
+        Ok(rows)
+    }
+
+    /// The `k` best chunks for `query` by BM25 over text and heading path: (rowid, score),
+    /// best first (higher is better). Every word of the query is optional (OR), as keyword
+    /// retrieval over natural-language questions wants.
+    pub fn keyword(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
+        let terms: Vec<String> = query
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|t| !t.is_empty())
+            .map(|t| format!("\"{t}\""))
+            .collect();
+        if terms.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT rowid, bm25(chunk_fts) FROM chunk_fts
+                 WHERE chunk_fts MATCH ?1 ORDER BY bm25(chunk_fts) LIMIT ?2",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = stmt
+            .query_map(params![terms.join(" OR "), k as i64], |r| {
+                // FTS5's bm25() is negative, lower is better: flip it.
+                Ok((r.get(0)?, -r.get::<_, f64>(1)?))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.err(e))?;
+        Ok(rows)
+    }
+
+    pub fn chunk(&self, rowid: i64) -> Result<Option<ChunkRow>, BackendError> {
+        self.conn
+            .prepare_cached(
+                "SELECT c.rowid, c.id, c.document_id, d.source, d.title, c.heading_path,
+                        c.ordinal, c.text
+                 FROM chunks c LEFT JOIN documents d ON d.id = c.document_id
+                 WHERE c.rowid = ?1",
+            )
+            .and_then(|mut s| {
+                s.query_row([rowid], |r| {
+                    Ok(ChunkRow {
+                        rowid: r.get(0)?,
+                        id: r.get(1)?,
+                        document_id: r.get(2)?,
+                        source: r.get(3)?,
+                        title: r.get(4)?,
+                        heading_path: r.get(5)?,
+                        ordinal: r.get(6)?,
+                        text: r.get(7)?,
+                    })
+                })
+                .optional()
+            })
+            .map_err(|e| self.err(e))
+    }
+
+    /// The document id of each chunk rowid (for document-level evaluation).
+    pub fn document_of(&self, rowid: i64) -> Result<Option<String>, BackendError> {
+        self.conn
+            .prepare_cached("SELECT document_id FROM chunks WHERE rowid = ?1")
+            .and_then(|mut s| s.query_row([rowid], |r| r.get(0)).optional())
+            .map_err(|e| self.err(e))
+    }
+}

@@ -1,0 +1,189 @@
+//! Searching the embedded index: by vector (sqlite-vec), by keyword (FTS5 BM25), or hybrid by
+//! reciprocal rank fusion of the two.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::str::FromStr;
+
+use thiserror::Error;
+
+use crate::embed::{EmbedError, EmbeddingModel};
+use crate::indexers::sqlite::{ChunkRow, SqliteReader};
+use crate::indexers::BackendError;
+
+/// The constant of reciprocal rank fusion (Cormack et al.): score = sum of 1 / (K + rank).
+pub const RRF_K: f64 = 60.0;
+/// Candidates each side brings to a hybrid search, at least.
+pub const HYBRID_DEPTH: usize = 100;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Vector,
+    Keyword,
+    Hybrid,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 3] = [Mode::Vector, Mode::Keyword, Mode::Hybrid];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Vector => "vector",
+            Mode::Keyword => "keyword",
+            Mode::Hybrid => "hybrid",
+        }
+    }
+}
+
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "vector" => Ok(Mode::Vector),
+            "keyword" => Ok(Mode::Keyword),
+            "hybrid" => Ok(Mode::Hybrid),
+            _ => Err(format!("unknown mode `{s}`: use vector, keyword or hybrid")),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum SearchError {
+    #[error(transparent)]
+    Index(#[from] BackendError),
+    #[error(transparent)]
+    Embed(#[from] EmbedError),
+    #[error("{0}")]
+    NoModel(String),
+}
+
+/// A search result.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Hit {
+    pub rank: usize,
+    pub score: f64,
+    #[serde(flatten)]
+    pub chunk: ChunkRow,
+}
+
+pub struct Searcher {
+    reader: SqliteReader,
+    model: Option<EmbeddingModel>,
+}
+
+impl Searcher {
+    /// Open the index; `model` embeds queries (it must be the index's own model; see
+    /// [`Searcher::model_spec`]). Without one only keyword search works.
+    pub fn new(reader: SqliteReader, model: Option<EmbeddingModel>) -> Self {
+        Searcher { reader, model }
+    }
+
+    pub fn open(path: &Path) -> Result<SqliteReader, BackendError> {
+        SqliteReader::open(path)
+    }
+
+    /// Where to load the index's model from: the folder it was built with, when it is still
+    /// there, else the name it was given.
+    pub fn model_spec(reader: &SqliteReader) -> Option<String> {
+        let meta = reader.meta();
+        match (&meta.model_dir, &meta.model) {
+            (Some(dir), _) if Path::new(dir).is_dir() => Some(dir.clone()),
+            (_, Some(name)) => Some(name.clone()),
+            _ => None,
+        }
+    }
+
+    pub fn reader(&self) -> &SqliteReader {
+        &self.reader
+    }
+
+    /// Chunk rowids and scores, best first, `depth` at most.
+    pub fn ranked(
+        &self,
+        query: &str,
+        mode: Mode,
+        depth: usize,
+    ) -> Result<Vec<(i64, f64)>, SearchError> {
+        match mode {
+            Mode::Vector => {
+                let v = self.embed_query(query)?;
+                Ok(self
+                    .reader
+                    .nearest(&v, depth)?
+                    .into_iter()
+                    .map(|(id, d)| (id, 1.0 - d))
+                    .collect())
+            }
+            Mode::Keyword => Ok(self.reader.keyword(query, depth)?),
+            Mode::Hybrid => {
+                let n = depth.max(HYBRID_DEPTH);
+                let v = self.embed_query(query)?;
+                let vector = self.reader.nearest(&v, n)?;
+                let keyword = self.reader.keyword(query, n)?;
+                let mut fused = rrf(&[vector, keyword]);
+                fused.truncate(depth);
+                Ok(fused)
+            }
+        }
+    }
+
+    /// The `k` best chunks with their rows.
+    pub fn search(&self, query: &str, mode: Mode, k: usize) -> Result<Vec<Hit>, SearchError> {
+        let ranked = self.ranked(query, mode, k)?;
+        let mut hits = Vec::with_capacity(ranked.len());
+        for (i, (rowid, score)) in ranked.into_iter().enumerate() {
+            if let Some(chunk) = self.reader.chunk(rowid)? {
+                hits.push(Hit {
+                    rank: i + 1,
+                    score,
+                    chunk,
+                });
+            }
+        }
+        Ok(hits)
+    }
+
+    pub fn embed_query(&self, query: &str) -> Result<Vec<f32>, SearchError> {
+        let model = self.model.as_ref().ok_or_else(|| {
+            SearchError::NoModel(
+                "this search needs the index's model to embed the query; use --mode keyword, \
+                 or make the model available (scripts/fetch-model.sh, --model)"
+                    .into(),
+            )
+        })?;
+        let prompt = model.tokenizer.query_prompt_ids().to_vec();
+        let ids = model.tokenizer.ids_for_embedding(query, &prompt)?;
+        let mut v = model.embed_ids(&[&ids], &prompt)?;
+        Ok(v.pop().unwrap_or_default())
+    }
+}
+
+/// Reciprocal rank fusion of ranked lists of (id, score): best first.
+pub fn rrf(lists: &[Vec<(i64, f64)>]) -> Vec<(i64, f64)> {
+    let mut scores: HashMap<i64, f64> = HashMap::new();
+    for list in lists {
+        for (rank, (id, _)) in list.iter().enumerate() {
+            *scores.entry(*id).or_insert(0.0) += 1.0 / (RRF_K + rank as f64 + 1.0);
+        }
+    }
+    let mut fused: Vec<(i64, f64)> = scores.into_iter().collect();
+    fused.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    fused
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rrf_rewards_agreement() {
+        let a = vec![(1, 0.9), (2, 0.8), (3, 0.7)];
+        let b = vec![(3, 10.0), (2, 9.0), (4, 8.0)];
+        let fused = rrf(&[a, b]);
+        let order: Vec<i64> = fused.iter().map(|x| x.0).collect();
+        // 3 (first and third) edges out 2 (second twice); 1 and 4 appear once.
+        assert_eq!(order, vec![3, 2, 1, 4]);
+        assert!((fused[0].1 - (1.0 / 61.0 + 1.0 / 63.0)).abs() < 1e-12);
+        assert!((fused[1].1 - 2.0 / 62.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,207 @@
+//! The embedded SQLite index through the CLI, with the real model: incremental re-runs,
+//! edits, pruning, search, and refusals.
+
+use std::fs;
+use std::path::Path;
+
+use ragline::indexers::sqlite::SqliteReader;
+use serde_json::Value;
+
+use crate::util::{model_dir, ragline, root, run};
+
+fn ingest(corpus: &Path, db: &Path, extra: &[&str]) -> (Option<i32>, Value) {
+    let report = db.with_extension("report.json");
+    let o = run(ragline()
+        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
+        .arg(model_dir())
+        .arg("--index")
+        .arg(format!("sqlite://{}", db.display()))
+        .arg("--report")
+        .arg(&report)
+        .args(extra)
+        .arg(corpus));
+    let r = fs::read(&report)
+        .ok()
+        .filter(|b| !b.is_empty())
+        .map_or(Value::Null, |b| serde_json::from_slice(&b).unwrap());
+    (o.status.code(), r)
+}
+
+/// (chunk id, text) of every chunk, sorted.
+fn chunks(db: &Path) -> Vec<(String, String, String)> {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let mut s = conn
+        .prepare("SELECT document_id, id, text FROM chunks ORDER BY id")
+        .unwrap();
+    s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+fn corpus(dir: &Path) -> std::path::PathBuf {
+    let c = dir.join("corpus");
+    fs::create_dir_all(&c).unwrap();
+    fs::copy(
+        root().join("tests/fixtures/react/useEffect.md"),
+        c.join("useEffect.md"),
+    )
+    .unwrap();
+    fs::write(
+        c.join("state.md"),
+        "---\ntitle: useState\n---\n\n## Usage\n\nuseState lets a component remember values \
+         between renders, like the text in an input.\n\n## Caveats\n\nThe set function only \
+         changes the value for the next render.\n",
+    )
+    .unwrap();
+    fs::write(
+        c.join("routing.md"),
+        "# Routing\n\nA router maps URLs to pages.\n",
+    )
+    .unwrap();
+    fs::write(
+        c.join("gone.md"),
+        "# Gone soon\n\nThis page will be deleted.\n",
+    )
+    .unwrap();
+    c
+}
+
+#[test]
+fn reruns_are_incremental_edits_redo_one_document_and_prune_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = corpus(dir.path());
+    let db = dir.path().join("rag.db");
+
+    let (code, first) = ingest(&c, &db, &[]);
+    assert_eq!(code, Some(0));
+    assert_eq!(first["counts"]["indexed"], 4);
+    let made = first["counts"]["children_created"].as_u64().unwrap();
+    assert!(made > 20);
+    assert_eq!(first["chunks_embedded"], made);
+    let reader = SqliteReader::open(&db).unwrap();
+    assert_eq!(reader.counts().unwrap(), (4, made, made));
+    let before = chunks(&db);
+
+    // Unchanged: nothing chunked or embedded, nothing rewritten.
+    let (code, second) = ingest(&c, &db, &[]);
+    assert_eq!(code, Some(0));
+    assert_eq!(second["counts"]["unchanged"], 4);
+    assert_eq!(second["counts"]["children_created"], 0);
+    assert_eq!(second["chunks_embedded"], 0);
+    assert_eq!(chunks(&db), before);
+
+    // One file edited: only its chunks change.
+    fs::write(
+        c.join("routing.md"),
+        "# Routing\n\nA router maps URLs to pages and back.\n",
+    )
+    .unwrap();
+    let (code, third) = ingest(&c, &db, &[]);
+    assert_eq!(code, Some(0));
+    assert_eq!(third["counts"]["unchanged"], 3);
+    assert_eq!(third["counts"]["children_created"], 1);
+    let after = chunks(&db);
+    let others = |v: &[(String, String, String)]| -> Vec<(String, String, String)> {
+        v.iter().filter(|c| c.0 != "routing.md").cloned().collect()
+    };
+    assert_eq!(others(&after), others(&before));
+    let routing: Vec<&str> = after
+        .iter()
+        .filter(|c| c.0 == "routing.md")
+        .map(|c| c.2.as_str())
+        .collect();
+    assert_eq!(
+        routing,
+        vec!["# Routing\n\nA router maps URLs to pages and back."]
+    );
+
+    // A file deleted: reported, and removed only with --prune.
+    fs::remove_file(c.join("gone.md")).unwrap();
+    let (_, fourth) = ingest(&c, &db, &[]);
+    assert_eq!(
+        fourth["missing_from_source"],
+        serde_json::json!(["gone.md"])
+    );
+    assert_eq!(fourth["pruned"], 0);
+    assert!(chunks(&db).iter().any(|c| c.0 == "gone.md"));
+    let (_, fifth) = ingest(&c, &db, &["--prune"]);
+    assert_eq!(fifth["pruned"], 1);
+    assert!(chunks(&db).iter().all(|c| c.0 != "gone.md"));
+    assert_eq!(SqliteReader::open(&db).unwrap().counts().unwrap().0, 3);
+
+    // Search by meaning, by keyword and both.
+    for mode in ["vector", "keyword", "hybrid"] {
+        let o = run(ragline()
+            .args([
+                "search",
+                "remember a value between renders",
+                "-k",
+                "3",
+                "--json",
+                "--mode",
+                mode,
+            ])
+            .arg("--index")
+            .arg(format!("sqlite://{}", db.display())));
+        assert_eq!(o.status.code(), Some(0), "{mode}");
+        let hits: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(hits.len(), 3, "{mode}");
+        assert_eq!(hits[0]["document_id"], "state.md", "{mode}: {:?}", hits[0]);
+        assert_eq!(hits[0]["heading_path"], "useState > Usage", "{mode}");
+    }
+}
+
+#[test]
+fn a_broken_index_path_or_another_model_exits_2_and_leaves_the_file_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("c");
+    fs::create_dir(&c).unwrap();
+    fs::write(c.join("a.md"), "# A\n\nSome text.\n").unwrap();
+
+    let junk = dir.path().join("junk.db");
+    fs::write(&junk, "plain text, not SQLite").unwrap();
+    let (code, _) = ingest(&c, &junk, &[]);
+    assert_eq!(code, Some(2));
+    assert_eq!(fs::read_to_string(&junk).unwrap(), "plain text, not SQLite");
+
+    let (code, _) = ingest(&c, Path::new("/proc/ragline-test.db"), &[]);
+    assert_eq!(code, Some(2), "a read-only location");
+
+    // Same index, a model that embeds differently (max_seq_length 128): refused.
+    let db = dir.path().join("rag.db");
+    assert_eq!(ingest(&c, &db, &[]).0, Some(0));
+    let before = fs::read(&db).unwrap();
+    let other = dir.path().join("other-model");
+    fs::create_dir(&other).unwrap();
+    for e in fs::read_dir(model_dir()).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            fs::copy(e.path(), other.join(e.file_name())).unwrap();
+        }
+    }
+    fs::create_dir(other.join("1_Pooling")).unwrap();
+    fs::copy(
+        model_dir().join("1_Pooling/config.json"),
+        other.join("1_Pooling/config.json"),
+    )
+    .unwrap();
+    fs::write(
+        other.join("sentence_bert_config.json"),
+        "{\"max_seq_length\": 128}",
+    )
+    .unwrap();
+    let o = run(ragline()
+        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
+        .arg(&other)
+        .arg("--index")
+        .arg(format!("sqlite://{}", db.display()))
+        .arg(&c));
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("holds vectors of model") && err.contains("use another --index"),
+        "{err}"
+    );
+    assert_eq!(fs::read(&db).unwrap(), before);
+}
