@@ -23,7 +23,7 @@ if [ "${1:-}" = --check ]; then
   cp scripts/cuda/typecheck-nvcc "$shim/nvcc"
   chmod +x "$shim/nvcc"
   PATH="$shim:$PATH" CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} CUDARC_CUDA_VERSION=13000 \
-    CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target/cuda-check} \
+    CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}/cuda-check \
     cargo check --features cuda --all-targets
   echo "ok: the cuda feature type-checks"
   exit 0

@@ -8,6 +8,7 @@
 pub mod connectors;
 pub mod document;
 pub mod embed;
+pub mod eval;
 pub mod event;
 pub mod indexers;
 pub mod publisher;

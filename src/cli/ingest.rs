@@ -25,95 +25,122 @@ use ragline::stages::{Pipeline, Stage, StageError};
 use super::model_args::ModelArgs;
 use super::{EXIT_FAILURES, EXIT_OK, EXIT_SETUP};
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct IngestArgs {
     /// Files and folders to ingest. Folders are walked for .md, .markdown, .mdx, .html,
     /// .htm, .txt, .rst and .jsonl files (one document per line).
     #[arg(required = true)]
-    paths: Vec<PathBuf>,
+    pub(super) paths: Vec<PathBuf>,
 
     /// Where to write: sqlite://PATH (the embedded index: vectors, full text, incremental
     /// re-runs), jsonl:PATH (one JSON object per document or chunk), null: (discard).
     #[arg(long, env = "RAGLINE_INDEX", default_value = "sqlite://ragline.db")]
-    index: String,
+    pub(super) index: String,
 
     /// Delete from the index the documents whose source is gone.
     #[arg(long)]
-    prune: bool,
+    pub(super) prune: bool,
 
     /// CPU worker threads (extract, chunk, tokenize) [default: the number of cores].
     #[arg(long)]
-    workers: Option<usize>,
+    pub(super) workers: Option<usize>,
 
     /// Indexer threads writing to the index.
     #[arg(long, default_value_t = 1)]
-    indexers: usize,
+    pub(super) indexers: usize,
 
     /// Write the summary and every failure and drop (document, stage, reason) as JSON.
     #[arg(long)]
-    report: Option<PathBuf>,
+    pub(super) report: Option<PathBuf>,
 
     /// Index whole documents: no chunking, no embedding, no model needed.
     #[arg(long)]
-    no_chunk: bool,
+    pub(super) no_chunk: bool,
 
     /// Chunk size to aim for, in model tokens (at most the model's limit).
     #[arg(long, default_value_t = DEFAULT_CHUNK_TOKENS)]
-    chunk_tokens: usize,
+    pub(super) chunk_tokens: usize,
 
     /// Tokens shared by consecutive chunks of a section.
     #[arg(long, default_value_t = DEFAULT_CHUNK_OVERLAP)]
-    chunk_overlap: usize,
+    pub(super) chunk_overlap: usize,
+
+    /// One chunk per document, its first tokens up to the model's limit; the rest is not
+    /// indexed (what sentence-transformers' encode does with long texts).
+    #[arg(long)]
+    pub(super) truncate: bool,
 
     #[command(flatten)]
-    model: ModelArgs,
+    pub(super) model: ModelArgs,
 
     /// File extensions to take from folders (comma-separated), instead of the default list.
     #[arg(long, value_delimiter = ',')]
-    ext: Vec<String>,
+    pub(super) ext: Vec<String>,
 
     /// Globs (relative to each folder given) of files to take, instead of the extension list.
     #[arg(long)]
-    include: Vec<String>,
+    pub(super) include: Vec<String>,
 
     /// Globs (relative to each folder given) of files to leave out.
     #[arg(long)]
-    exclude: Vec<String>,
+    pub(super) exclude: Vec<String>,
 
     /// Files larger than this many bytes are reported as failed instead of read.
     #[arg(long, default_value_t = 100 << 20)]
-    max_file_bytes: u64,
+    pub(super) max_file_bytes: u64,
 
     /// JSONL: the field holding the document id [default: id, else _id, else FILE:LINE].
     #[arg(long)]
-    id_field: Option<String>,
+    pub(super) id_field: Option<String>,
 
     /// JSONL: the field holding the text.
     #[arg(long, default_value = "text")]
-    text_field: String,
+    pub(super) text_field: String,
 
     /// JSONL: the field holding the title.
     #[arg(long, default_value = "title")]
-    title_field: String,
+    pub(super) title_field: String,
+
+    /// JSONL: put the title at the head of the text, so it is chunked and embedded with it.
+    #[arg(long)]
+    pub(super) title_in_text: bool,
 
     /// Items per bulk write, at most.
     #[arg(long, default_value_t = indexers::batch::DEFAULT_MAX_ITEMS)]
-    batch_size: usize,
+    pub(super) batch_size: usize,
 
     /// Bytes per bulk write, at most.
     #[arg(long, default_value_t = indexers::batch::DEFAULT_MAX_BYTES)]
-    batch_bytes: usize,
+    pub(super) batch_bytes: usize,
 
     /// Milliseconds a partial bulk write waits for more items.
     #[arg(long, default_value_t = 100)]
-    batch_timeout_ms: u64,
+    pub(super) batch_timeout_ms: u64,
 
     /// Progress display: auto (bars on a terminal, log lines otherwise), bars, log, none.
     #[arg(long, default_value = "auto")]
-    progress: String,
+    pub(super) progress: String,
 }
 
 pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
+    let Some(summary) = ingest(&args)? else {
+        return Ok(ExitCode::from(EXIT_SETUP));
+    };
+    print_summary(&summary, args.prune)?;
+    if let Some(report) = &args.report {
+        let json = serde_json::to_vec_pretty(&summary)?;
+        std::fs::write(report, json)
+            .with_context(|| format!("cannot write --report {}", report.display()))?;
+    }
+    Ok(ExitCode::from(if summary.succeeded() {
+        EXIT_OK
+    } else {
+        EXIT_FAILURES
+    }))
+}
+
+/// Run an ingest; None when the run could not complete (the error is printed).
+pub(super) fn ingest(args: &IngestArgs) -> anyhow::Result<Option<RunSummary>> {
     let uri: IndexUri = args.index.parse().context("bad --index")?;
     let mut fs_config = FilesystemConfig::new(args.paths.clone());
     if !args.ext.is_empty() {
@@ -126,6 +153,7 @@ pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
         id: args.id_field.clone(),
         text: args.text_field.clone(),
         title: args.title_field.clone(),
+        title_in_text: args.title_in_text,
     };
     let fs_config = fs_config.validate(fields)?;
     let mut observer = observer(&args.progress)?;
@@ -170,7 +198,7 @@ pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
         Some((_, _, sizes, identity)) => {
             format!(
                 "{}|{}",
-                ChunkStage::fingerprint(sizes),
+                ChunkStage::fingerprint(sizes, args.truncate),
                 identity.fingerprint
             )
         }
@@ -189,6 +217,7 @@ pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
         Some((pool, tokenizer, sizes, _)) => (Some((tokenizer, sizes)), Some(pool)),
         None => (None, None),
     };
+    let truncate = args.truncate;
     let pipeline = move || -> Result<Pipeline, StageError> {
         let mut stages: Vec<Box<dyn Stage>> = vec![
             Box::new(Incremental::new(
@@ -198,7 +227,11 @@ pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
             Box::new(Extract),
         ];
         if let Some((tokenizer, sizes)) = &chunking {
-            stages.push(Box::new(ChunkStage::new(tokenizer.clone(), *sizes)));
+            stages.push(Box::new(if truncate {
+                ChunkStage::truncating(tokenizer.clone(), *sizes)
+            } else {
+                ChunkStage::new(tokenizer.clone(), *sizes)
+            }));
         }
         Ok(Pipeline::new(stages))
     };
@@ -231,7 +264,7 @@ pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
         Ok(summary) => summary,
         Err(err) => {
             eprintln!("error: {err:#}");
-            return Ok(ExitCode::from(EXIT_SETUP));
+            return Ok(None);
         }
     };
     // Documents the index holds that this run's source no longer has.
@@ -245,17 +278,7 @@ pub fn run(args: IngestArgs) -> anyhow::Result<ExitCode> {
     } else if args.prune {
         eprintln!("warning: --prune does nothing with {}", backend.describe());
     }
-    print_summary(&summary, args.prune)?;
-    if let Some(report) = &args.report {
-        let json = serde_json::to_vec_pretty(&summary)?;
-        std::fs::write(report, json)
-            .with_context(|| format!("cannot write --report {}", report.display()))?;
-    }
-    Ok(ExitCode::from(if summary.succeeded() {
-        EXIT_OK
-    } else {
-        EXIT_FAILURES
-    }))
+    Ok(Some(summary))
 }
 
 fn observer(choice: &str) -> anyhow::Result<Box<dyn Observer>> {
@@ -268,7 +291,7 @@ fn observer(choice: &str) -> anyhow::Result<Box<dyn Observer>> {
     })
 }
 
-fn print_summary(s: &RunSummary, pruned: bool) -> anyhow::Result<()> {
+pub(super) fn print_summary(s: &RunSummary, pruned: bool) -> anyhow::Result<()> {
     let c = &s.counts;
     let mut out = std::io::stdout().lock();
     writeln!(

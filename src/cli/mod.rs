@@ -2,6 +2,7 @@
 
 mod bench;
 mod embed;
+mod eval;
 mod ingest;
 mod model_args;
 mod search;
@@ -34,6 +35,8 @@ enum Command {
     Embed(embed::EmbedArgs),
     /// Search an index by meaning, keywords, or both.
     Search(search::SearchArgs),
+    /// Measure retrieval quality on a BEIR dataset (nDCG@10, recall, MRR per mode).
+    Eval(eval::EvalArgs),
     /// Measure embedding throughput on this host (tokens/s, padding, memory, chunker MB/s).
     Bench(bench::BenchArgs),
 }
@@ -44,5 +47,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Embed(args) => embed::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Search(args) => search::run(args),
+        Command::Eval(args) => eval::run(args),
     }
 }

@@ -19,6 +19,9 @@ pub struct JsonlFields {
     pub id: Option<String>,
     pub text: String,
     pub title: String,
+    /// Put the title at the head of the text ("TITLE\n\nTEXT"), so it is chunked and
+    /// embedded with it (the BEIR convention for titled passages).
+    pub title_in_text: bool,
 }
 
 impl Default for JsonlFields {
@@ -27,6 +30,7 @@ impl Default for JsonlFields {
             id: None,
             text: "text".into(),
             title: "title".into(),
+            title_in_text: false,
         }
     }
 }
@@ -138,6 +142,11 @@ fn parse_line(line: &[u8], at: &str, fields: &JsonlFields) -> Result<Document, S
         Some(Value::Null | Value::String(_)) | None => {}
         Some(other) => {
             map.insert(fields.title.clone(), other);
+        }
+    }
+    if fields.title_in_text {
+        if let Some(title) = doc.fields.title.as_deref().filter(|t| !t.trim().is_empty()) {
+            doc.fields.text = format!("{title}\n\n{}", doc.fields.text);
         }
     }
     doc.fields.metadata = map.into_iter().collect();

@@ -63,18 +63,36 @@ impl ChunkConfig {
 pub struct ChunkStage {
     tokenizer: TextTokenizer,
     sizes: Sizes,
+    truncate: bool,
 }
 
 impl ChunkStage {
     pub fn new(tokenizer: TextTokenizer, sizes: Sizes) -> Self {
-        ChunkStage { tokenizer, sizes }
+        ChunkStage {
+            tokenizer,
+            sizes,
+            truncate: false,
+        }
+    }
+
+    /// One chunk per document: its first `sizes.limit` tokens, the rest ignored. This is what
+    /// sentence-transformers' `encode` does with a long text (`--truncate`).
+    pub fn truncating(tokenizer: TextTokenizer, sizes: Sizes) -> Self {
+        ChunkStage {
+            tokenizer,
+            sizes,
+            truncate: true,
+        }
     }
 
     /// The model-independent part of a fingerprint for what this stage produces.
-    pub fn fingerprint(sizes: &Sizes) -> String {
+    pub fn fingerprint(sizes: &Sizes, truncate: bool) -> String {
         format!(
-            "chunk-v1:{}:{}:{}",
-            sizes.target, sizes.overlap, sizes.limit
+            "chunk-v1:{}:{}:{}:{}",
+            sizes.target,
+            sizes.overlap,
+            sizes.limit,
+            if truncate { "truncate" } else { "split" }
         )
     }
 }
@@ -98,7 +116,17 @@ impl Stage for ChunkStage {
             return Ok(Vec::new());
         }
         let blocks = std::mem::take(&mut doc.blocks);
-        let mut spans = split::split(text, &blocks, &tokens.offsets, self.sizes);
+        let mut spans = if self.truncate {
+            let end = tokens.ids.len().min(self.sizes.limit);
+            vec![Span {
+                tokens: (0, end),
+                bytes: split::byte_range(text, &tokens.offsets, 0, end),
+                heading_path: Vec::new(),
+                section: 0,
+            }]
+        } else {
+            split::split(text, &blocks, &tokens.offsets, self.sizes)
+        };
         // The document's title roots every heading path ("useEffect > Usage > ..."), unless
         // the text's own first heading already says it.
         if let Some(title) = doc.fields.title.as_ref().filter(|t| !t.is_empty()) {

@@ -229,7 +229,12 @@ fn best_cut(
 
 /// Bytes of tokens `a..b`: from the first token's start to the end of what the last token
 /// owns (up to the next token, so characters the tokenizer skipped are kept), trimmed.
-fn byte_range(text: &str, offsets: &[(usize, usize)], a: usize, b: usize) -> (usize, usize) {
+pub(crate) fn byte_range(
+    text: &str,
+    offsets: &[(usize, usize)],
+    a: usize,
+    b: usize,
+) -> (usize, usize) {
     let start = if a == 0 { 0 } else { offsets[a].0 };
     let end = if b < offsets.len() {
         offsets[b].0

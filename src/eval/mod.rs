@@ -1,0 +1,219 @@
+//! Retrieval evaluation in the BEIR format: queries, relevance judgements (qrels), and the
+//! standard metrics (nDCG@10, recall@10, recall@100, MRR@10), per search mode. A document's
+//! score is its best chunk's.
+
+use std::collections::{HashMap, HashSet};
+use std::io::BufRead;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::search::{Mode, SearchError, Searcher};
+
+/// Chunks fetched per query and mode before they are grouped into documents.
+pub const CHUNK_DEPTH: usize = 1000;
+
+/// query id -> (document id -> relevance grade).
+pub type Qrels = HashMap<String, HashMap<String, u32>>;
+
+/// Read a BEIR qrels TSV (`query-id  corpus-id  score`, with a header line).
+pub fn read_qrels(path: &Path) -> Result<Qrels, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut qrels: Qrels = HashMap::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| format!("{}: {e}", path.display()))?;
+        let f: Vec<&str> = line.split('\t').collect();
+        if i == 0 && f.first().is_some_and(|h| h.contains("query")) {
+            continue;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let [q, d, s] = f[..] else {
+            return Err(format!(
+                "{} line {}: expected `query-id<TAB>corpus-id<TAB>score`",
+                path.display(),
+                i + 1
+            ));
+        };
+        let grade: i64 = s.trim().parse().map_err(|_| {
+            format!(
+                "{} line {}: score `{s}` is not an integer",
+                path.display(),
+                i + 1
+            )
+        })?;
+        if grade > 0 {
+            qrels
+                .entry(q.to_string())
+                .or_default()
+                .insert(d.to_string(), grade as u32);
+        }
+    }
+    Ok(qrels)
+}
+
+/// Read BEIR queries (`{"_id": ..., "text": ...}` per line).
+pub fn read_queries(path: &Path) -> Result<Vec<(String, String)>, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| format!("{}: {e}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .map_err(|e| format!("{} line {}: {e}", path.display(), i + 1))?;
+        let id = match &v["_id"] {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Number(n) => n.to_string(),
+            _ => return Err(format!("{} line {}: no `_id`", path.display(), i + 1)),
+        };
+        let text = v["text"]
+            .as_str()
+            .ok_or_else(|| format!("{} line {}: no `text`", path.display(), i + 1))?;
+        out.push((id, text.to_string()));
+    }
+    Ok(out)
+}
+
+/// nDCG@k with linear gains (trec_eval's), for a ranking of document ids.
+pub fn ndcg_at(ranking: &[String], relevant: &HashMap<String, u32>, k: usize) -> f64 {
+    let dcg: f64 = ranking
+        .iter()
+        .take(k)
+        .enumerate()
+        .map(|(i, d)| f64::from(*relevant.get(d).unwrap_or(&0)) / (i as f64 + 2.0).log2())
+        .sum();
+    let mut ideal: Vec<u32> = relevant.values().copied().collect();
+    ideal.sort_unstable_by(|a, b| b.cmp(a));
+    let idcg: f64 = ideal
+        .iter()
+        .take(k)
+        .enumerate()
+        .map(|(i, g)| f64::from(*g) / (i as f64 + 2.0).log2())
+        .sum();
+    if idcg == 0.0 {
+        0.0
+    } else {
+        dcg / idcg
+    }
+}
+
+pub fn recall_at(ranking: &[String], relevant: &HashMap<String, u32>, k: usize) -> f64 {
+    if relevant.is_empty() {
+        return 0.0;
+    }
+    let found = ranking
+        .iter()
+        .take(k)
+        .filter(|d| relevant.contains_key(*d))
+        .count();
+    found as f64 / relevant.len() as f64
+}
+
+pub fn mrr_at(ranking: &[String], relevant: &HashMap<String, u32>, k: usize) -> f64 {
+    ranking
+        .iter()
+        .take(k)
+        .position(|d| relevant.contains_key(d))
+        .map_or(0.0, |p| 1.0 / (p as f64 + 1.0))
+}
+
+/// The metrics of one mode, averaged over the judged queries.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Scores {
+    pub mode: &'static str,
+    pub queries: usize,
+    pub ndcg_at_10: f64,
+    pub recall_at_10: f64,
+    pub recall_at_100: f64,
+    pub mrr_at_10: f64,
+}
+
+/// Rank documents for one query: each document scored by its best chunk.
+pub fn rank_documents(
+    searcher: &Searcher,
+    query: &str,
+    mode: Mode,
+    depth: usize,
+) -> Result<Vec<String>, SearchError> {
+    let chunks = searcher.ranked(query, mode, depth)?;
+    let mut seen = HashSet::new();
+    let mut docs = Vec::new();
+    // Chunks come best first, so a document's first chunk is its best.
+    for (rowid, _) in chunks {
+        if let Some(doc) = searcher.reader().document_of(rowid)? {
+            if seen.insert(doc.clone()) {
+                docs.push(doc);
+            }
+        }
+    }
+    Ok(docs)
+}
+
+/// Evaluate every judged query in every mode.
+pub fn evaluate(
+    searcher: &Searcher,
+    queries: &[(String, String)],
+    qrels: &Qrels,
+    modes: &[Mode],
+) -> Result<Vec<Scores>, SearchError> {
+    let judged: Vec<&(String, String)> = queries
+        .iter()
+        .filter(|(id, _)| qrels.contains_key(id))
+        .collect();
+    let mut out = Vec::new();
+    for &mode in modes {
+        let mut s = Scores {
+            mode: mode.name(),
+            queries: judged.len(),
+            ..Scores::default()
+        };
+        for (id, text) in &judged {
+            let ranking = rank_documents(searcher, text, mode, CHUNK_DEPTH)?;
+            let rel = &qrels[id];
+            s.ndcg_at_10 += ndcg_at(&ranking, rel, 10);
+            s.recall_at_10 += recall_at(&ranking, rel, 10);
+            s.recall_at_100 += recall_at(&ranking, rel, 100);
+            s.mrr_at_10 += mrr_at(&ranking, rel, 10);
+        }
+        let n = judged.len().max(1) as f64;
+        s.ndcg_at_10 /= n;
+        s.recall_at_10 /= n;
+        s.recall_at_100 /= n;
+        s.mrr_at_10 /= n;
+        out.push(s);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rel(pairs: &[(&str, u32)]) -> HashMap<String, u32> {
+        pairs.iter().map(|(d, g)| (d.to_string(), *g)).collect()
+    }
+
+    fn ranking(ids: &[&str]) -> Vec<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn metrics_match_hand_computed_values() {
+        let r = rel(&[("a", 1), ("c", 1)]);
+        let run = ranking(&["b", "a", "d", "c"]);
+        // DCG = 1/log2(3) + 1/log2(5); IDCG = 1 + 1/log2(3).
+        let expected = (1.0 / 3f64.log2() + 1.0 / 5f64.log2()) / (1.0 + 1.0 / 3f64.log2());
+        assert!((ndcg_at(&run, &r, 10) - expected).abs() < 1e-12);
+        assert_eq!(recall_at(&run, &r, 2), 0.5);
+        assert_eq!(recall_at(&run, &r, 10), 1.0);
+        assert_eq!(mrr_at(&run, &r, 10), 0.5);
+        assert_eq!(mrr_at(&ranking(&["x"]), &r, 10), 0.0);
+        assert_eq!(ndcg_at(&ranking(&["a", "c"]), &r, 10), 1.0);
+        // Graded: the better document first scores higher.
+        let g = rel(&[("a", 2), ("b", 1)]);
+        assert!(ndcg_at(&ranking(&["a", "b"]), &g, 10) > ndcg_at(&ranking(&["b", "a"]), &g, 10));
+    }
+}
