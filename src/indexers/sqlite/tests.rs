@@ -213,3 +213,31 @@ fn pruning_deletes_documents_and_their_chunks() {
         vec!["kept".to_string()]
     );
 }
+
+#[test]
+fn an_item_sqlite_rejects_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("i.db");
+    let f = SqliteFactory::open(&path, identity("a", 4)).unwrap();
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER poison BEFORE INSERT ON documents WHEN NEW.id = 'poison'
+             BEGIN SELECT RAISE(ABORT, 'poisoned row'); END;",
+        )
+        .unwrap();
+    let mut b = f.connect().unwrap();
+    let p = parent("good", "h", 1);
+    let r = b.write(&[
+        p.clone(),
+        parent("poison", "h", 0),
+        chunk(&p, 0, "fine", unit(0, 4)),
+    ]);
+    assert!(r[0].is_ok() && r[2].is_ok(), "{r:?}");
+    let e = r[1].clone().unwrap_err();
+    assert!(e.message.contains("poisoned row") && !e.retryable, "{e}");
+    assert_eq!(
+        SqliteReader::open(&path).unwrap().counts().unwrap(),
+        (1, 1, 1)
+    );
+}
