@@ -9,7 +9,7 @@ use ragline::indexers::sqlite::{IndexIdentity, ModelIdentity, SqliteFactory, Sql
 use ragline::indexers::{Backend, BackendFactory};
 
 const DIM: usize = 384;
-const BATCH: usize = 256;
+const BATCH: usize = ragline::indexers::batch::DEFAULT_MAX_ITEMS;
 
 /// Deterministic pseudo-random numbers (xorshift).
 struct Rng(u64);

@@ -11,7 +11,7 @@ use crate::queue::{push_until_stopped, Delivery, Queue, POLL};
 use crate::run::signal::RunSignal;
 
 /// Items per bulk write, at most.
-pub const DEFAULT_MAX_ITEMS: usize = 256;
+pub const DEFAULT_MAX_ITEMS: usize = 1024;
 /// Bytes per bulk write, at most (text, vectors and metadata, roughly).
 pub const DEFAULT_MAX_BYTES: usize = 8 << 20;
 /// A batch that is not full is written this long after its first item arrived.
