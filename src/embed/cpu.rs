@@ -375,20 +375,6 @@ fn softmax(row: &mut [f32]) {
     softmax_generic(row)
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn exp_is_accurate() {
-        let mut worst = 0f64;
-        for i in 0..=87_000 {
-            let x = -(i as f32) / 1000.0;
-            let (a, b) = (f64::from(super::exp_nonpositive(x)), f64::from(x).exp());
-            worst = worst.max(((a - b) / b).abs());
-        }
-        assert!(worst < 5e-7, "max relative error {worst}");
-    }
-}
-
 fn layer_norm(x: &mut [f32], n: &Norm, h: usize) {
     x.par_chunks_mut(h * 64).for_each(|rows| {
         for row in rows.chunks_exact_mut(h) {
@@ -416,5 +402,19 @@ fn activate(x: &mut [f32], act: Activation) {
                 *v = v.max(0.0);
             }
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn exp_is_accurate() {
+        let mut worst = 0f64;
+        for i in 0..=87_000 {
+            let x = -(i as f32) / 1000.0;
+            let (a, b) = (f64::from(super::exp_nonpositive(x)), f64::from(x).exp());
+            worst = worst.max(((a - b) / b).abs());
+        }
+        assert!(worst < 5e-7, "max relative error {worst}");
     }
 }

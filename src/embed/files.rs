@@ -293,3 +293,89 @@ fn hub_snapshot(id: &str) -> Result<PathBuf, EmbedError> {
     }
     dir.ok_or_else(|| EmbedError::NotFound(format!("model `{id}`: no files")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn folder(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, body) in files {
+            let p = dir.path().join(name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, body).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn a_missing_file_is_named_with_the_fix() {
+        let dir = folder(&[("config.json", "{}"), ("model.safetensors", "")]);
+        let err = ModelFiles::from_dir("m", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("tokenizer.json") && err.contains("missing"),
+            "{err}"
+        );
+        let dir = folder(&[
+            ("config.json", "{}"),
+            ("tokenizer.json", "{}"),
+            ("pytorch_model.bin", ""),
+        ]);
+        let err = ModelFiles::from_dir("m", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("model.safetensors") && err.contains("pytorch_model.bin"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn reads_the_sentence_transformers_configuration() {
+        let dir = folder(&[
+            ("config.json", "{}"),
+            ("tokenizer.json", "{}"),
+            ("model.safetensors", ""),
+            (
+                "modules.json",
+                r#"[{"path":"","type":"sentence_transformers.models.Transformer"},
+                    {"path":"1_Pooling","type":"sentence_transformers.models.Pooling"},
+                    {"path":"2_Normalize","type":"sentence_transformers.models.Normalize"}]"#,
+            ),
+            (
+                "1_Pooling/config.json",
+                r#"{"pooling_mode_cls_token": true}"#,
+            ),
+            ("sentence_bert_config.json", r#"{"max_seq_length": 512}"#),
+            (
+                "config_sentence_transformers.json",
+                r#"{"prompts": {"query": "query: ", "passage": "passage: "}}"#,
+            ),
+        ]);
+        let f = ModelFiles::from_dir("m", dir.path()).unwrap();
+        assert_eq!(f.pooling, Pooling::Cls);
+        assert!(f.normalize);
+        assert_eq!(f.max_seq_length, Some(512));
+        assert_eq!(f.query_prompt.as_deref(), Some("query: "));
+        assert_eq!(f.passage_prompt.as_deref(), Some("passage: "));
+    }
+
+    #[test]
+    fn an_unknown_module_or_pooling_is_refused() {
+        let dir = folder(&[
+            ("config.json", "{}"),
+            ("tokenizer.json", "{}"),
+            ("model.safetensors", ""),
+            (
+                "modules.json",
+                r#"[{"path":"2_Dense","type":"sentence_transformers.models.Dense"}]"#,
+            ),
+        ]);
+        let err = ModelFiles::from_dir("m", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("module `Dense` is not supported"), "{err}");
+    }
+}

@@ -339,3 +339,30 @@ fn pool(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unsupported_architecture_names_the_model_type_and_what_is_supported() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, body) in [
+            ("config.json", r#"{"model_type": "xlm-roberta"}"#),
+            ("tokenizer.json", "{}"),
+            ("model.safetensors", ""),
+        ] {
+            std::fs::write(dir.path().join(name), body).unwrap();
+        }
+        let files = ModelFiles::from_dir("m", dir.path()).unwrap();
+        let err = EmbeddingModel::load(&files, &Device::Cpu, DType::F32)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("model_type `xlm-roberta` is not supported")
+                && err.contains("supported: bert"),
+            "{err}"
+        );
+    }
+}

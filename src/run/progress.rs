@@ -88,9 +88,11 @@ impl Observer for Bars {
             c.indexed, c.failed, c.dropped
         ));
         let secs = s.elapsed.as_secs_f64().max(1e-3);
+        self.chunks.set_length(c.children_created);
+        self.chunks
+            .set_position(c.children_indexed + c.children_failed + c.children_dropped);
         self.chunks.set_message(format!(
-            "created {} embedded {} indexed {} failed {} | {:.0} tokens/s",
-            c.children_created,
+            "embedded {} indexed {} failed {} | {:.0} tokens/s",
             s.stats.chunks(),
             c.children_indexed,
             c.children_failed,

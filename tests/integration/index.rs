@@ -250,3 +250,58 @@ fn eval_matches_the_sentence_transformers_reference() {
         "ragline {ours} vs sentence-transformers {theirs}"
     );
 }
+
+/// Readers work while an ingest writes (WAL): counts and searches during the run never hit a
+/// lock, and only ever grow.
+#[test]
+fn readers_work_while_an_ingest_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("c");
+    fs::create_dir(&c).unwrap();
+    let page = fs::read_to_string(root().join("tests/fixtures/react/useEffect.md")).unwrap();
+    for i in 0..6 {
+        fs::write(
+            c.join(format!("copy{i}.md")),
+            format!("{page}\n\nCopy {i}.\n"),
+        )
+        .unwrap();
+    }
+    let db = dir.path().join("rag.db");
+    let mut child = ragline()
+        .args([
+            "ingest",
+            "--progress",
+            "none",
+            "--device",
+            "cpu",
+            "--batch-size",
+            "16",
+            "--model",
+        ])
+        .arg(model_dir())
+        .arg("--index")
+        .arg(format!("sqlite://{}", db.display()))
+        .arg(&c)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (mut reads, mut last) = (0, 0);
+    while child.try_wait().unwrap().is_none() {
+        if let Ok(reader) = SqliteReader::open(&db) {
+            let (_, chunks, _) = reader.counts().expect("a read during the ingest failed");
+            reader
+                .keyword("effect", 5)
+                .expect("a search during the ingest failed");
+            assert!(chunks >= last, "counts went backwards");
+            last = chunks;
+            reads += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(child.wait().unwrap().success());
+    let (_, chunks, vectors) = SqliteReader::open(&db).unwrap().counts().unwrap();
+    assert!(chunks > 0 && chunks == vectors);
+    assert!(reads > 0, "the ingest ended before any read");
+    eprintln!("{reads} reads during the ingest, last saw {last} of {chunks} chunks");
+}

@@ -16,7 +16,7 @@ use walkdir::WalkDir;
 
 pub use config::{FilesystemConfig, ValidFilesystemConfig, DEFAULT_EXTENSIONS};
 
-use super::jsonl::{publish_lines, JsonlFields};
+use super::jsonl::publish_lines;
 use super::{decode, Connector, ConnectorError, Decoded};
 use crate::document::Document;
 use crate::publisher::Publisher;
@@ -253,7 +253,7 @@ impl ValidFilesystemConfig {
             .extension()
             .and_then(|e| e.to_str())
             .map(str::to_ascii_lowercase);
-        let by_extension = ext.is_some_and(|e| self.extensions.iter().any(|x| *x == e));
+        let by_extension = ext.is_some_and(|e| self.extensions.contains(&e));
         let included = if self.include.is_empty() {
             by_extension
         } else {
@@ -267,7 +267,40 @@ fn matches(set: &GlobSet, rel: &str) -> bool {
     !set.is_empty() && set.is_match(rel)
 }
 
-/// The JSONL fields used for `.jsonl` files found in the walk.
-pub fn jsonl_fields(config: &ValidFilesystemConfig) -> &JsonlFields {
-    &config.jsonl
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connectors::jsonl::JsonlFields;
+
+    fn config(include: &[&str], exclude: &[&str]) -> ValidFilesystemConfig {
+        let dir = std::env::temp_dir();
+        let mut c = FilesystemConfig::new(vec![dir]);
+        c.include = include.iter().map(|s| s.to_string()).collect();
+        c.exclude = exclude.iter().map(|s| s.to_string()).collect();
+        c.validate(JsonlFields::default()).unwrap()
+    }
+
+    #[test]
+    fn extensions_include_and_exclude_select_files() {
+        let c = config(&[], &["drafts/**"]);
+        assert!(c.selects("guide/intro.md"));
+        assert!(c.selects("a/B.HTML"));
+        assert!(!c.selects("image.png"));
+        assert!(!c.selects("drafts/wip.md"));
+        let c = config(&["docs/**/*.txt"], &[]);
+        assert!(c.selects("docs/a/b.txt"));
+        assert!(
+            !c.selects("docs/a/b.md"),
+            "include replaces the extension list"
+        );
+        let bad = FilesystemConfig {
+            include: vec!["[".into()],
+            ..FilesystemConfig::new(vec![std::env::temp_dir()])
+        };
+        assert!(bad
+            .validate(JsonlFields::default())
+            .unwrap_err()
+            .to_string()
+            .contains("--include"));
+    }
 }
