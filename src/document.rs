@@ -126,6 +126,16 @@ pub enum BlockKind {
     Other,
 }
 
+impl fmt::Display for BlockKind {
+    /// `h2:Usage` for a heading, the kind's name otherwise.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BlockKind::Heading { level, text } => write!(f, "h{level}:{text}"),
+            other => write!(f, "{other:?}"),
+        }
+    }
+}
+
 /// A block of the extracted text: `text[start..end]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Block {

@@ -243,13 +243,7 @@ mod tests {
     fn finds_headings_code_tables_and_items() {
         let md = "# Hooks {/*hooks*/}\n\nIntro `text`.\n\n## useEffect\n\n```js\nuseEffect(() => {});\n```\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n- one\n- two\n";
         let b = blocks(md);
-        let kinds: Vec<String> = b
-            .iter()
-            .map(|b| match &b.kind {
-                BlockKind::Heading { level, text } => format!("h{level}:{text}"),
-                k => format!("{k:?}"),
-            })
-            .collect();
+        let kinds: Vec<String> = b.iter().map(|b| b.kind.to_string()).collect();
         assert_eq!(
             kinds,
             vec![

@@ -164,14 +164,7 @@ mod tests {
     fn rst_titles_and_literal_blocks() {
         let t = "=====\nGuide\n=====\n\nIntro::\n\n    code here\n\nSection\n-------\n\nText.\n";
         let e = extract_rst(t);
-        let kinds: Vec<String> = e
-            .blocks
-            .iter()
-            .map(|b| match &b.kind {
-                BlockKind::Heading { level, text } => format!("h{level}:{text}"),
-                k => format!("{k:?}"),
-            })
-            .collect();
+        let kinds: Vec<String> = e.blocks.iter().map(|b| b.kind.to_string()).collect();
         assert_eq!(
             kinds,
             vec!["h1:Guide", "Paragraph", "Code", "h2:Section", "Paragraph"]
