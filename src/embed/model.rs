@@ -35,6 +35,22 @@ pub struct EmbeddingModel {
 impl EmbeddingModel {
     /// Load the model's weights onto `device` in `dtype`.
     pub fn load(files: &ModelFiles, device: &Device, dtype: DType) -> Result<Self, EmbedError> {
+        let mut model = Self::load_candle(files, device, dtype)?;
+        if let Encoder::Candle(bert) = &model.encoder {
+            if bert.device().is_cpu() && bert.dtype() == DType::F32 {
+                model.encoder = Encoder::Cpu(Box::new(bert.to_cpu()?));
+            }
+        }
+        Ok(model)
+    }
+
+    /// Load with the candle encoder whatever the device: the path GPUs take, here also on the
+    /// CPU (to test it where there is no GPU, and to compare the two encoders).
+    pub fn load_candle(
+        files: &ModelFiles,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self, EmbedError> {
         let raw = std::fs::read(&files.config).map_err(|e| EmbedError::ModelFile {
             path: files.config.clone(),
             reason: e.to_string(),
@@ -75,7 +91,7 @@ impl EmbeddingModel {
         let dimension = bert.hidden_size();
         Ok(EmbeddingModel {
             files: files.clone(),
-            encoder: encoder(bert)?,
+            encoder: Encoder::Candle(bert),
             dimension,
             tokenizer,
             pooling: files.pooling,
@@ -218,7 +234,8 @@ impl EmbeddingModel {
             lengths.push(n);
         }
         let ids = Tensor::from_vec(ids, (b, len), &self.device)?;
-        let mask = Tensor::from_vec(mask, (b, len), &self.device)?.to_dtype(self.dtype)?;
+        let mask =
+            Tensor::from_vec(mask, (b, len), &self.device)?.to_dtype(bert.activation_dtype())?;
         let hidden = bert.forward(&ids, &mask)?;
         let pooled = pool(&hidden, &mask, &lengths, self.pooling)?;
         let pooled = pooled.to_dtype(DType::F32)?;

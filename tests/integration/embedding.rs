@@ -147,3 +147,42 @@ fn sts_benchmark_matches_sentence_transformers() {
         "ragline {ours} vs sentence-transformers {theirs}"
     );
 }
+
+/// The candle encoder (the path GPUs take: padded batches, masks, candle kernels) run on the
+/// CPU: f32 matches sentence-transformers like the fused path, and f16/bf16 (GPU number
+/// formats) stay within cosine 0.999 on a sample of the texts.
+#[test]
+fn the_gpu_code_path_matches_on_the_cpu() {
+    use candle_core::{DType, Device};
+    use ragline::embed::texts::embed_texts;
+    use ragline::embed::{EmbeddingModel, ModelFiles};
+
+    let files = ModelFiles::from_dir("all-MiniLM-L6-v2", &model_dir()).unwrap();
+    let fixtures = root().join("tests/fixtures/parity");
+    let texts: Vec<String> = crate::util::read_jsonl(&fixtures.join("texts.jsonl"))
+        .iter()
+        .map(|v| v["text"].as_str().unwrap().to_string())
+        .collect();
+    let reference = read_matrix(&fixtures.join("reference.npy"));
+    for (dtype, stride, floor) in [
+        (DType::F32, 1, 0.9999),
+        (DType::F16, 6, 0.999),
+        (DType::BF16, 6, 0.999),
+    ] {
+        let model = EmbeddingModel::load_candle(&files, &Device::Cpu, dtype).unwrap();
+        assert!(model.pads(), "the candle encoder computes padded batches");
+        let picked: Vec<usize> = (0..texts.len()).step_by(stride).collect();
+        let sample: Vec<&str> = picked.iter().map(|&i| texts[i].as_str()).collect();
+        let mut worst = 1.0f64;
+        embed_texts(&model, &sample, &[], 2048, |i, v| {
+            worst = worst.min(cosine(&v, &reference[picked[i]]));
+            Ok(())
+        })
+        .unwrap();
+        eprintln!(
+            "{dtype:?}: lowest cosine {worst} over {} texts",
+            sample.len()
+        );
+        assert!(worst >= floor, "{dtype:?}: lowest cosine {worst}");
+    }
+}
