@@ -80,6 +80,7 @@ fn docs(n: usize, seed: u64) -> Vec<Document> {
                 end: 600,
                 token_count: 120,
                 token_ids: Vec::new(),
+                input_key: Some(Chunk::input_key_of(&[d as u32, i as u32])),
                 vector: Some(rng.unit()),
             }));
             out.push(c);

@@ -60,9 +60,31 @@ pub struct Chunk {
     /// chunker and reused by the embedder. Not written to the index.
     #[serde(skip)]
     pub token_ids: Vec<u32>,
+    /// What the model's input hashes to ([`Chunk::input_key_of`]): chunks with equal keys
+    /// have equal vectors under one model, so an index can hand back a vector it already
+    /// holds instead of the embedder computing it again.
+    #[serde(skip)]
+    pub input_key: Option<InputKey>,
     /// The embedding, once the embedder has run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vector: Option<Vec<f32>>,
+}
+
+/// A hash of a chunk's token ids (16 bytes of BLAKE3).
+pub type InputKey = [u8; 16];
+
+impl Chunk {
+    /// The key of a model input: its token ids, without special tokens or prompt (both are
+    /// fixed for a model, and an index holds one model's vectors).
+    pub fn input_key_of(token_ids: &[u32]) -> InputKey {
+        let mut hasher = blake3::Hasher::new();
+        for id in token_ids {
+            hasher.update(&id.to_le_bytes());
+        }
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
+        key
+    }
 }
 
 /// A document in flight.

@@ -12,7 +12,7 @@ use ragline::connectors::filesystem::{FilesystemConfig, FilesystemConnector};
 use ragline::connectors::jsonl::JsonlFields;
 use ragline::connectors::Connector;
 use ragline::indexers::sqlite::{IndexIdentity, ModelIdentity};
-use ragline::indexers::{self, BatchConfig, IndexUri};
+use ragline::indexers::{self, BackendFactory, BatchConfig, IndexUri};
 use ragline::run::progress::{Bars, LogLines, Observer, Silent};
 use ragline::run::{self, RunOptions, RunParts, RunSummary};
 use ragline::stages::chunk::{
@@ -20,6 +20,7 @@ use ragline::stages::chunk::{
 };
 use ragline::stages::extract::Extract;
 use ragline::stages::incremental::Incremental;
+use ragline::stages::reuse::ReuseVectors;
 use ragline::stages::{Pipeline, Stage, StageError};
 
 use super::model_args::ModelArgs;
@@ -208,7 +209,7 @@ pub(super) fn ingest(args: &IngestArgs) -> anyhow::Result<Option<RunSummary>> {
         model: embedding.as_ref().map(|e| e.3.clone()),
         pipeline_fingerprint: pipeline_fingerprint.clone(),
     };
-    let backend = indexers::open(&uri, identity)?;
+    let backend: Arc<dyn BackendFactory> = indexers::open(&uri, identity)?.into();
     let known = Arc::new(backend.known_documents()?);
     let in_index = backend.document_ids()?;
     let fingerprint: Arc<str> = pipeline_fingerprint.into();
@@ -218,6 +219,7 @@ pub(super) fn ingest(args: &IngestArgs) -> anyhow::Result<Option<RunSummary>> {
         None => (None, None),
     };
     let truncate = args.truncate;
+    let store = Arc::clone(&backend);
     let pipeline = move || -> Result<Pipeline, StageError> {
         let mut stages: Vec<Box<dyn Stage>> = vec![
             Box::new(Incremental::new(
@@ -232,6 +234,12 @@ pub(super) fn ingest(args: &IngestArgs) -> anyhow::Result<Option<RunSummary>> {
             } else {
                 ChunkStage::new(tokenizer.clone(), *sizes)
             }));
+            let vectors = store
+                .stored_vectors()
+                .map_err(|e| StageError::Internal(e.to_string()))?;
+            if let Some(vectors) = vectors {
+                stages.push(Box::new(ReuseVectors::new(vectors)));
+            }
         }
         Ok(Pipeline::new(stages))
     };
@@ -303,10 +311,11 @@ pub(super) fn print_summary(s: &RunSummary, pruned: bool) -> anyhow::Result<()> 
     if c.children_created > 0 || c.unchanged > 0 {
         writeln!(
             out,
-            "chunks: {} created, {} embedded, {} indexed, {} failed, {} dropped; \
+            "chunks: {} created, {} embedded, {} reused, {} indexed, {} failed, {} dropped; \
              {} tokens embedded ({:.0} tokens/s, {:.1}% padding)",
             c.children_created,
             s.chunks_embedded,
+            s.chunks_reused,
             c.children_indexed,
             c.children_failed,
             c.children_dropped,

@@ -2,11 +2,13 @@
 //! documents are gathered from the embed queue, sorted by length and cut into batches by a
 //! token budget; a short maximum wait lets a trickle of chunks still flow.
 
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::model::EmbeddingModel;
-use crate::document::Document;
+use crate::document::{Document, InputKey};
 use crate::event::Event;
 use crate::queue::{push_until_stopped, Delivery, Queue, POLL};
 use crate::run::signal::RunSignal;
@@ -20,6 +22,10 @@ pub const DEFAULT_BATCH_TOKENS_GPU: usize = 32768;
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_millis(50);
 /// Batches gathered before sorting: a wider window sorts better and pads less.
 pub const WINDOW_BATCHES: usize = 4;
+/// Vectors an embedder remembers by input key, so a chunk identical to one embedded shortly
+/// before (the same code sample or boilerplate repeated in a page, or across pages) is not
+/// embedded again: 6 MB at 384 dimensions. On react-docs 10% of the chunks repeat another.
+pub const RECENT_VECTORS: usize = 4096;
 
 #[derive(Clone, Debug)]
 pub struct BatchPolicy {
@@ -64,6 +70,7 @@ impl Embedder {
         stats: Arc<RunStats>,
     ) {
         let window_tokens = self.policy.batch_tokens * WINDOW_BATCHES;
+        let mut recent = Recent::new(RECENT_VECTORS);
         let limit = self.model.tokenizer.max_content_len();
         let prompt = self.model.tokenizer.passage_prompt_ids().to_vec();
         let mut window: Vec<Delivery<Document>> = Vec::new();
@@ -101,6 +108,7 @@ impl Embedder {
             }
             if !self.embed_window(
                 &mut window,
+                &mut recent,
                 &prompt,
                 limit,
                 &output,
@@ -118,6 +126,7 @@ impl Embedder {
     fn embed_window(
         &self,
         window: &mut Vec<Delivery<Document>>,
+        recent: &mut Recent,
         prompt: &[u32],
         limit: usize,
         output: &Arc<dyn Queue<Document>>,
@@ -142,6 +151,26 @@ impl Embedder {
                 }
             }
         }
+        // Identical inputs are embedded once: one embedded shortly before takes the vector
+        // remembered; of several in this window, the first is embedded and the others copy it.
+        let mut seen: HashSet<InputKey> = HashSet::new();
+        let mut copies: Vec<(Delivery<Document>, InputKey)> = Vec::new();
+        for slot in items.iter_mut() {
+            let Some(key) = slot.as_ref().and_then(|d| input_key(&d.item)) else {
+                continue;
+            };
+            if let Some(vector) = recent.get(&key) {
+                let mut d = slot.take().expect("just checked");
+                set_vector(&mut d.item, vector.to_vec());
+                stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
+                if !self.finish(d, Ok(()), output, events, signal, input) {
+                    return false;
+                }
+            } else if !seen.insert(key) {
+                copies.push((slot.take().expect("just checked"), key));
+            }
+        }
+        let mut failed: HashMap<InputKey, String> = HashMap::new();
         let lengths: Vec<usize> = items
             .iter()
             .map(|d| {
@@ -169,10 +198,10 @@ impl Embedder {
                 Ok(vectors) => {
                     for (&i, vector) in plan.iter().zip(vectors) {
                         let mut d = items[i].take().expect("filtered");
-                        if let Some(chunk) = d.item.chunk.as_mut() {
-                            chunk.vector = Some(vector);
-                            chunk.token_ids = Vec::new();
+                        if let Some(key) = input_key(&d.item) {
+                            recent.insert(key, &vector);
                         }
+                        set_vector(&mut d.item, vector);
                         if !self.finish(d, Ok(()), output, events, signal, input) {
                             return false;
                         }
@@ -182,11 +211,29 @@ impl Embedder {
                     let reason = format!("embedding on {} failed: {err}", self.label);
                     for &i in &plan {
                         let d = items[i].take().expect("filtered");
+                        if let Some(key) = input_key(&d.item) {
+                            failed.insert(key, reason.clone());
+                        }
                         if !self.finish(d, Err(reason.clone()), output, events, signal, input) {
                             return false;
                         }
                     }
                 }
+            }
+        }
+        for (mut d, key) in copies {
+            let result = match recent.get(&key) {
+                Some(vector) => {
+                    set_vector(&mut d.item, vector.to_vec());
+                    stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
+                    Ok(())
+                }
+                None => Err(failed.get(&key).cloned().unwrap_or_else(|| {
+                    "its identical chunk in the same batch was not embedded".to_string()
+                })),
+            };
+            if !self.finish(d, result, output, events, signal, input) {
+                return false;
             }
         }
         true
@@ -217,6 +264,51 @@ impl Embedder {
             return false;
         }
         true
+    }
+}
+
+fn input_key(doc: &Document) -> Option<InputKey> {
+    doc.chunk.as_ref().and_then(|c| c.input_key)
+}
+
+fn set_vector(doc: &mut Document, vector: Vec<f32>) {
+    if let Some(chunk) = doc.chunk.as_mut() {
+        chunk.vector = Some(vector);
+        chunk.token_ids = Vec::new();
+    }
+}
+
+/// The last vectors embedded, by input key; the oldest go first.
+pub struct Recent {
+    capacity: usize,
+    vectors: HashMap<InputKey, Vec<f32>>,
+    order: VecDeque<InputKey>,
+}
+
+impl Recent {
+    pub fn new(capacity: usize) -> Self {
+        Recent {
+            capacity,
+            vectors: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    pub fn get(&self, key: &InputKey) -> Option<&[f32]> {
+        self.vectors.get(key).map(Vec::as_slice)
+    }
+
+    pub fn insert(&mut self, key: InputKey, vector: &[f32]) {
+        if self.capacity == 0 || self.vectors.contains_key(&key) {
+            return;
+        }
+        if self.order.len() == self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.vectors.remove(&old);
+            }
+        }
+        self.order.push_back(key);
+        self.vectors.insert(key, vector.to_vec());
     }
 }
 

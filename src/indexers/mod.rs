@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-use crate::document::Document;
+use crate::document::{Document, InputKey};
 pub use batch::{BatchConfig, Indexer};
 pub use uri::IndexUri;
 
@@ -71,6 +71,13 @@ pub struct KnownDocument {
     pub fingerprint: String,
 }
 
+/// The vectors an index already holds, looked up by the model input they were computed from
+/// ([`crate::document::Chunk::input_key_of`]). One per worker.
+pub trait StoredVectors: Send {
+    /// The vector of an identical input, if the index holds one.
+    fn vector_for(&mut self, key: &InputKey) -> Result<Option<Vec<f32>>, BackendError>;
+}
+
 /// One indexer thread's connection to the backend.
 pub trait Backend: Send {
     /// Write a batch; one result per item, in order.
@@ -91,6 +98,12 @@ pub trait BackendFactory: Send + Sync {
     /// tell): the incremental stage skips these when their content is unchanged.
     fn known_documents(&self) -> Result<HashMap<String, KnownDocument>, BackendError> {
         Ok(HashMap::new())
+    }
+
+    /// A reader of the vectors the index holds, for backends that can look them up by input
+    /// (None for the others: their chunks are always embedded).
+    fn stored_vectors(&self) -> Result<Option<Box<dyn StoredVectors>>, BackendError> {
+        Ok(None)
     }
 
     /// Every document id in the index, or None for backends that cannot tell (files).

@@ -137,6 +137,7 @@ pub fn execute(
         index: Arc::clone(&index),
         embed: embed.clone(),
         events: Arc::clone(&events),
+        stats: Arc::clone(&stats),
     };
 
     let complete = std::thread::scope(|scope| {

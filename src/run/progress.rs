@@ -92,8 +92,9 @@ impl Observer for Bars {
         self.chunks
             .set_position(c.children_indexed + c.children_failed + c.children_dropped);
         self.chunks.set_message(format!(
-            "embedded {} indexed {} failed {} | {:.0} tokens/s",
+            "embedded {} reused {} indexed {} failed {} | {:.0} tokens/s",
             s.stats.chunks(),
+            s.stats.reused(),
             c.children_indexed,
             c.children_failed,
             s.stats.tokens() as f64 / secs
@@ -134,7 +135,7 @@ impl Observer for LogLines {
         let _ = writeln!(
             std::io::stderr(),
             "[{:>6.1}s] documents {}{total} done (indexed {}, failed {}, dropped {}), \
-             chunks {} created {} embedded {} indexed, {:.0} docs/s, {:.0} tokens/s",
+             chunks {} created {} embedded {} reused {} indexed, {:.0} docs/s, {:.0} tokens/s",
             secs,
             s.documents_done(),
             c.indexed,
@@ -142,6 +143,7 @@ impl Observer for LogLines {
             c.dropped,
             c.children_created,
             s.stats.chunks(),
+            s.stats.reused(),
             c.children_indexed,
             s.documents_done() as f64 / secs,
             s.stats.tokens() as f64 / secs,

@@ -5,6 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Default)]
 pub struct RunStats {
     pub chunks_embedded: AtomicU64,
+    /// Chunks that took the vector of an identical input (from the index, or embedded earlier
+    /// in this run) instead of being embedded.
+    pub chunks_reused: AtomicU64,
     /// Real (non-padding) tokens through the model.
     pub tokens_embedded: AtomicU64,
     /// Tokens computed including padding.
@@ -22,6 +25,10 @@ impl RunStats {
 
     pub fn chunks(&self) -> u64 {
         self.chunks_embedded.load(Ordering::Relaxed)
+    }
+
+    pub fn reused(&self) -> u64 {
+        self.chunks_reused.load(Ordering::Relaxed)
     }
 
     pub fn tokens(&self) -> u64 {

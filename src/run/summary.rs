@@ -15,6 +15,9 @@ pub struct RunSummary {
     pub elapsed_secs: f64,
     pub counts: Counts,
     pub chunks_embedded: u64,
+    /// Chunks whose vector was not computed again: the index held one for the same model
+    /// input, or an identical chunk of this run was embedded.
+    pub chunks_reused: u64,
     pub tokens_embedded: u64,
     /// Share of the tokens computed by the model that were padding.
     pub padding_ratio: f64,
@@ -53,6 +56,7 @@ impl RunSummary {
             documents_per_sec: counts.published as f64 / secs,
             counts,
             chunks_embedded: stats.chunks(),
+            chunks_reused: stats.reused(),
             tokens_embedded: stats.tokens(),
             padding_ratio: if padded == 0 {
                 0.0

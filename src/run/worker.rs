@@ -2,12 +2,14 @@
 //! pipeline, announces children (CREATE), and routes the results: chunks to the embedder,
 //! everything else to the indexers, failures and drops straight to the event queue.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::document::Document;
 use crate::event::Event;
 use crate::queue::{push_until_stopped, Queue, Stopped, POLL};
 use crate::run::signal::RunSignal;
+use crate::run::stats::RunStats;
 use crate::stages::{Pipeline, PipelineOutput};
 
 /// The queues a worker writes to.
@@ -17,6 +19,7 @@ pub struct Routes {
     /// Chunks that need a vector go here when the run embeds.
     pub embed: Option<Arc<dyn Queue<Document>>>,
     pub events: Arc<dyn Queue<Event>>,
+    pub stats: Arc<RunStats>,
 }
 
 impl Routes {
@@ -44,6 +47,9 @@ impl Routes {
                     push_until_stopped(&self.events, Event::drop(&doc, stage, reason), signal)?;
                 }
                 PipelineOutput::Done(doc) => {
+                    if doc.chunk.as_ref().is_some_and(|c| c.vector.is_some()) {
+                        self.stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
+                    }
                     if let (Some(embed), true) = (&self.embed, needs_vector(&doc)) {
                         push_until_stopped(embed, doc, signal)?;
                     } else {

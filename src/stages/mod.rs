@@ -9,6 +9,7 @@ pub mod extract;
 pub mod incremental;
 pub mod noop;
 pub mod pipeline;
+pub mod reuse;
 
 use thiserror::Error;
 

@@ -305,3 +305,122 @@ fn readers_work_while_an_ingest_writes() {
     assert!(reads > 0, "the ingest ended before any read");
     eprintln!("{reads} reads during the ingest, last saw {last} of {chunks} chunks");
 }
+
+/// (document id, chunk text, vector bytes) of every chunk.
+fn vectors(db: &Path) -> Vec<(String, String, Vec<u8>)> {
+    ragline::indexers::sqlite::register_sqlite_vec();
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let mut s = conn
+        .prepare(
+            "SELECT c.document_id, c.text, v.embedding FROM chunks c
+             JOIN chunk_vectors v ON v.rowid = c.rowid ORDER BY c.id",
+        )
+        .unwrap();
+    s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+#[test]
+fn edits_and_moves_reuse_the_vectors_of_unchanged_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("corpus");
+    fs::create_dir_all(&c).unwrap();
+    let page = fs::read_to_string(root().join("tests/fixtures/react/useEffect.md")).unwrap();
+    fs::write(c.join("useEffect.md"), &page).unwrap();
+    let db = dir.path().join("rag.db");
+    let (code, first) = ingest(&c, &db, &[]);
+    assert_eq!(code, Some(0));
+    let made = first["counts"]["children_created"].as_u64().unwrap();
+    assert!(made > 20);
+    assert_eq!(first["chunks_embedded"], made);
+    assert_eq!(first["chunks_reused"], 0);
+    let before = vectors(&db);
+
+    // Edit one section: only the chunks whose text changed are embedded; the others take
+    // their vectors from the index.
+    let heading = "### My Effect runs twice when the component mounts";
+    assert!(page.contains(heading));
+    let edited = page.replacen(heading, &format!("{heading} in development"), 1);
+    fs::write(c.join("useEffect.md"), edited).unwrap();
+    let (code, second) = ingest(&c, &db, &[]);
+    assert_eq!(code, Some(0));
+    let after = vectors(&db);
+    let old_texts: std::collections::HashSet<&str> = before.iter().map(|v| v.1.as_str()).collect();
+    let new_texts = after
+        .iter()
+        .filter(|v| !old_texts.contains(v.1.as_str()))
+        .count() as u64;
+    let created = second["counts"]["children_created"].as_u64().unwrap();
+    assert!(
+        (1..created).contains(&new_texts),
+        "{new_texts} of {created}"
+    );
+    assert_eq!(second["chunks_embedded"], new_texts);
+    assert_eq!(second["chunks_reused"], created - new_texts);
+    // A reused vector is the one the index held for that text.
+    let old_vector: std::collections::HashMap<&str, &Vec<u8>> =
+        before.iter().map(|v| (v.1.as_str(), &v.2)).collect();
+    for (_, text, vector) in &after {
+        if let Some(old) = old_vector.get(text.as_str()) {
+            assert_eq!(*old, vector, "{text:.60}");
+        }
+    }
+
+    // Move the file: a new document, nothing embedded, the same vectors.
+    fs::rename(c.join("useEffect.md"), c.join("effects.md")).unwrap();
+    let (code, third) = ingest(&c, &db, &["--prune"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(third["pruned"], 1);
+    assert_eq!(third["chunks_embedded"], 0);
+    assert_eq!(third["chunks_reused"], third["counts"]["children_created"]);
+    let moved = vectors(&db);
+    assert!(moved.iter().all(|v| v.0 == "effects.md"));
+    let strip = |v: &[(String, String, Vec<u8>)]| -> Vec<(String, Vec<u8>)> {
+        let mut x: Vec<_> = v.iter().map(|v| (v.1.clone(), v.2.clone())).collect();
+        x.sort();
+        x
+    };
+    assert_eq!(strip(&moved), strip(&after));
+}
+
+#[test]
+fn identical_chunks_are_embedded_once_per_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("corpus");
+    fs::create_dir_all(&c).unwrap();
+    // Two copies of a page, and a page that repeats one section three times.
+    let page = fs::read_to_string(root().join("tests/fixtures/react/useEffect.md")).unwrap();
+    fs::write(c.join("a.md"), &page).unwrap();
+    fs::write(c.join("b.md"), &page).unwrap();
+    let section = "## Sandbox\n\nThe same example, shown again: press Play to start the \
+                   video, press Pause to stop it. The Effect keeps the player in sync.\n\n";
+    fs::write(
+        c.join("repeats.md"),
+        format!("# Repeats\n\n{}", section.repeat(3)),
+    )
+    .unwrap();
+    let db = dir.path().join("rag.db");
+    let (code, report) = ingest(&c, &db, &[]);
+    assert_eq!(code, Some(0));
+
+    let rows = vectors(&db);
+    let created = report["counts"]["children_created"].as_u64().unwrap();
+    assert_eq!(rows.len() as u64, created);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let distinct: u64 = conn
+        .query_row("SELECT COUNT(DISTINCT input_key) FROM chunks", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    // b.md repeats all of a.md, and two of the three sections of repeats.md are alike.
+    assert!(distinct <= created / 2 + 1, "{distinct} of {created}");
+    assert_eq!(report["chunks_embedded"], distinct);
+    assert_eq!(report["chunks_reused"], created - distinct);
+    // Every copy carries the vector of its original.
+    let mut by_text: std::collections::HashMap<&str, &Vec<u8>> = Default::default();
+    for (_, text, vector) in &rows {
+        assert_eq!(*by_text.entry(text.as_str()).or_insert(vector), vector);
+    }
+}

@@ -18,8 +18,8 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Transaction};
 
 pub use reader::{ChunkRow, IndexMeta, SqliteReader};
 
-use super::{Backend, BackendError, BackendFactory, ItemError, KnownDocument};
-use crate::document::Document;
+use super::{Backend, BackendError, BackendFactory, ItemError, KnownDocument, StoredVectors};
+use crate::document::{Document, InputKey};
 
 /// What a run writes into the index: the model whose vectors it adds, and the fingerprint of
 /// the pipeline (chunker settings and model) its documents are made with.
@@ -231,6 +231,19 @@ impl BackendFactory for SqliteFactory {
         self.all_document_ids().map(Some)
     }
 
+    fn stored_vectors(&self) -> Result<Option<Box<dyn StoredVectors>>, BackendError> {
+        let Some(model) = &self.identity.model else {
+            return Ok(None);
+        };
+        let conn = Connection::open_with_flags(&self.path, read_only_flags())
+            .map_err(|e| index_error(&self.path, e))?;
+        Ok(Some(Box::new(SqliteVectors {
+            conn,
+            path: self.path.clone(),
+            dimension: model.dimension,
+        })))
+    }
+
     fn delete_documents(&self, ids: &[String]) -> Result<usize, BackendError> {
         self.delete(ids)
     }
@@ -260,6 +273,32 @@ impl BackendFactory for SqliteFactory {
             .and_then(|rows| rows.collect::<rusqlite::Result<HashMap<_, _>>>())
             .map_err(|e| index_error(&self.path, e))?;
         Ok(rows)
+    }
+}
+
+/// Vectors by input key, read through a read-only connection of its own (WAL: it never waits
+/// for the indexers).
+struct SqliteVectors {
+    conn: Connection,
+    path: PathBuf,
+    dimension: usize,
+}
+
+impl StoredVectors for SqliteVectors {
+    fn vector_for(&mut self, key: &InputKey) -> Result<Option<Vec<f32>>, BackendError> {
+        let bytes: Option<Vec<u8>> = self
+            .conn
+            .prepare_cached(
+                "SELECT v.embedding FROM chunks c JOIN chunk_vectors v ON v.rowid = c.rowid
+                 WHERE c.input_key = ?1 LIMIT 1",
+            )
+            .and_then(|mut s| s.query_row([key.as_slice()], |r| r.get(0)).optional())
+            .map_err(|e| index_error(&self.path, e))?;
+        Ok(bytes.filter(|b| b.len() == self.dimension * 4).map(|b| {
+            b.chunks_exact(4)
+                .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+                .collect()
+        }))
     }
 }
 
@@ -426,8 +465,8 @@ fn write_one(tx: &Transaction<'_>, doc: &Document, fingerprint: &str) -> rusqlit
     }
     tx.prepare_cached(
         "INSERT INTO chunks(rowid, id, document_id, ordinal, version, text, heading_path,
-                            start_byte, end_byte, token_count)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                            start_byte, end_byte, token_count, input_key)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     )?
     .execute(params![
         existing,
@@ -440,6 +479,7 @@ fn write_one(tx: &Transaction<'_>, doc: &Document, fingerprint: &str) -> rusqlit
         chunk.start as i64,
         chunk.end as i64,
         chunk.token_count,
+        chunk.input_key.as_ref().map(|k| k.as_slice()),
     ])?;
     let rowid = existing.unwrap_or_else(|| tx.last_insert_rowid());
     tx.prepare_cached("INSERT INTO chunk_fts(rowid, text, heading_path) VALUES (?1, ?2, ?3)")?

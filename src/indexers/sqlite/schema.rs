@@ -13,10 +13,16 @@
 //!   known).
 //! - `enrichment`: per-document, per-stage state (status, attempts, last error, fingerprint),
 //!   reserved for the enrichment state machine.
+//!
+//! Version 2:
+//! - `chunks.input_key`: a hash of the chunk's token ids (`Chunk::input_key_of`), indexed, so
+//!   a run can take the vector of an identical model input from the index instead of
+//!   embedding it again (an edited page re-embeds only its changed chunks; a moved file none).
+//!   Rows written by version 1 have none and are simply never reused.
 
 use rusqlite::Connection;
 
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Create or migrate the schema. Runs in the caller's transaction.
 pub fn migrate(conn: &Connection, from: i64) -> rusqlite::Result<()> {
@@ -65,6 +71,12 @@ pub fn migrate(conn: &Connection, from: i64) -> rusqlite::Result<()> {
                  updated_at INTEGER NOT NULL,
                  PRIMARY KEY (document_id, stage)
              );",
+        )?;
+    }
+    if from < 2 {
+        conn.execute_batch(
+            "ALTER TABLE chunks ADD COLUMN input_key BLOB;
+             CREATE INDEX chunks_by_input_key ON chunks(input_key);",
         )?;
     }
     conn.execute(

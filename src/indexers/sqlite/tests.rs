@@ -1,7 +1,8 @@
 //! The SQLite backend on synthetic documents and vectors (no model needed).
 
 use super::*;
-use crate::document::Chunk;
+use crate::document::{Chunk, InputKey};
+use schema::SCHEMA_VERSION;
 
 fn identity(fp: &str, dim: usize) -> IndexIdentity {
     IndexIdentity {
@@ -31,6 +32,7 @@ fn chunk(parent: &Document, ordinal: u32, text: &str, v: Vec<f32>) -> Document {
         end: text.len(),
         token_count: 3,
         token_ids: vec![],
+        input_key: Some(key_of(text)),
         vector: Some(v),
     }));
     c
@@ -239,5 +241,92 @@ fn an_item_sqlite_rejects_fails_alone() {
     assert_eq!(
         SqliteReader::open(&path).unwrap().counts().unwrap(),
         (1, 1, 1)
+    );
+}
+
+fn key_of(text: &str) -> InputKey {
+    Chunk::input_key_of(&text.bytes().map(u32::from).collect::<Vec<_>>())
+}
+
+#[test]
+fn stored_vectors_are_found_by_input_key_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("i.db");
+    let f = SqliteFactory::open(&path, identity("a", 4)).unwrap();
+    let mut b = f.connect().unwrap();
+    let p = parent("doc", "h1", 2);
+    let v = vec![0.5, 0.5, 0.5, 0.5];
+    all_ok(b.write(&[
+        p.clone(),
+        chunk(&p, 0, "alpha one", v.clone()),
+        chunk(&p, 1, "beta two", unit(1, 4)),
+    ]));
+    let mut stored = f
+        .stored_vectors()
+        .unwrap()
+        .expect("sqlite can look vectors up");
+    assert_eq!(stored.vector_for(&key_of("alpha one")).unwrap(), Some(v));
+    assert_eq!(
+        stored.vector_for(&key_of("beta two")).unwrap(),
+        Some(unit(1, 4))
+    );
+    assert_eq!(stored.vector_for(&key_of("alpha two")).unwrap(), None);
+
+    // Gone with its document.
+    f.delete(&["doc".to_string()]).unwrap();
+    assert_eq!(stored.vector_for(&key_of("alpha one")).unwrap(), None);
+
+    // An index opened without a model has no vectors to give.
+    let f = SqliteFactory::open(
+        &dir.path().join("plain.db"),
+        IndexIdentity {
+            model: None,
+            pipeline_fingerprint: "extract-v1".into(),
+        },
+    )
+    .unwrap();
+    assert!(f.stored_vectors().unwrap().is_none());
+}
+
+#[test]
+fn a_version_1_index_is_migrated_and_keeps_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("i.db");
+    {
+        let f = SqliteFactory::open(&path, identity("a", 4)).unwrap();
+        let mut b = f.connect().unwrap();
+        let p = parent("doc", "h1", 1);
+        all_ok(b.write(&[p.clone(), chunk(&p, 0, "alpha one", unit(0, 4))]));
+    }
+    // Make it what version 1 wrote: no input_key column.
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "DROP INDEX chunks_by_input_key;
+         ALTER TABLE chunks DROP COLUMN input_key;
+         UPDATE meta SET value = '1' WHERE key = 'schema_version';",
+    )
+    .unwrap();
+    drop(conn);
+    assert_eq!(SqliteReader::open(&path).unwrap().meta().schema_version, 1);
+
+    let f = SqliteFactory::open(&path, identity("a", 4)).unwrap();
+    assert_eq!(
+        SqliteReader::open(&path).unwrap().meta().schema_version,
+        SCHEMA_VERSION
+    );
+    assert_eq!(
+        SqliteReader::open(&path).unwrap().counts().unwrap(),
+        (1, 1, 1)
+    );
+    // The old row has no key: never reused, never wrong.
+    let mut stored = f.stored_vectors().unwrap().unwrap();
+    assert_eq!(stored.vector_for(&key_of("alpha one")).unwrap(), None);
+    // New rows have one.
+    let mut b = f.connect().unwrap();
+    let p = parent("doc", "h2", 1);
+    all_ok(b.write(&[p.clone(), chunk(&p, 0, "alpha one", unit(2, 4))]));
+    assert_eq!(
+        stored.vector_for(&key_of("alpha one")).unwrap(),
+        Some(unit(2, 4))
     );
 }

@@ -149,6 +149,7 @@ impl Stage for ChunkStage {
                     start: b0,
                     end: b1,
                     token_count: ids.len() as u32,
+                    input_key: Some(Chunk::input_key_of(&ids)),
                     token_ids: ids,
                     vector: None,
                 }));
