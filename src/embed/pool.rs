@@ -170,7 +170,10 @@ impl Embedder {
                 copies.push((slot.take().expect("just checked"), key));
             }
         }
-        let mut failed: HashMap<InputKey, String> = HashMap::new();
+        // What the copies take, kept here rather than in `recent`, which may forget a vector
+        // before the window ends when a window holds more than its capacity.
+        let copied: HashSet<InputKey> = copies.iter().map(|(_, k)| *k).collect();
+        let mut originals: HashMap<InputKey, Result<Vec<f32>, String>> = HashMap::new();
         let lengths: Vec<usize> = items
             .iter()
             .map(|d| {
@@ -200,6 +203,9 @@ impl Embedder {
                         let mut d = items[i].take().expect("filtered");
                         if let Some(key) = input_key(&d.item) {
                             recent.insert(key, &vector);
+                            if copied.contains(&key) {
+                                originals.insert(key, Ok(vector.clone()));
+                            }
                         }
                         set_vector(&mut d.item, vector);
                         if !self.finish(d, Ok(()), output, events, signal, input) {
@@ -211,8 +217,8 @@ impl Embedder {
                     let reason = format!("embedding on {} failed: {err}", self.label);
                     for &i in &plan {
                         let d = items[i].take().expect("filtered");
-                        if let Some(key) = input_key(&d.item) {
-                            failed.insert(key, reason.clone());
+                        if let Some(key) = input_key(&d.item).filter(|k| copied.contains(k)) {
+                            originals.insert(key, Err(reason.clone()));
                         }
                         if !self.finish(d, Err(reason.clone()), output, events, signal, input) {
                             return false;
@@ -222,15 +228,14 @@ impl Embedder {
             }
         }
         for (mut d, key) in copies {
-            let result = match recent.get(&key) {
-                Some(vector) => {
-                    set_vector(&mut d.item, vector.to_vec());
+            let result = match originals.get(&key) {
+                Some(Ok(vector)) => {
+                    set_vector(&mut d.item, vector.clone());
                     stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
                     Ok(())
                 }
-                None => Err(failed.get(&key).cloned().unwrap_or_else(|| {
-                    "its identical chunk in the same batch was not embedded".to_string()
-                })),
+                Some(Err(reason)) => Err(reason.clone()),
+                None => unreachable!("every copy's original was embedded or failed: a bug"),
             };
             if !self.finish(d, result, output, events, signal, input) {
                 return false;
@@ -279,14 +284,14 @@ fn set_vector(doc: &mut Document, vector: Vec<f32>) {
 }
 
 /// The last vectors embedded, by input key; the oldest go first.
-pub struct Recent {
+struct Recent {
     capacity: usize,
     vectors: HashMap<InputKey, Vec<f32>>,
     order: VecDeque<InputKey>,
 }
 
 impl Recent {
-    pub fn new(capacity: usize) -> Self {
+    fn new(capacity: usize) -> Self {
         Recent {
             capacity,
             vectors: HashMap::new(),
@@ -294,11 +299,11 @@ impl Recent {
         }
     }
 
-    pub fn get(&self, key: &InputKey) -> Option<&[f32]> {
+    fn get(&self, key: &InputKey) -> Option<&[f32]> {
         self.vectors.get(key).map(Vec::as_slice)
     }
 
-    pub fn insert(&mut self, key: InputKey, vector: &[f32]) {
+    fn insert(&mut self, key: InputKey, vector: &[f32]) {
         if self.capacity == 0 || self.vectors.contains_key(&key) {
             return;
         }
