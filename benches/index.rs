@@ -96,8 +96,10 @@ fn identity() -> IndexIdentity {
             dir: "/nonexistent".into(),
             fingerprint: "bench".into(),
             dimension: DIM,
+            tokenizer: Some("bench".into()),
         }),
         pipeline_fingerprint: "bench".into(),
+        defer_embed: false,
     }
 }
 

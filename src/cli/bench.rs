@@ -15,7 +15,7 @@ use ragline::stages::Stage;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::model_args::ModelArgs;
+use super::model_args::{load_first, ModelArgs};
 
 /// The page benchmarked when no --corpus is given (react.dev, CC BY 4.0).
 const SAMPLE: &str = include_str!("../../tests/fixtures/react/useEffect.md");
@@ -66,12 +66,11 @@ struct Report {
     device_memory_used_mb: Option<f64>,
 }
 
-pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    let files = args.model.files()?;
-    let devices = args.model.devices()?;
+pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    let model_config = args.model.resolve(&super::load_config(config_file)?);
+    let (files, devices, model) = load_first(&model_config)?;
     let device = &devices[0];
-    let model = args.model.load(&files, device)?;
-    let batch_tokens = args.model.batch_tokens(device);
+    let batch_tokens = ragline::pipeline::batch_tokens(&model_config, device);
     let target = args.chunks.unwrap_or(if device.device.is_cpu() {
         2_000
     } else {

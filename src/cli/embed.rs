@@ -12,7 +12,7 @@ use ragline::embed::npy::NpyWriter;
 use ragline::embed::texts::embed_texts;
 use serde_json::Value;
 
-use super::model_args::ModelArgs;
+use super::model_args::{load_first, ModelArgs};
 use super::{EXIT_FAILURES, EXIT_OK};
 
 /// Lines read and embedded together.
@@ -57,13 +57,12 @@ enum Sink {
     Jsonl(Box<dyn Write>),
 }
 
-pub fn run(args: EmbedArgs) -> anyhow::Result<ExitCode> {
-    let files = args.model.files()?;
-    let devices = args.model.devices()?;
+pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    let model_config = args.model.resolve(&super::load_config(config_file)?);
+    let (_, devices, model) = load_first(&model_config)?;
     let device = &devices[0];
     eprintln!("embedding on {} ({})", device.label, device.reason);
-    let model = args.model.load(&files, device)?;
-    let batch_tokens = args.model.batch_tokens(device);
+    let batch_tokens = ragline::pipeline::batch_tokens(&model_config, device);
     let prompt: Vec<u32> = match args.prompt {
         Prompt::None => Vec::new(),
         Prompt::Query => model.tokenizer.query_prompt_ids().to_vec(),

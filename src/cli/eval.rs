@@ -1,18 +1,18 @@
 //! `ragline eval`: retrieval quality on a BEIR-format dataset, per search mode.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use ragline::embed::ModelFiles;
 use ragline::eval::{evaluate, read_qrels, read_queries, Scores};
 use ragline::indexers::IndexUri;
+use ragline::pipeline::{self, config::SourceConfig};
 use ragline::search::{Mode, Searcher};
 use ragline::stages::chunk::{DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
 
-use super::ingest::{ingest, print_summary, IngestArgs};
+use super::ingest::print_summary;
 use super::model_args::ModelArgs;
 
 #[derive(Args, Debug)]
@@ -68,7 +68,7 @@ pub struct EvalArgs {
     model: ModelArgs,
 }
 
-pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
     let qrels = read_qrels(&args.qrels).map_err(anyhow::Error::msg)?;
     let queries = read_queries(&args.queries).map_err(anyhow::Error::msg)?;
     if qrels.is_empty() {
@@ -90,51 +90,42 @@ pub fn run(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let IndexUri::Sqlite(path) = index.parse::<IndexUri>().context("bad --index")? else {
         bail!("eval needs a sqlite:// index");
     };
+    let mut config = super::load_config(config_file)?;
+    let model_config = args.model.resolve(&config);
     if !args.no_ingest {
-        let ingest_args = IngestArgs {
+        // The corpus is a BEIR JSONL file: `_id`, with the title embedded with the text.
+        config.source = SourceConfig {
             paths: vec![args.corpus.clone()],
-            index: index.clone(),
-            prune: true,
-            workers: None,
-            indexers: 1,
-            report: None,
-            no_chunk: false,
-            chunk_tokens: args.chunk_tokens,
-            chunk_overlap: args.chunk_overlap,
-            truncate: args.truncate,
-            model: args.model.clone(),
-            ext: Vec::new(),
-            include: Vec::new(),
-            exclude: Vec::new(),
             max_file_bytes: 1 << 40,
             id_field: Some("_id".into()),
-            text_field: "text".into(),
-            title_field: "title".into(),
             title_in_text: true,
-            batch_size: ragline::indexers::batch::DEFAULT_MAX_ITEMS,
-            batch_bytes: ragline::indexers::batch::DEFAULT_MAX_BYTES,
-            batch_timeout_ms: 100,
-            progress: "auto".into(),
+            ..SourceConfig::default()
         };
-        let Some(summary) = ingest(&ingest_args)? else {
-            return Ok(ExitCode::from(super::EXIT_SETUP));
-        };
+        config.model = model_config.clone();
+        config.chunk.enabled = true;
+        config.chunk.tokens = args.chunk_tokens;
+        config.chunk.overlap = args.chunk_overlap;
+        config.chunk.truncate = args.truncate;
+        config.index.prune = true;
+        config.stages.embed.defer = false;
+        super::apply_index(&mut config, &Some(index.clone()))?;
+        let mut observer = super::observer(config.run.progress);
+        let summary = pipeline::ingest(&config, observer.as_mut())?;
+        // Standard error: with --json, standard output holds the scores alone.
         let mut err = std::io::stderr().lock();
         writeln!(err, "corpus ingested:")?;
-        drop(err);
-        print_summary(&summary, true)?;
+        print_summary(&mut err, &summary, true)?;
         if !summary.succeeded() {
             bail!("some corpus documents failed to ingest; the scores would be wrong");
         }
     }
-
     let reader = Searcher::open(&path)?;
     let needs_model = args.modes.iter().any(|m| *m != Mode::Keyword);
     let model = if needs_model {
         let spec = Searcher::model_spec(&reader).context("the index holds no vectors")?;
-        let files = ModelFiles::resolve(&spec)?;
-        let devices = args.model.devices()?;
-        Some(args.model.load(&files, &devices[0])?)
+        let files = pipeline::model_files(&spec)?;
+        let devices = pipeline::devices(&model_config)?;
+        Some(pipeline::load_model(&files, &devices[0], &model_config)?)
     } else {
         None
     };

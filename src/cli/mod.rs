@@ -1,15 +1,28 @@
-//! Command-line interface: one module per subcommand.
+//! Command-line interface: one module per subcommand. Commands read ragline.toml (or
+//! `--config FILE`), put their flags over it, and call the library's pipeline functions.
 
+mod backfill;
 mod bench;
+mod check;
+mod dlq;
 mod embed;
+mod enrich;
 mod eval;
 mod ingest;
 mod model_args;
+mod pause;
+mod promote;
 mod search;
+mod status;
 
+use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use ragline::pipeline::{PipelineConfig, Progress};
+use ragline::run::progress::{Bars, LogLines, Observer, Silent};
 
 /// Every document reached the index (or was dropped with a reason).
 pub const EXIT_OK: u8 = 0;
@@ -23,6 +36,11 @@ pub const EXIT_SETUP: u8 = 2;
 #[derive(Parser)]
 #[command(name = "ragline", version, about, max_term_width = 100)]
 pub struct Cli {
+    /// The pipeline file [default: ragline.toml in the working folder, when there is one].
+    /// Flags override what it says.
+    #[arg(long, global = true, env = "RAGLINE_CONFIG")]
+    config: Option<PathBuf>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -30,7 +48,25 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Read documents, chunk them, embed the chunks and write them to an index.
-    Ingest(ingest::IngestArgs),
+    Ingest(Box<ingest::IngestArgs>),
+    /// Work the index's queue: embed what a deferred or interrupted ingest left, retry what
+    /// failed, fill a vector set being backfilled.
+    Enrich(enrich::EnrichArgs),
+    /// Move an index to another model without downtime: a second vector set, filled in the
+    /// background; search switches to it when it is complete.
+    Backfill(backfill::BackfillArgs),
+    /// Where the index's documents stand in each stage, its vector sets and any backfill.
+    Status(status::StatusArgs),
+    /// The dead-letter queue: documents that failed as often as their stage allows.
+    Dlq(dlq::DlqArgs),
+    /// Stop workers from claiming a stage's work (they finish what they hold).
+    Pause(pause::PauseArgs),
+    /// Let workers claim a paused stage's work again.
+    Resume(pause::PauseArgs),
+    /// Embed these documents next (interactive priority).
+    Promote(promote::PromoteArgs),
+    /// Validate a pipeline file, open its index and load its model; print the resolved pipeline.
+    Check(check::CheckArgs),
     /// Embed texts from a JSONL file into a .npy or JSONL file of vectors.
     Embed(embed::EmbedArgs),
     /// Search an index by meaning, keywords, or both.
@@ -42,11 +78,44 @@ enum Command {
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config = cli.config.as_deref();
     match cli.command {
-        Command::Ingest(args) => ingest::run(args),
-        Command::Embed(args) => embed::run(args),
-        Command::Bench(args) => bench::run(args),
-        Command::Search(args) => search::run(args),
-        Command::Eval(args) => eval::run(args),
+        Command::Ingest(args) => ingest::run(*args, config),
+        Command::Enrich(args) => enrich::run(args, config),
+        Command::Backfill(args) => backfill::run(args, config),
+        Command::Status(args) => status::run(args, config),
+        Command::Dlq(args) => dlq::run(args, config),
+        Command::Pause(args) => pause::run(args, config, true),
+        Command::Resume(args) => pause::run(args, config, false),
+        Command::Promote(args) => promote::run(args, config),
+        Command::Check(args) => check::run(args, config),
+        Command::Embed(args) => embed::run(args, config),
+        Command::Bench(args) => bench::run(args, config),
+        Command::Search(args) => search::run(args, config),
+        Command::Eval(args) => eval::run(args, config),
+    }
+}
+
+/// ragline.toml (or `--config`), or the defaults.
+pub fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<PipelineConfig> {
+    Ok(PipelineConfig::load(path)?.0)
+}
+
+/// Put `--index` over the config.
+pub fn apply_index(config: &mut PipelineConfig, index: &Option<String>) -> anyhow::Result<()> {
+    if let Some(uri) = index {
+        config.index.uri = ragline::pipeline::config::Parsed::parse(uri)
+            .map_err(|e| anyhow::anyhow!("bad --index: {e}"))?;
+    }
+    Ok(())
+}
+
+/// The progress display asked for.
+pub fn observer(choice: Progress) -> Box<dyn Observer> {
+    match choice {
+        Progress::Auto if std::io::stderr().is_terminal() => Box::new(Bars::new()),
+        Progress::Auto | Progress::Log => Box::new(LogLines::new(Duration::from_secs(5))),
+        Progress::Bars => Box::new(Bars::new()),
+        Progress::None => Box::new(Silent),
     }
 }

@@ -1,12 +1,14 @@
 //! `ragline search "QUERY"`
 
 use std::io::Write;
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use ragline::embed::ModelFiles;
+use ragline::indexers::sqlite::SqliteStore;
 use ragline::indexers::IndexUri;
+use ragline::pipeline;
 use ragline::search::{Mode, Searcher};
 
 use super::model_args::ModelArgs;
@@ -16,9 +18,9 @@ pub struct SearchArgs {
     /// What to look for.
     query: String,
 
-    /// The index to search (sqlite://PATH).
-    #[arg(long, env = "RAGLINE_INDEX", default_value = "sqlite://ragline.db")]
-    index: String,
+    /// The index to search (sqlite://PATH). [default: sqlite://ragline.db]
+    #[arg(long, env = "RAGLINE_INDEX")]
+    index: Option<String>,
 
     /// How many results.
     #[arg(short, long, default_value_t = 10)]
@@ -32,14 +34,24 @@ pub struct SearchArgs {
     #[arg(long)]
     json: bool,
 
+    /// Do not move documents that match but are not embedded yet to the front of the
+    /// embedding queue.
+    #[arg(long)]
+    no_promote: bool,
+
     #[command(flatten)]
     model: ModelArgs,
 }
 
-pub fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
-    let path = match args.index.parse::<IndexUri>().context("bad --index")? {
-        IndexUri::Sqlite(path) => path,
-        other => anyhow::bail!("search reads sqlite:// indexes; {other:?} cannot be searched"),
+pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let mut config = super::load_config(config_file)?;
+    super::apply_index(&mut config, &args.index)?;
+    let path = match &config.index.uri.value {
+        IndexUri::Sqlite(path) => path.clone(),
+        _ => anyhow::bail!(
+            "search reads sqlite:// indexes; {} cannot be searched",
+            config.index.uri.text
+        ),
     };
     let reader = Searcher::open(&path)?;
     // The query is embedded with the index's own model (not --model's default).
@@ -49,13 +61,27 @@ pub fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
         let spec = Searcher::model_spec(&reader).context(
             "the index holds no vectors (it was built with --no-chunk); use --mode keyword",
         )?;
-        let files = ModelFiles::resolve(&spec)
+        let model_config = args.model.resolve(&config);
+        let files = pipeline::model_files(&spec)
             .with_context(|| format!("cannot find the index's model `{spec}`"))?;
-        let devices = args.model.devices()?;
-        Some(args.model.load(&files, &devices[0])?)
+        let devices = pipeline::devices(&model_config)?;
+        Some(pipeline::load_model(&files, &devices[0], &model_config)?)
     };
     let searcher = Searcher::new(reader, model);
     let hits = searcher.search(&args.query, args.mode, args.k)?;
+    // A partly enriched index: say what vector search cannot see yet, and embed what this
+    // search is looking for first.
+    let (missing, total) = searcher.reader().unembedded()?;
+    if missing > 0 {
+        if args.mode != Mode::Keyword {
+            eprintln!(
+                "note: {missing} of {total} chunks not embedded yet (vector search covers the                  rest; `ragline enrich` embeds them)"
+            );
+        }
+        if !args.no_promote {
+            promote_matches(&searcher, &path, &args.query)?;
+        }
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &hits)?;
@@ -69,16 +95,50 @@ pub fn run(args: SearchArgs) -> anyhow::Result<ExitCode> {
         let c = &h.chunk;
         writeln!(
             out,
-            "{:>3}. {:.4}  {}  [{}]",
+            "{:>3}. {:.4}  {}  [{}]{}",
             h.rank,
             h.score,
             c.source.as_deref().unwrap_or(&c.document_id),
-            c.heading_path
+            c.heading_path,
+            if c.superseded {
+                "  (previous version; the new one is not embedded yet)"
+            } else {
+                ""
+            }
         )?;
         writeln!(out, "     {}", snippet(&c.text, &args.query, 220))?;
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// Documents whose chunks match the query by keyword and whose embedding is still pending
+/// move to interactive priority. Best effort: a read-only index is searched all the same.
+fn promote_matches(searcher: &Searcher, path: &Path, query: &str) -> anyhow::Result<()> {
+    let reader = searcher.reader();
+    let mut ids: Vec<String> = Vec::new();
+    for (rowid, _) in reader.keyword(query, PROMOTE_DEPTH)? {
+        if let Some(doc) = reader.document_of(rowid)? {
+            if !ids.contains(&doc) {
+                ids.push(doc);
+            }
+        }
+    }
+    let pending = reader.unembedded_documents(&ids)?;
+    if pending.is_empty() {
+        return Ok(());
+    }
+    match SqliteStore::open(path).and_then(|mut s| s.promote(&pending)) {
+        Ok(n) if n > 0 => {
+            eprintln!("note: {n} matching documents not embedded yet go to the front of the queue")
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!("note: cannot promote matching documents ({e})"),
+    }
+    Ok(())
+}
+
+/// Keyword hits looked at for promotion.
+const PROMOTE_DEPTH: usize = 50;
 
 /// About `width` characters of `text` around the first query word found in it, on one line.
 fn snippet(text: &str, query: &str, width: usize) -> String {

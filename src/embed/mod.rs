@@ -5,6 +5,7 @@ pub mod batch;
 pub mod bert;
 pub mod cpu;
 pub mod device;
+pub mod encoder;
 pub mod files;
 pub mod gelu;
 pub mod model;
@@ -12,6 +13,7 @@ pub mod npy;
 pub mod pool;
 pub mod texts;
 pub mod tokenizer;
+pub mod window;
 pub mod wordpiece;
 
 use std::path::PathBuf;

@@ -196,6 +196,27 @@ impl EmbeddingModel {
         Ok(h.finalize().to_hex()[..16].to_string())
     }
 
+    /// A string that changes whenever the tokenizer's output for a chunk would: the bytes of
+    /// tokenizer.json, the length limit and the passage prompt. Two models with the same one
+    /// make the same token ids (and the same chunks).
+    pub fn tokenizer_fingerprint(&self) -> Result<String, EmbedError> {
+        let bytes = std::fs::read(&self.files.tokenizer).map_err(|e| EmbedError::ModelFile {
+            path: self.files.tokenizer.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut h = blake3::Hasher::new();
+        h.update(&bytes);
+        h.update(
+            format!(
+                "|{}|{:?}",
+                self.tokenizer.max_len(),
+                self.tokenizer.passage_prompt_ids()
+            )
+            .as_bytes(),
+        );
+        Ok(h.finalize().to_hex()[..16].to_string())
+    }
+
     /// Embed sequences of content token ids (no special tokens), each preceded by the
     /// `prompt` ids (a query or passage prompt, or nothing). Each sequence plus the prompt
     /// must fit in `tokenizer.max_content_len()`. Returns one vector per sequence.

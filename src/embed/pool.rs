@@ -1,18 +1,18 @@
-//! The embedder pool: one thread per device, each owning its model. Chunks from many
-//! documents are gathered from the embed queue, sorted by length and cut into batches by a
-//! token budget; a short maximum wait lets a trickle of chunks still flow.
+//! The embedder pool: one thread per device, each owning its encoder. Chunks from many
+//! documents are gathered from the embed queue into a window, which [`window::embed_window`]
+//! sorts by length and cuts into batches by a token budget; a short maximum wait lets a
+//! trickle of chunks still flow.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::model::EmbeddingModel;
-use crate::document::{Document, InputKey};
+use super::encoder::Encoder;
+use super::window::{self, Outcome, Recent, WindowItem};
+use crate::document::Document;
 use crate::event::Event;
 use crate::queue::{push_until_stopped, Delivery, Queue, POLL};
-use crate::run::signal::RunSignal;
-use crate::run::stats::RunStats;
+use crate::signal::RunSignal;
+use crate::stats::RunStats;
 
 /// Padded tokens per forward pass, at most (`--batch-tokens`). 2,048 measured best on a
 /// 2-core CPU (PERF-NOTES); GPUs want far more.
@@ -33,9 +33,9 @@ pub struct BatchPolicy {
     pub max_wait: Duration,
 }
 
-/// One embedder: a model on a device.
+/// One embedder: an encoder on a device.
 pub struct Embedder {
-    pub model: EmbeddingModel,
+    pub encoder: Box<dyn Encoder>,
     pub label: String,
     pub policy: BatchPolicy,
 }
@@ -59,20 +59,20 @@ impl EmbedderPool {
     }
 }
 
+/// The queues an embedder thread reads and writes.
+pub struct EmbedQueues {
+    pub input: Arc<dyn Queue<Document>>,
+    /// Embedded chunks go on to the indexers.
+    pub output: Arc<dyn Queue<Document>>,
+    /// Chunks that cannot be embedded end here (FAIL).
+    pub events: Arc<dyn Queue<Event>>,
+}
+
 impl Embedder {
     /// Runs until the run stops.
-    pub fn run(
-        self,
-        input: Arc<dyn Queue<Document>>,
-        output: Arc<dyn Queue<Document>>,
-        events: Arc<dyn Queue<Event>>,
-        signal: Arc<RunSignal>,
-        stats: Arc<RunStats>,
-    ) {
+    pub fn run(self, queues: EmbedQueues, signal: Arc<RunSignal>, stats: Arc<RunStats>) {
         let window_tokens = self.policy.batch_tokens * WINDOW_BATCHES;
         let mut recent = Recent::new(RECENT_VECTORS);
-        let limit = self.model.tokenizer.max_content_len();
-        let prompt = self.model.tokenizer.passage_prompt_ids().to_vec();
         let mut window: Vec<Delivery<Document>> = Vec::new();
         while !signal.is_stopped() {
             // Gather: until the window is full, or the first chunk has waited max_wait.
@@ -89,7 +89,7 @@ impl Embedder {
                     }
                     None => POLL,
                 };
-                match input.pop(wait) {
+                match queues.input.pop(wait) {
                     Ok(Some(d)) => {
                         tokens += token_len(&d.item) + 2;
                         window.push(d);
@@ -106,165 +106,82 @@ impl Embedder {
             if window.is_empty() {
                 continue;
             }
-            if !self.embed_window(
-                &mut window,
-                &mut recent,
-                &prompt,
-                limit,
-                &output,
-                &events,
-                &signal,
-                &stats,
-                &input,
-            ) {
+            if !self.embed(&mut window, &mut recent, &queues, &signal, &stats) {
                 return;
             }
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn embed_window(
+    /// Embed a window and pass every chunk on (or fail it), acknowledging each after.
+    fn embed(
         &self,
         window: &mut Vec<Delivery<Document>>,
         recent: &mut Recent,
-        prompt: &[u32],
-        limit: usize,
-        output: &Arc<dyn Queue<Document>>,
-        events: &Arc<dyn Queue<Event>>,
+        queues: &EmbedQueues,
         signal: &RunSignal,
         stats: &RunStats,
-        input: &Arc<dyn Queue<Document>>,
     ) -> bool {
-        let mut items: Vec<Option<Delivery<Document>>> = window.drain(..).map(Some).collect();
-        // A chunk over the model's limit cannot be embedded: fail it, with the fix.
-        let room = limit.saturating_sub(prompt.len());
-        for slot in items.iter_mut() {
-            let n = slot.as_ref().map_or(0, |d| token_len(&d.item));
-            if n > room {
-                let d = slot.take().expect("just checked");
-                let reason = format!(
-                    "chunk of {n} tokens exceeds the model's limit of {room}; lower \
-                     --chunk-tokens (this is a chunker bug if it produced the chunk)"
-                );
-                if !self.finish(d, Err(reason), output, events, signal, input) {
-                    return false;
-                }
-            }
-        }
-        // Identical inputs are embedded once: one embedded shortly before takes the vector
-        // remembered; of several in this window, the first is embedded and the others copy it.
-        let mut seen: HashSet<InputKey> = HashSet::new();
-        let mut copies: Vec<(Delivery<Document>, InputKey)> = Vec::new();
-        for slot in items.iter_mut() {
-            let Some(key) = slot.as_ref().and_then(|d| input_key(&d.item)) else {
-                continue;
-            };
-            if let Some(vector) = recent.get(&key) {
-                let mut d = slot.take().expect("just checked");
-                set_vector(&mut d.item, vector.to_vec());
-                stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
-                if !self.finish(d, Ok(()), output, events, signal, input) {
-                    return false;
-                }
-            } else if !seen.insert(key) {
-                copies.push((slot.take().expect("just checked"), key));
-            }
-        }
-        // What the copies take, kept here rather than in `recent`, which may forget a vector
-        // before the window ends when a window holds more than its capacity.
-        let copied: HashSet<InputKey> = copies.iter().map(|(_, k)| *k).collect();
-        let mut originals: HashMap<InputKey, Result<Vec<f32>, String>> = HashMap::new();
-        let lengths: Vec<usize> = items
-            .iter()
+        let mut slots: Vec<Option<Delivery<Document>>> = window.drain(..).map(Some).collect();
+        let ids: Vec<Vec<u32>> = slots
+            .iter_mut()
             .map(|d| {
-                d.as_ref()
-                    .map_or(0, |d| token_len(&d.item) + prompt.len() + 2)
+                d.as_mut()
+                    .and_then(|d| d.item.chunk.as_mut())
+                    .map_or_else(Vec::new, |c| std::mem::take(&mut c.token_ids))
             })
             .collect();
-        for plan in self.model.plan_batches(&lengths, self.policy.batch_tokens) {
-            let plan: Vec<usize> = plan.into_iter().filter(|&i| items[i].is_some()).collect();
-            if plan.is_empty() {
-                continue;
-            }
-            let seqs: Vec<&[u32]> = plan
-                .iter()
-                .map(|&i| token_ids(&items[i].as_ref().expect("filtered").item))
-                .collect();
-            let result = self.model.embed_ids(&seqs, prompt);
-            let real: usize = plan.iter().map(|&i| lengths[i]).sum();
-            stats.add_batch(
-                plan.len() as u64,
-                real as u64,
-                self.model.computed_tokens(&lengths, &plan) as u64,
-            );
-            match result {
-                Ok(vectors) => {
-                    for (&i, vector) in plan.iter().zip(vectors) {
-                        let mut d = items[i].take().expect("filtered");
-                        if let Some(key) = input_key(&d.item) {
-                            recent.insert(key, &vector);
-                            if copied.contains(&key) {
-                                originals.insert(key, Ok(vector.clone()));
-                            }
-                        }
-                        set_vector(&mut d.item, vector);
-                        if !self.finish(d, Ok(()), output, events, signal, input) {
-                            return false;
-                        }
-                    }
-                }
-                Err(err) => {
-                    let reason = format!("embedding on {} failed: {err}", self.label);
-                    for &i in &plan {
-                        let d = items[i].take().expect("filtered");
-                        if let Some(key) = input_key(&d.item).filter(|k| copied.contains(k)) {
-                            originals.insert(key, Err(reason.clone()));
-                        }
-                        if !self.finish(d, Err(reason.clone()), output, events, signal, input) {
-                            return false;
-                        }
-                    }
-                }
-            }
-        }
-        for (mut d, key) in copies {
-            let result = match originals.get(&key) {
-                Some(Ok(vector)) => {
-                    set_vector(&mut d.item, vector.clone());
-                    stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
-                    Ok(())
-                }
-                Some(Err(reason)) => Err(reason.clone()),
-                None => unreachable!("every copy's original was embedded or failed: a bug"),
-            };
-            if !self.finish(d, result, output, events, signal, input) {
-                return false;
-            }
-        }
-        true
+        let items: Vec<WindowItem<'_>> = slots
+            .iter()
+            .zip(&ids)
+            .map(|(d, ids)| WindowItem {
+                ids,
+                key: d
+                    .as_ref()
+                    .and_then(|d| d.item.chunk.as_ref())
+                    .and_then(|c| c.input_key),
+            })
+            .collect();
+        let mut sink = |i: usize, outcome: Outcome| -> bool {
+            let d = slots[i].take().expect("one outcome per chunk");
+            self.finish(d, outcome, queues, signal)
+        };
+        window::embed_window(
+            self.encoder.as_ref(),
+            &items,
+            self.policy.batch_tokens,
+            recent,
+            stats,
+            &self.label,
+            &mut sink,
+        )
     }
 
     /// Pass an embedded chunk on (or fail it), then acknowledge it.
     fn finish(
         &self,
-        d: Delivery<Document>,
-        result: Result<(), String>,
-        output: &Arc<dyn Queue<Document>>,
-        events: &Arc<dyn Queue<Event>>,
+        mut d: Delivery<Document>,
+        outcome: Outcome,
+        queues: &EmbedQueues,
         signal: &RunSignal,
-        input: &Arc<dyn Queue<Document>>,
     ) -> bool {
         let tag = d.tag;
-        let pushed = match result {
-            Ok(()) => push_until_stopped(output, d.item, signal),
-            Err(reason) => {
-                push_until_stopped(events, Event::fail(&d.item, "embed", reason), signal)
+        let pushed = match outcome {
+            Outcome::Embedded(vector) | Outcome::Reused(vector) => {
+                if let Some(chunk) = d.item.chunk.as_mut() {
+                    chunk.vector = Some(vector);
+                }
+                push_until_stopped(&queues.output, d.item, signal)
             }
+            Outcome::Failed(reason) => push_until_stopped(
+                &queues.events,
+                Event::fail(&d.item, "embed", reason),
+                signal,
+            ),
         };
         if pushed.is_err() {
             return false;
         }
-        if let Err(err) = input.ack(tag) {
+        if let Err(err) = queues.input.ack(tag) {
             signal.abort(format!("embedder {}: {err}", self.label));
             return false;
         }
@@ -272,55 +189,6 @@ impl Embedder {
     }
 }
 
-fn input_key(doc: &Document) -> Option<InputKey> {
-    doc.chunk.as_ref().and_then(|c| c.input_key)
-}
-
-fn set_vector(doc: &mut Document, vector: Vec<f32>) {
-    if let Some(chunk) = doc.chunk.as_mut() {
-        chunk.vector = Some(vector);
-        chunk.token_ids = Vec::new();
-    }
-}
-
-/// The last vectors embedded, by input key; the oldest go first.
-struct Recent {
-    capacity: usize,
-    vectors: HashMap<InputKey, Vec<f32>>,
-    order: VecDeque<InputKey>,
-}
-
-impl Recent {
-    fn new(capacity: usize) -> Self {
-        Recent {
-            capacity,
-            vectors: HashMap::new(),
-            order: VecDeque::new(),
-        }
-    }
-
-    fn get(&self, key: &InputKey) -> Option<&[f32]> {
-        self.vectors.get(key).map(Vec::as_slice)
-    }
-
-    fn insert(&mut self, key: InputKey, vector: &[f32]) {
-        if self.capacity == 0 || self.vectors.contains_key(&key) {
-            return;
-        }
-        if self.order.len() == self.capacity {
-            if let Some(old) = self.order.pop_front() {
-                self.vectors.remove(&old);
-            }
-        }
-        self.order.push_back(key);
-        self.vectors.insert(key, vector.to_vec());
-    }
-}
-
-fn token_ids(doc: &Document) -> &[u32] {
-    doc.chunk.as_ref().map_or(&[], |c| c.token_ids.as_slice())
-}
-
 fn token_len(doc: &Document) -> usize {
-    token_ids(doc).len()
+    doc.chunk.as_ref().map_or(0, |c| c.token_ids.len())
 }

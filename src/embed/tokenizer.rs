@@ -34,11 +34,12 @@ pub struct TextTokenizer {
     passage_prompt: Vec<u32>,
 }
 
-/// Token ids of a text with the byte range each came from.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Tokens {
-    pub ids: Vec<u32>,
-    pub offsets: Vec<(usize, usize)>,
+pub use crate::tokens::Tokens;
+
+impl crate::tokens::Tokenize for TextTokenizer {
+    fn tokenize(&self, text: &str) -> Result<Tokens, String> {
+        TextTokenizer::tokenize(self, text).map_err(|e| e.to_string())
+    }
 }
 
 impl TextTokenizer {

@@ -8,7 +8,7 @@ use super::{Backend, ItemError};
 use crate::document::Document;
 use crate::event::{Event, EventKind};
 use crate::queue::{push_until_stopped, Delivery, Queue, POLL};
-use crate::run::signal::RunSignal;
+use crate::signal::RunSignal;
 
 /// Items per bulk write, at most.
 pub const DEFAULT_MAX_ITEMS: usize = 1024;

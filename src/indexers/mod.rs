@@ -17,7 +17,8 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-use crate::document::{Document, InputKey};
+use crate::document::Document;
+pub use crate::lifecycle::{KnownDocument, StoredVectors};
 pub use batch::{BatchConfig, Indexer};
 pub use uri::IndexUri;
 
@@ -62,20 +63,6 @@ pub enum BackendError {
     Invalid(String),
     #[error("index error: {0}")]
     Io(String),
-}
-
-/// What the index already holds about a document, for incremental runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KnownDocument {
-    pub content_hash: String,
-    pub fingerprint: String,
-}
-
-/// The vectors an index already holds, looked up by the model input they were computed from
-/// ([`crate::document::Chunk::input_key_of`]). One per worker.
-pub trait StoredVectors: Send {
-    /// The vector of an identical input, if the index holds one.
-    fn vector_for(&mut self, key: &InputKey) -> Result<Option<Vec<f32>>, BackendError>;
 }
 
 /// One indexer thread's connection to the backend.

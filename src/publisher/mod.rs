@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::document::{Document, RunId};
 use crate::event::{Event, EventKind};
 use crate::queue::{push_until_stopped, Queue, Stopped, POLL};
-use crate::run::signal::RunSignal;
+use crate::signal::RunSignal;
 pub use tracker::{Applied, Counts, Outcome, RunTracker};
 
 /// The publishing side, shared by connectors (cheap to clone).

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::run::signal::RunSignal;
+use crate::signal::RunSignal;
 
 /// Identifies one delivery, for [`Queue::ack`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -5,9 +5,9 @@
 //! publisher's event loop runs on the calling thread and decides when the run is complete;
 //! then every thread is told to stop and joined.
 
+pub mod enrich;
 pub mod progress;
-pub mod signal;
-pub mod stats;
+
 pub mod summary;
 pub mod worker;
 
@@ -19,16 +19,16 @@ use thiserror::Error;
 
 use crate::connectors::Connector;
 use crate::document::{Document, RunId};
-use crate::embed::pool::EmbedderPool;
+use crate::embed::pool::{EmbedQueues, EmbedderPool};
 use crate::event::Event;
 use crate::indexers::{BackendError, BackendFactory, BatchConfig, Indexer};
 use crate::publisher::Publisher;
 use crate::queue::memory::MemoryQueue;
 use crate::queue::Queue;
+use crate::signal::RunSignal;
 use crate::stages::{PipelineFactory, StageError};
+pub use crate::stats::RunStats;
 pub use progress::{Observer, Snapshot};
-use signal::RunSignal;
-pub use stats::RunStats;
 pub use summary::RunSummary;
 use worker::Routes;
 
@@ -163,11 +163,14 @@ pub fn execute(
         }
         if let (Some(pool), Some(embed)) = (parts.embedder, &embed) {
             for (i, embedder) in pool.into_embedders().into_iter().enumerate() {
-                let (input, output) = (Arc::clone(embed), Arc::clone(&index));
-                let (events, sig, stats) =
-                    (Arc::clone(&events), Arc::clone(&signal), Arc::clone(&stats));
+                let queues = EmbedQueues {
+                    input: Arc::clone(embed),
+                    output: Arc::clone(&index),
+                    events: Arc::clone(&events),
+                };
+                let (sig, stats) = (Arc::clone(&signal), Arc::clone(&stats));
                 spawn_guarded(scope, &format!("embedder-{i}"), &signal, move || {
-                    embedder.run(input, output, events, sig, stats)
+                    embedder.run(queues, sig, stats)
                 });
             }
         }

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::stats::RunStats;
 use crate::publisher::Counts;
+use crate::stats::RunStats;
 
 /// A moment of a run.
 pub struct Snapshot<'a> {

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::stats::RunStats;
 use crate::document::RunId;
 use crate::publisher::{Counts, Outcome};
+use crate::stats::RunStats;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct RunSummary {
@@ -32,6 +32,9 @@ pub struct RunSummary {
     pub missing_from_source: Vec<String>,
     /// Of those, how many were deleted (`--prune`).
     pub pruned: u64,
+    /// What else the run has to say (a migration switched, a stage is paused...).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// The ids published, when the run tracked them.
     #[serde(skip)]
     pub published_ids: Option<std::collections::HashSet<String>>,
@@ -68,6 +71,7 @@ impl RunSummary {
             dropped,
             missing_from_source: Vec::new(),
             pruned: 0,
+            notes: Vec::new(),
             published_ids: None,
         }
     }

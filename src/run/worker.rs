@@ -8,9 +8,9 @@ use std::sync::Arc;
 use crate::document::Document;
 use crate::event::Event;
 use crate::queue::{push_until_stopped, Queue, Stopped, POLL};
-use crate::run::signal::RunSignal;
-use crate::run::stats::RunStats;
+use crate::signal::RunSignal;
 use crate::stages::{Pipeline, PipelineOutput};
+use crate::stats::RunStats;
 
 /// The queues a worker writes to.
 #[derive(Clone)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::{Stage, StageError};
 use crate::document::Document;
-use crate::indexers::KnownDocument;
+use crate::lifecycle::KnownDocument;
 
 pub struct Incremental {
     known: Arc<HashMap<String, KnownDocument>>,

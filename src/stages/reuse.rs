@@ -8,7 +8,7 @@
 
 use super::{Stage, StageError};
 use crate::document::Document;
-use crate::indexers::StoredVectors;
+use crate::lifecycle::StoredVectors;
 
 pub struct ReuseVectors {
     store: Box<dyn StoredVectors>,
@@ -62,11 +62,11 @@ mod tests {
 
     use super::*;
     use crate::document::{Chunk, InputKey};
-    use crate::indexers::BackendError;
+    use crate::lifecycle::StoreError;
 
     struct Stored(HashMap<InputKey, Vec<f32>>, usize);
     impl StoredVectors for Stored {
-        fn vector_for(&mut self, key: &InputKey) -> Result<Option<Vec<f32>>, BackendError> {
+        fn vector_for(&mut self, key: &InputKey) -> Result<Option<Vec<f32>>, StoreError> {
             self.1 += 1;
             Ok(self.0.get(key).cloned())
         }

@@ -1,32 +1,51 @@
 //! `sqlite://PATH`: the embedded default. One SQLite file (WAL mode, so readers work while an
-//! ingest writes) with documents, chunks, vectors (sqlite-vec) and a full-text index (FTS5).
+//! ingest writes) with documents, chunks, vectors (sqlite-vec, a table per vector set), a
+//! full-text index (FTS5), and the enrichment lifecycle: the file is also the durable work
+//! queue of `ragline enrich`.
 //!
-//! Writes are idempotent upserts keyed by the document id and the chunk id (`parent#ordinal`);
-//! each indexer batch is one transaction, each item a savepoint in it, so one bad item fails
-//! alone. When a document is re-chunked into fewer chunks, its surplus chunks are deleted in
-//! the transaction that writes the document.
+//! - `schema.rs`: tables and migrations. `sets.rs`: vector sets (model migration).
+//! - `write.rs`: the indexer's bulk upserts. `settle.rs`: lifecycle rows from what the rows say.
+//! - `queue.rs`: the leased work queue (`LifecycleStore`, `EnrichStore`).
+//! - `admin.rs`: status, dead letters, pause/resume, promotion, backfill set-up.
+//! - `reader.rs`: read-only queries for search.
 
+mod admin;
+mod queue;
 mod reader;
 pub mod schema;
+pub mod sets;
+mod settle;
+mod write;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 use std::time::Duration;
 
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Transaction};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
+pub use admin::{
+    BackfillProgress, DeadLetter, DocumentLifecycle, StageCounts, StatusReport, VectorSetStatus,
+};
+pub use queue::SqliteStore;
 pub use reader::{ChunkRow, IndexMeta, SqliteReader};
+pub use sets::{SetState, VectorSet};
 
-use super::{Backend, BackendError, BackendFactory, ItemError, KnownDocument, StoredVectors};
-use crate::document::{Document, InputKey};
+use super::{Backend, BackendError, BackendFactory, KnownDocument, StoredVectors};
+use crate::document::InputKey;
+use crate::lifecycle::{Priority, StoreError};
+use write::SqliteBackend;
 
 /// What a run writes into the index: the model whose vectors it adds, and the fingerprint of
-/// the pipeline (chunker settings and model) its documents are made with.
+/// the chunker (settings and tokenizer) its documents are cut with.
 #[derive(Clone, Debug)]
 pub struct IndexIdentity {
     pub model: Option<ModelIdentity>,
     pub pipeline_fingerprint: String,
+    /// The run leaves embedding to `ragline enrich`: a document counts as already indexed
+    /// when its chunks are there, embedded or not. (A run that embeds redoes a document
+    /// whose vectors are missing.)
+    pub defer_embed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,10 +56,13 @@ pub struct ModelIdentity {
     pub dir: String,
     pub fingerprint: String,
     pub dimension: usize,
+    /// The fingerprint of its tokenizer: chunk token ids can be reused by a model with the
+    /// same one.
+    pub tokenizer: Option<String>,
 }
 
 /// How long a writer waits for another writer's lock.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Register sqlite-vec with every connection this process opens.
 pub fn register_sqlite_vec() {
@@ -76,7 +98,6 @@ impl SqliteFactory {
             path: path.to_path_buf(),
             source: std::io::Error::other(e.to_string()),
         })?;
-        let io = |e: rusqlite::Error| index_error(path, e);
         let setup = || -> rusqlite::Result<()> {
             conn.busy_timeout(BUSY_TIMEOUT)?;
             // Larger pages suit rows of 1.5 KB vectors and chunk text: 16 KiB pages write
@@ -85,36 +106,25 @@ impl SqliteFactory {
             conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.pragma_update(None, "synchronous", "NORMAL")?;
             let tx = conn.unchecked_transaction()?;
-            let version: i64 = tx
-                .query_row(
-                    "SELECT value FROM meta WHERE key = 'schema_version'",
-                    [],
-                    |r| r.get::<_, String>(0),
-                )
-                .optional()
-                .or_else(|e| match e {
-                    rusqlite::Error::SqliteFailure(_, Some(ref m))
-                        if m.contains("no such table") =>
-                    {
-                        Ok(None)
-                    }
-                    e => Err(e),
-                })?
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            schema::migrate(&tx, version)?;
+            upgrade(&tx)?;
             if let Some(model) = &identity.model {
-                schema::create_vectors(&tx, model.dimension)?;
-                for (k, v) in [
-                    ("model", model.name.clone()),
-                    ("model_dir", model.dir.clone()),
-                    ("model_fingerprint", model.fingerprint.clone()),
-                    ("dimension", model.dimension.to_string()),
-                ] {
+                match sets::active(&tx)? {
+                    None => {
+                        sets::create(&tx, model, SetState::Active)?;
+                    }
+                    Some(set) if set.tokenizer.is_none() => {
+                        tx.execute(
+                            "UPDATE vector_sets SET tokenizer = ?2 WHERE id = ?1",
+                            params![set.id, model.tokenizer],
+                        )?;
+                    }
+                    Some(_) => {}
+                }
+                if let Some(t) = &model.tokenizer {
                     tx.execute(
-                        "INSERT INTO meta(key, value) VALUES (?1, ?2)
+                        "INSERT INTO meta(key, value) VALUES ('chunk_tokenizer', ?1)
                          ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                        params![k, v],
+                        [t],
                     )?;
                 }
             }
@@ -128,7 +138,7 @@ impl SqliteFactory {
                     source: std::io::Error::other(msg),
                 }
             } else {
-                io(e)
+                index_error(path, e)
             }
         })?;
         Ok(SqliteFactory {
@@ -154,31 +164,110 @@ impl SqliteFactory {
         Ok(ids)
     }
 
-    /// Delete documents and all their chunks, in one transaction. Returns how many went.
+    /// Delete documents with all their chunks, vectors and queue entries, in one
+    /// transaction. Returns how many went.
     pub fn delete(&self, ids: &[String]) -> Result<usize, BackendError> {
         let mut conn = self.connection()?;
-        let mut run = || -> rusqlite::Result<usize> {
+        write::delete_documents(&mut conn, ids).map_err(|e| index_error(&self.path, e))
+    }
+
+    /// Drop the vector sets a finished migration retired; the models dropped.
+    pub fn drop_retired_sets(&self) -> Result<Vec<String>, BackendError> {
+        let mut conn = self.connection()?;
+        let mut run = || -> rusqlite::Result<Vec<String>> {
             let tx = conn.transaction()?;
-            let mut n = 0;
-            for id in ids {
-                delete_chunks_from(&tx, id, 0)?;
-                n += tx.execute("DELETE FROM documents WHERE id = ?1", [id])?;
-            }
+            let dropped = sets::drop_retired(&tx)?;
             tx.commit()?;
-            Ok(n)
+            Ok(dropped)
         };
         run().map_err(|e| index_error(&self.path, e))
     }
 
     fn connection(&self) -> Result<Connection, BackendError> {
-        let conn = Connection::open(&self.path).map_err(|e| index_error(&self.path, e))?;
-        conn.busy_timeout(BUSY_TIMEOUT)
-            .and_then(|()| conn.pragma_update(None, "synchronous", "NORMAL"))
-            // 64 MiB of page cache: the B-tree pages a bulk write touches stay in memory.
-            .and_then(|()| conn.pragma_update(None, "cache_size", -65536))
-            .map_err(|e| index_error(&self.path, e))?;
-        Ok(conn)
+        connect(&self.path).map_err(|e| index_error(&self.path, e))
     }
+}
+
+/// A read-write connection with the settings every writer uses.
+pub(crate) fn connect(path: &Path) -> rusqlite::Result<Connection> {
+    register_sqlite_vec();
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // 64 MiB of page cache: the B-tree pages a bulk write touches stay in memory.
+    conn.pragma_update(None, "cache_size", -65536)?;
+    Ok(conn)
+}
+
+/// Bring the schema to the current version, in the caller's transaction. Version 3's data
+/// steps: the vectors an older index holds become its first (active) vector set, and every
+/// document gets its lifecycle rows from what the index holds.
+fn upgrade(tx: &Connection) -> rusqlite::Result<()> {
+    let version: i64 = tx
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get::<_, String>(0),
+        )
+        .optional()
+        .or_else(|e| match e {
+            rusqlite::Error::SqliteFailure(_, Some(ref m)) if m.contains("no such table") => {
+                Ok(None)
+            }
+            e => Err(e),
+        })?
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if version >= schema::SCHEMA_VERSION {
+        return Ok(());
+    }
+    schema::migrate(tx, version)?;
+    if version == 0 {
+        return Ok(());
+    }
+    if version < 3 {
+        let meta: HashMap<String, String> = tx
+            .prepare("SELECT key, value FROM meta")?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        let has_vectors = tx
+            .prepare("SELECT 1 FROM sqlite_master WHERE name = 'chunk_vectors'")?
+            .exists([])?;
+        if let (true, Some(model), Some(dim)) = (
+            has_vectors,
+            meta.get("model"),
+            meta.get("dimension").and_then(|d| d.parse::<i64>().ok()),
+        ) {
+            tx.execute(
+                "INSERT INTO vector_sets(id, model, model_dir, fingerprint, tokenizer,
+                                         dimension, vec_table, state, created_at)
+                 VALUES (1, ?1, ?2, ?3, NULL, ?4, 'chunk_vectors', 'active', ?5)",
+                params![
+                    model,
+                    meta.get("model_dir").cloned().unwrap_or_default(),
+                    meta.get("model_fingerprint").cloned().unwrap_or_default(),
+                    dim,
+                    crate::lifecycle::now_ms()
+                ],
+            )?;
+            tx.execute(
+                "UPDATE chunks SET embedded = 2 WHERE rowid IN (SELECT rowid FROM chunk_vectors)",
+                [],
+            )?;
+        }
+        let all = sets::all(tx)?;
+        let ids: Vec<String> = tx
+            .prepare("SELECT id FROM documents")?
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        for id in ids {
+            settle::settle(tx, &id, &all, Priority::Fresh)?;
+        }
+    }
+    Ok(())
 }
 
 fn check_model(
@@ -196,19 +285,25 @@ fn check_model(
         return Err(BackendError::Invalid(format!(
             "index `{}` holds vectors of model `{have}` ({dim} dimensions, fingerprint {}); \
              this run embeds with `{}` ({} dimensions, fingerprint {}). Vectors of two models \
-             cannot be searched together: use another --index, or --model {have}",
+             cannot be searched together: use another --index, or --model {have}, or move \
+             the index to the new model with `ragline backfill --stage embed --model {}`",
             path.display(),
             meta.model_fingerprint.as_deref().unwrap_or("?"),
             model.name,
             model.dimension,
-            model.fingerprint
+            model.fingerprint,
+            model.name
         )));
     }
     Ok(())
 }
 
-fn index_error(path: &Path, e: rusqlite::Error) -> BackendError {
+pub(crate) fn index_error(path: &Path, e: rusqlite::Error) -> BackendError {
     BackendError::Io(format!("{}: {e}", path.display()))
+}
+
+pub(crate) fn store_error(path: &Path, e: rusqlite::Error) -> StoreError {
+    StoreError::Io(format!("{}: {e}", path.display()))
 }
 
 impl BackendFactory for SqliteFactory {
@@ -217,13 +312,10 @@ impl BackendFactory for SqliteFactory {
     }
 
     fn connect(&self) -> Result<Box<dyn Backend>, BackendError> {
-        let conn = self.connection()?;
-        let dimension = self.identity.model.as_ref().map(|m| m.dimension);
         Ok(Box::new(SqliteBackend {
-            conn,
+            conn: self.connection()?,
             path: self.path.clone(),
             fingerprint: self.identity.pipeline_fingerprint.clone(),
-            dimension,
         }))
     }
 
@@ -232,36 +324,48 @@ impl BackendFactory for SqliteFactory {
     }
 
     fn stored_vectors(&self) -> Result<Option<Box<dyn StoredVectors>>, BackendError> {
-        let Some(model) = &self.identity.model else {
+        if self.identity.model.is_none() {
             return Ok(None);
-        };
+        }
         let conn = Connection::open_with_flags(&self.path, read_only_flags())
             .map_err(|e| index_error(&self.path, e))?;
-        Ok(Some(Box::new(SqliteVectors {
-            conn,
-            path: self.path.clone(),
-            dimension: model.dimension,
-        })))
+        let active = sets::active(&conn).map_err(|e| index_error(&self.path, e))?;
+        Ok(active.map(|set| {
+            Box::new(SqliteVectors {
+                conn,
+                path: self.path.clone(),
+                set,
+            }) as Box<dyn StoredVectors>
+        }))
     }
 
     fn delete_documents(&self, ids: &[String]) -> Result<usize, BackendError> {
         self.delete(ids)
     }
 
+    /// Documents whose chunks of their current version are all there (and, unless the run
+    /// defers embedding, all embedded in the active set).
     fn known_documents(&self) -> Result<HashMap<String, KnownDocument>, BackendError> {
         let conn = self.connection()?;
+        let active = sets::active(&conn).map_err(|e| index_error(&self.path, e))?;
+        let embedded_in = match (&active, self.identity.defer_embed) {
+            (Some(set), false) => set.id,
+            _ => -1,
+        };
         let mut stmt = conn
             .prepare(
                 "SELECT d.id, d.content_hash, d.fingerprint
                  FROM documents d
-                 LEFT JOIN (SELECT document_id, version, COUNT(*) AS n
-                            FROM chunks GROUP BY document_id, version) c
-                   ON c.document_id = d.id AND c.version = d.version
-                 WHERE d.chunk_count = COALESCE(c.n, 0)",
+                 JOIN enrichment c ON c.document_id = d.id AND c.stage = 'chunk'
+                      AND c.status = 'done' AND c.input_version = d.version
+                 WHERE ?1 < 0 OR EXISTS (
+                     SELECT 1 FROM enrichment e
+                     WHERE e.document_id = d.id AND e.stage = 'embed' AND e.vector_set = ?1
+                       AND e.status = 'done' AND e.input_version = d.version)",
             )
             .map_err(|e| index_error(&self.path, e))?;
         let rows = stmt
-            .query_map([], |r| {
+            .query_map([embedded_in], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     KnownDocument {
@@ -276,37 +380,19 @@ impl BackendFactory for SqliteFactory {
     }
 }
 
-/// Vectors by input key, read through a read-only connection of its own (WAL: it never waits
-/// for the indexers).
+/// Vectors of the active set by input key, read through a read-only connection of its own
+/// (WAL: it never waits for the indexers). Old versions of chunks kept for search count: a
+/// vector depends only on the model input.
 struct SqliteVectors {
     conn: Connection,
     path: PathBuf,
-    dimension: usize,
+    set: VectorSet,
 }
 
 impl StoredVectors for SqliteVectors {
-    fn vector_for(&mut self, key: &InputKey) -> Result<Option<Vec<f32>>, BackendError> {
-        let bytes: Option<Vec<u8>> = self
-            .conn
-            .prepare_cached(
-                "SELECT v.embedding FROM chunks c JOIN chunk_vectors v ON v.rowid = c.rowid
-                 WHERE c.input_key = ?1 LIMIT 1",
-            )
-            .and_then(|mut s| s.query_row([key.as_slice()], |r| r.get(0)).optional())
-            .map_err(|e| index_error(&self.path, e))?;
-        Ok(bytes.filter(|b| b.len() == self.dimension * 4).map(|b| {
-            b.chunks_exact(4)
-                .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-                .collect()
-        }))
+    fn vector_for(&mut self, key: &InputKey) -> Result<Option<Vec<f32>>, StoreError> {
+        queue::stored_vector(&self.conn, &self.set, key).map_err(|e| store_error(&self.path, e))
     }
-}
-
-struct SqliteBackend {
-    conn: Connection,
-    path: PathBuf,
-    fingerprint: String,
-    dimension: Option<usize>,
 }
 
 /// The version stamp shared by a document and the chunks made from that content with that
@@ -316,218 +402,25 @@ fn version(content_hash: Option<&str>, fingerprint: &str) -> String {
     blake3::hash(text.as_bytes()).to_hex()[..16].to_string()
 }
 
-impl Backend for SqliteBackend {
-    /// The whole batch in one transaction. Items the index cannot take (no vector, a wrong
-    /// dimension) are refused before any write; if SQLite itself fails on an item, the batch
-    /// is rolled back and written again with each item in its own savepoint, so only that
-    /// item fails.
-    fn write(&mut self, batch: &[Document]) -> Vec<Result<(), ItemError>> {
-        let mut results: Vec<Result<(), ItemError>> =
-            batch.iter().map(|d| check(d, self.dimension)).collect();
-        let fast = (|| -> rusqlite::Result<()> {
-            let tx = self
-                .conn
-                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            for (doc, r) in batch.iter().zip(&results) {
-                if r.is_ok() {
-                    write_one(&tx, doc, &self.fingerprint)?;
-                }
-            }
-            tx.commit()
-        })();
-        match fast {
-            Ok(()) => results,
-            Err(e) if is_busy(&e) => vec![Err(item_error(&e)); batch.len()],
-            Err(_) => {
-                self.write_one_by_one(batch, &mut results);
-                results
-            }
-        }
-    }
-
-    fn flush(&mut self) -> Result<(), BackendError> {
-        // Each batch is committed; fold the WAL into the main file so the index is compact
-        // for readers that come later.
-        self.conn
-            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-            .map_err(|e| index_error(&self.path, e))
-    }
+pub fn vector_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-impl SqliteBackend {
-    /// The slow path: each item in a savepoint, so a failing one fails alone.
-    fn write_one_by_one(&mut self, batch: &[Document], results: &mut [Result<(), ItemError>]) {
-        let mut run = || -> rusqlite::Result<()> {
-            let tx = self
-                .conn
-                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            for (doc, r) in batch.iter().zip(results.iter_mut()) {
-                if r.is_err() {
-                    continue;
-                }
-                tx.execute_batch("SAVEPOINT item")?;
-                match write_one(&tx, doc, &self.fingerprint) {
-                    Ok(()) => tx.execute_batch("RELEASE item")?,
-                    Err(e) => {
-                        tx.execute_batch("ROLLBACK TO item; RELEASE item")?;
-                        *r = Err(item_error(&e));
-                    }
-                }
-            }
-            tx.commit()
-        };
-        if let Err(e) = run() {
-            let err = item_error(&e);
-            results.iter_mut().for_each(|r| *r = Err(err.clone()));
-        }
-    }
+pub(crate) fn vector_from_bytes(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+        .collect()
 }
 
-fn is_busy(e: &rusqlite::Error) -> bool {
+pub(crate) fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
     )
 }
 
-/// What the index cannot take, whatever SQLite says: a chunk without a vector, or with a
-/// vector of another dimension.
-fn check(doc: &Document, dimension: Option<usize>) -> Result<(), ItemError> {
-    let Some(chunk) = doc.chunk.as_deref() else {
-        return Ok(());
-    };
-    if doc.unchanged {
-        return Ok(());
-    }
-    let Some(vector) = chunk.vector.as_deref() else {
-        return Err(ItemError::permanent(
-            "chunk has no vector: run with a model (not --no-chunk) to index chunks",
-        ));
-    };
-    match dimension {
-        Some(d) if d == vector.len() => Ok(()),
-        Some(d) => Err(ItemError::permanent(format!(
-            "vector of {} dimensions in an index of {d}",
-            vector.len()
-        ))),
-        None => Err(ItemError::permanent(
-            "this index was opened without a model; its vectors have no table",
-        )),
-    }
-}
-
-/// Write one document or chunk (already checked).
-fn write_one(tx: &Transaction<'_>, doc: &Document, fingerprint: &str) -> rusqlite::Result<()> {
-    if doc.unchanged {
-        return Ok(());
-    }
-    let version = version(doc.content_hash.as_deref(), fingerprint);
-    let Some(chunk) = doc.chunk.as_deref() else {
-        let metadata = serde_json::to_string(&doc.fields.metadata).unwrap_or_else(|_| "{}".into());
-        tx.prepare_cached(
-            "INSERT INTO documents(id, source, title, metadata, content_hash, fingerprint,
-                                   version, chunk_count, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, unixepoch())
-             ON CONFLICT(id) DO UPDATE SET
-                 source = excluded.source, title = excluded.title,
-                 metadata = excluded.metadata, content_hash = excluded.content_hash,
-                 fingerprint = excluded.fingerprint, version = excluded.version,
-                 chunk_count = excluded.chunk_count, updated_at = excluded.updated_at",
-        )?
-        .execute(params![
-            doc.id,
-            doc.fields.source,
-            doc.fields.title,
-            metadata,
-            doc.content_hash.as_deref().unwrap_or(""),
-            fingerprint,
-            version,
-            doc.children,
-        ])?;
-        // Chunks past the new count belong to an older version of the document.
-        delete_chunks_from(tx, &doc.id, doc.children)?;
-        return Ok(());
-    };
-    let vector = chunk.vector.as_deref().unwrap_or_default();
-    let parent = doc.parent_id.as_deref().unwrap_or("");
-    let heading_path = chunk.heading_path.join(" > ");
-    // An existing chunk is replaced under its rowid (so its vector and full-text entries are
-    // replaced too); a new one gets the next rowid. (Folding the lookup into the insert with
-    // `ON CONFLICT DO NOTHING RETURNING rowid` measured 45% slower.)
-    let existing: Option<i64> = tx
-        .prepare_cached("SELECT rowid FROM chunks WHERE id = ?1")?
-        .query_row([&doc.id], |r| r.get(0))
-        .optional()?;
-    if let Some(rowid) = existing {
-        unindex_chunk(tx, rowid)?;
-        tx.prepare_cached("DELETE FROM chunks WHERE rowid = ?1")?
-            .execute([rowid])?;
-    }
-    tx.prepare_cached(
-        "INSERT INTO chunks(rowid, id, document_id, ordinal, version, text, heading_path,
-                            start_byte, end_byte, token_count, input_key)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-    )?
-    .execute(params![
-        existing,
-        doc.id,
-        parent,
-        chunk.ordinal,
-        version,
-        doc.fields.text,
-        heading_path,
-        chunk.start as i64,
-        chunk.end as i64,
-        chunk.token_count,
-        chunk.input_key.as_ref().map(|k| k.as_slice()),
-    ])?;
-    let rowid = existing.unwrap_or_else(|| tx.last_insert_rowid());
-    tx.prepare_cached("INSERT INTO chunk_fts(rowid, text, heading_path) VALUES (?1, ?2, ?3)")?
-        .execute(params![rowid, doc.fields.text, heading_path])?;
-    tx.prepare_cached("INSERT INTO chunk_vectors(rowid, embedding) VALUES (?1, ?2)")?
-        .execute(params![rowid, vector_bytes(vector)])?;
-    Ok(())
-}
-
-/// Remove a chunk's entries from the full-text and vector indexes (the row stays).
-fn unindex_chunk(tx: &Connection, rowid: i64) -> rusqlite::Result<()> {
-    tx.prepare_cached(
-        "INSERT INTO chunk_fts(chunk_fts, rowid, text, heading_path)
-         SELECT 'delete', rowid, text, heading_path FROM chunks WHERE rowid = ?1",
-    )?
-    .execute([rowid])?;
-    if has_vectors(tx)? {
-        tx.prepare_cached("DELETE FROM chunk_vectors WHERE rowid = ?1")?
-            .execute([rowid])?;
-    }
-    Ok(())
-}
-
-fn has_vectors(conn: &Connection) -> rusqlite::Result<bool> {
-    conn.prepare_cached("SELECT 1 FROM sqlite_master WHERE name = 'chunk_vectors'")?
-        .exists([])
-}
-
-/// Delete a document's chunks with ordinal >= `from`, with their index entries.
-fn delete_chunks_from(tx: &Connection, document: &str, from: u32) -> rusqlite::Result<()> {
-    let rowids: Vec<i64> = tx
-        .prepare_cached("SELECT rowid FROM chunks WHERE document_id = ?1 AND ordinal >= ?2")?
-        .query_map(params![document, from], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    for rowid in rowids {
-        unindex_chunk(tx, rowid)?;
-        tx.prepare_cached("DELETE FROM chunks WHERE rowid = ?1")?
-            .execute([rowid])?;
-    }
-    Ok(())
-}
-
-pub fn vector_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn item_error(e: &rusqlite::Error) -> ItemError {
-    ItemError {
+pub(crate) fn item_error(e: &rusqlite::Error) -> super::ItemError {
+    super::ItemError {
         retryable: is_busy(e),
         message: format!("sqlite: {e}"),
     }

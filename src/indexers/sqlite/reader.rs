@@ -16,6 +16,10 @@ pub struct IndexMeta {
     pub model_dir: Option<String>,
     pub model_fingerprint: Option<String>,
     pub dimension: Option<usize>,
+    /// The vec0 table of the active vector set.
+    pub vec_table: String,
+    /// The active set's bit in `chunks.embedded` (schema 3 on).
+    pub active_bit: i64,
 }
 
 /// A chunk as stored, with its document's source and title.
@@ -30,6 +34,10 @@ pub struct ChunkRow {
     pub heading_path: String,
     pub ordinal: i64,
     pub text: String,
+    /// An old version of the chunk, served by vector search until its document's new
+    /// version has vectors (the new text is already in the keyword index).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub superseded: bool,
 }
 
 pub struct SqliteReader {
@@ -72,7 +80,11 @@ impl SqliteReader {
                 }
                 _ => not_index(e.to_string()),
             })?;
-        let mut meta = IndexMeta::default();
+        let mut meta = IndexMeta {
+            vec_table: "chunk_vectors".into(),
+            active_bit: 2,
+            ..IndexMeta::default()
+        };
         for (k, v) in rows {
             match k.as_str() {
                 "schema_version" => meta.schema_version = v.parse().unwrap_or(0),
@@ -92,6 +104,13 @@ impl SqliteReader {
                 SCHEMA_VERSION
             )));
         }
+        if meta.schema_version >= 3 {
+            if let Some(set) = super::sets::active(&conn).map_err(|e| not_index(e.to_string()))? {
+                meta.vec_table = set.vec_table.clone();
+                meta.active_bit = set.bit();
+                meta.dimension = Some(set.dimension);
+            }
+        }
         Ok(SqliteReader { conn, meta })
     }
 
@@ -103,7 +122,8 @@ impl SqliteReader {
         BackendError::Io(format!("index: {e}"))
     }
 
-    /// (documents, chunks, vectors) in the index.
+    /// (documents, chunks, chunks with a vector in the active set) in the index; old
+    /// versions of chunks kept for search are not counted.
     pub fn counts(&self) -> Result<(u64, u64, u64), BackendError> {
         let count = |sql: &str| -> Result<u64, BackendError> {
             self.conn
@@ -111,16 +131,56 @@ impl SqliteReader {
                 .map(|n| n as u64)
                 .map_err(|e| self.err(e))
         };
-        let vectors = if self.meta.dimension.is_some() {
-            count("SELECT COUNT(*) FROM chunk_vectors")?
-        } else {
-            0
-        };
-        Ok((
-            count("SELECT COUNT(*) FROM documents")?,
-            count("SELECT COUNT(*) FROM chunks")?,
-            vectors,
-        ))
+        let documents = count("SELECT COUNT(*) FROM documents")?;
+        if self.meta.schema_version < 3 {
+            let vectors = if self.meta.dimension.is_some() {
+                count("SELECT COUNT(*) FROM chunk_vectors")?
+            } else {
+                0
+            };
+            return Ok((documents, count("SELECT COUNT(*) FROM chunks")?, vectors));
+        }
+        let (chunks, vectors): (i64, i64) = self
+            .conn
+            .query_row(
+                "SELECT COUNT(*), COALESCE(SUM(embedded & ?1 != 0), 0) FROM chunks
+                 WHERE replaced_by IS NULL",
+                [self.meta.active_bit],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(|e| self.err(e))?;
+        Ok((documents, chunks as u64, vectors as u64))
+    }
+
+    /// Chunks not embedded yet in the active set, and all chunks: what vector search cannot
+    /// see yet. (0, n) for a fully embedded index; cheap when nothing is missing.
+    pub fn unembedded(&self) -> Result<(u64, u64), BackendError> {
+        if self.meta.schema_version < 3 || self.meta.dimension.is_none() {
+            return Ok((0, 0));
+        }
+        unembedded(&self.conn).map_err(|e| self.err(e))
+    }
+
+    /// Documents among `ids` whose embedding in the active set is still to do.
+    pub fn unembedded_documents(&self, ids: &[String]) -> Result<Vec<String>, BackendError> {
+        if self.meta.schema_version < 3 {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT 1 FROM enrichment e JOIN vector_sets s ON s.id = e.vector_set
+                 WHERE e.document_id = ?1 AND e.stage = 'embed' AND s.state = 'active'
+                   AND e.status IN ('pending', 'failed')",
+            )
+            .map_err(|e| self.err(e))?;
+        for id in ids {
+            if stmt.exists([id]).map_err(|e| self.err(e))? {
+                out.push(id.clone());
+            }
+        }
+        Ok(out)
     }
 
     /// The `k` chunks nearest to `query` by cosine distance: (rowid, distance), nearest first.
@@ -130,10 +190,11 @@ impl SqliteReader {
         }
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT rowid, distance FROM chunk_vectors
+            .prepare_cached(&format!(
+                "SELECT rowid, distance FROM {}
                  WHERE embedding MATCH ?1 AND k = ?2 ORDER BY distance",
-            )
+                self.meta.vec_table
+            ))
             .map_err(|e| self.err(e))?;
         let rows = stmt
             .query_map(params![vector_bytes(query), k as i64], |r| {
@@ -174,13 +235,18 @@ impl SqliteReader {
     }
 
     pub fn chunk(&self, rowid: i64) -> Result<Option<ChunkRow>, BackendError> {
+        let superseded = if self.meta.schema_version >= 3 {
+            "c.replaced_by IS NOT NULL"
+        } else {
+            "0"
+        };
         self.conn
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "SELECT c.rowid, c.id, c.document_id, d.source, d.title, c.heading_path,
-                        c.ordinal, c.text
+                        c.ordinal, c.text, {superseded}
                  FROM chunks c LEFT JOIN documents d ON d.id = c.document_id
-                 WHERE c.rowid = ?1",
-            )
+                 WHERE c.rowid = ?1"
+            ))
             .and_then(|mut s| {
                 s.query_row([rowid], |r| {
                     Ok(ChunkRow {
@@ -192,6 +258,7 @@ impl SqliteReader {
                         heading_path: r.get(5)?,
                         ordinal: r.get(6)?,
                         text: r.get(7)?,
+                        superseded: r.get(8)?,
                     })
                 })
                 .optional()
@@ -206,4 +273,22 @@ impl SqliteReader {
             .and_then(|mut s| s.query_row([rowid], |r| r.get(0)).optional())
             .map_err(|e| self.err(e))
     }
+}
+
+/// (chunks of the active set without a vector, current chunks), from the lifecycle rows.
+pub(super) fn unembedded(conn: &Connection) -> rusqlite::Result<(u64, u64)> {
+    let missing: i64 = conn
+        .prepare_cached(
+            "SELECT COALESCE(SUM(e.todo_chunks), 0) FROM enrichment e
+             JOIN vector_sets s ON s.id = e.vector_set AND s.state = 'active'
+             WHERE e.stage = 'embed' AND e.status != 'done'",
+        )?
+        .query_row([], |r| r.get(0))?;
+    if missing == 0 {
+        return Ok((0, 0));
+    }
+    let total: i64 = conn
+        .prepare_cached("SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL")?
+        .query_row([], |r| r.get(0))?;
+    Ok((missing as u64, total as u64))
 }

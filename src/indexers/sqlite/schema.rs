@@ -1,32 +1,52 @@
 //! The SQLite index schema and its migrations.
 //!
 //! Version 1:
-//! - `meta`: schema version, the model (name, folder, fingerprint, dimension).
-//! - `documents`: one row per source document, with the content hash and the pipeline
-//!   fingerprint it was indexed with, and how many chunks it has (`chunk_count`); `version`
-//!   (hash + fingerprint) is also stamped on each of its chunks, so a document is complete only
-//!   when `chunk_count` chunks of its current version exist (an interrupted run redoes it).
+//! - `meta`: schema version, the model (name, folder, fingerprint, dimension) of the active
+//!   vector set.
+//! - `documents`: one row per source document, with the content hash and the fingerprint of
+//!   the chunker it was cut with, and how many chunks it has (`chunk_count`); `version`
+//!   (hash + fingerprint) is also stamped on each of its chunks.
 //! - `chunks`: text, heading path, byte offsets and token count, keyed by an integer rowid
-//!   shared with the two indexes below, and by the chunk id (`parent#ordinal`).
+//!   shared with the full-text and vector indexes, and by the chunk id (`parent#ordinal`).
 //! - `chunk_fts`: FTS5 over chunk text and heading path (external content: `chunks`).
-//! - `chunk_vectors`: sqlite-vec `vec0` table of the vectors (created once the dimension is
-//!   known).
-//! - `enrichment`: per-document, per-stage state (status, attempts, last error, fingerprint),
-//!   reserved for the enrichment state machine.
+//! - `chunk_vectors`: sqlite-vec `vec0` table of the first vector set.
 //!
 //! Version 2:
 //! - `chunks.input_key`: a hash of the chunk's token ids (`Chunk::input_key_of`), indexed, so
 //!   a run can take the vector of an identical model input from the index instead of
-//!   embedding it again (an edited page re-embeds only its changed chunks; a moved file none).
-//!   Rows written by version 1 have none and are simply never reused.
+//!   embedding it again. Rows written by version 1 have none and are never reused.
+//!
+//! Version 3 (the enrichment lifecycle):
+//! - `chunks` rebuilt with `token_ids` (the chunker's ids of a chunk still waiting for its
+//!   vector, so `enrich` never tokenizes again), `embedded` (a bit per vector set holding the
+//!   chunk's vector: bit `1 << set id`), and `replaced_by`: a chunk whose text changed while
+//!   its vector is not computed yet stays, out of the full-text index, with its old text and
+//!   vector, so vector search serves the old version until the new one has vectors (then it
+//!   is deleted). The chunk id is unique among current rows only.
+//! - `enrichment`: per document, stage and vector set: status, priority, FIFO sequence,
+//!   attempts, backoff deadline (`not_before`), lease (`lease_owner`, `lease_expires`), the
+//!   stage fingerprint, the document version it is for, the work left (`todo_chunks`,
+//!   `todo_tokens`), and when it was queued, claimed and done. `enrichment_errors` keeps every
+//!   failed attempt (time, worker, message); `stage_control` pauses stages.
+//! - `vector_sets`: the model, dimension and vec0 table of each set of vectors; one is
+//!   `active` (searched), one may be filling by `backfill` (a model migration, with its
+//!   `watermark`), older ones are `retired` until dropped.
+//! - `counters`: the sequences behind FIFO order and claim order.
 
 use rusqlite::Connection;
 
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
-/// Create or migrate the schema. Runs in the caller's transaction.
+/// Create or migrate the schema up to [`SCHEMA_VERSION`]. Runs in the caller's transaction.
+/// Version 3's data steps (vector set of an existing index, lifecycle rows of existing
+/// documents) are done by the caller, which knows the model.
 pub fn migrate(conn: &Connection, from: i64) -> rusqlite::Result<()> {
-    if from < 1 {
+    migrate_to(conn, from, SCHEMA_VERSION)
+}
+
+/// Migrate from version `from` to `to` (tests build old versions with it).
+pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()> {
+    if from < 1 && to >= 1 {
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS meta (
                  key TEXT PRIMARY KEY,
@@ -73,16 +93,109 @@ pub fn migrate(conn: &Connection, from: i64) -> rusqlite::Result<()> {
              );",
         )?;
     }
-    if from < 2 {
+    if from < 2 && to >= 2 {
         conn.execute_batch(
             "ALTER TABLE chunks ADD COLUMN input_key BLOB;
              CREATE INDEX chunks_by_input_key ON chunks(input_key);",
         )?;
     }
+    if from < 3 && to >= 3 {
+        // The reserved `enrichment` table of versions 1 and 2 was never written.
+        conn.execute_batch(
+            "CREATE TABLE chunks_v3 (
+                 rowid INTEGER PRIMARY KEY,
+                 id TEXT NOT NULL,
+                 document_id TEXT NOT NULL,
+                 ordinal INTEGER NOT NULL,
+                 version TEXT NOT NULL,
+                 text TEXT NOT NULL,
+                 heading_path TEXT NOT NULL,
+                 start_byte INTEGER NOT NULL,
+                 end_byte INTEGER NOT NULL,
+                 token_count INTEGER NOT NULL,
+                 input_key BLOB,
+                 token_ids BLOB,
+                 embedded INTEGER NOT NULL DEFAULT 0,
+                 replaced_by TEXT
+             );
+             INSERT INTO chunks_v3(rowid, id, document_id, ordinal, version, text, heading_path,
+                                   start_byte, end_byte, token_count, input_key)
+                 SELECT rowid, id, document_id, ordinal, version, text, heading_path,
+                        start_byte, end_byte, token_count, input_key FROM chunks;
+             DROP TABLE chunks;
+             ALTER TABLE chunks_v3 RENAME TO chunks;
+             CREATE UNIQUE INDEX chunks_by_id ON chunks(id) WHERE replaced_by IS NULL;
+             CREATE INDEX chunks_by_document ON chunks(document_id, ordinal);
+             CREATE INDEX chunks_by_input_key ON chunks(input_key);
+             CREATE INDEX chunks_replaced ON chunks(document_id, replaced_by)
+                 WHERE replaced_by IS NOT NULL;
+             DROP TABLE enrichment;
+             CREATE TABLE enrichment (
+                 id INTEGER PRIMARY KEY,
+                 document_id TEXT NOT NULL,
+                 stage TEXT NOT NULL,
+                 vector_set INTEGER NOT NULL DEFAULT 0,
+                 status TEXT NOT NULL,
+                 priority INTEGER NOT NULL,
+                 seq INTEGER NOT NULL,
+                 attempts INTEGER NOT NULL DEFAULT 0,
+                 not_before INTEGER NOT NULL DEFAULT 0,
+                 lease_owner TEXT,
+                 lease_expires INTEGER,
+                 fingerprint TEXT,
+                 input_version TEXT NOT NULL,
+                 todo_chunks INTEGER NOT NULL DEFAULT 0,
+                 todo_tokens INTEGER NOT NULL DEFAULT 0,
+                 enqueued_at INTEGER NOT NULL,
+                 claimed_at INTEGER,
+                 claim_seq INTEGER,
+                 done_at INTEGER,
+                 updated_at INTEGER NOT NULL,
+                 UNIQUE (document_id, stage, vector_set)
+             );
+             CREATE INDEX enrichment_ready ON enrichment(stage, priority DESC, seq)
+                 WHERE status IN ('pending', 'failed', 'in_progress');
+             CREATE INDEX enrichment_by_status ON enrichment(stage, vector_set, status);
+             CREATE TABLE enrichment_errors (
+                 document_id TEXT NOT NULL,
+                 stage TEXT NOT NULL,
+                 vector_set INTEGER NOT NULL,
+                 attempt INTEGER NOT NULL,
+                 at INTEGER NOT NULL,
+                 worker TEXT NOT NULL,
+                 message TEXT NOT NULL
+             );
+             CREATE INDEX enrichment_errors_by_document
+                 ON enrichment_errors(document_id, stage, vector_set);
+             CREATE TABLE stage_control (
+                 stage TEXT PRIMARY KEY,
+                 paused INTEGER NOT NULL,
+                 changed_at INTEGER NOT NULL
+             );
+             CREATE TABLE vector_sets (
+                 id INTEGER PRIMARY KEY,
+                 model TEXT NOT NULL,
+                 model_dir TEXT NOT NULL,
+                 fingerprint TEXT NOT NULL,
+                 tokenizer TEXT,
+                 dimension INTEGER NOT NULL,
+                 vec_table TEXT NOT NULL,
+                 state TEXT NOT NULL,
+                 watermark TEXT,
+                 backfill_done INTEGER NOT NULL DEFAULT 0,
+                 created_at INTEGER NOT NULL,
+                 switched_at INTEGER
+             );
+             CREATE TABLE counters (
+                 name TEXT PRIMARY KEY,
+                 value INTEGER NOT NULL
+             );",
+        )?;
+    }
     conn.execute(
         "INSERT INTO meta(key, value) VALUES ('schema_version', ?1)
          ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-        [SCHEMA_VERSION.to_string()],
+        [to.to_string()],
     )?;
     Ok(())
 }
@@ -92,12 +205,22 @@ pub fn migrate(conn: &Connection, from: i64) -> rusqlite::Result<()> {
 /// 3k/s at 4,096) while a search scans the same vectors either way (about 40 ms for 100k).
 pub const VEC_CHUNK_SIZE: usize = 256;
 
-/// The vector table, for `dimension`-long vectors compared by cosine distance.
-pub fn create_vectors(conn: &Connection, dimension: usize) -> rusqlite::Result<()> {
+/// A vector table `name` for `dimension`-long vectors compared by cosine distance.
+pub fn create_vectors(conn: &Connection, name: &str, dimension: usize) -> rusqlite::Result<()> {
     conn.execute_batch(&format!(
-        "CREATE VIRTUAL TABLE IF NOT EXISTS chunk_vectors USING vec0(
+        "CREATE VIRTUAL TABLE IF NOT EXISTS {name} USING vec0(
              embedding float[{dimension}] distance_metric=cosine,
              chunk_size={VEC_CHUNK_SIZE}
          );"
     ))
+}
+
+/// The next value of a sequence (1, 2, ...).
+pub fn next_in(conn: &Connection, counter: &str) -> rusqlite::Result<i64> {
+    conn.prepare_cached(
+        "INSERT INTO counters(name, value) VALUES (?1, 1)
+         ON CONFLICT(name) DO UPDATE SET value = value + 1
+         RETURNING value",
+    )?
+    .query_row([counter], |r| r.get(0))
 }

@@ -6,7 +6,7 @@ pub mod split;
 
 use super::{Stage, StageError};
 use crate::document::{Chunk, Document};
-use crate::embed::tokenizer::TextTokenizer;
+use crate::tokens::Tokenize;
 pub use split::{Sizes, Span};
 
 /// Tokens per chunk, aimed for (`--chunk-tokens`); never more than the model's limit.
@@ -60,14 +60,27 @@ impl ChunkConfig {
     }
 }
 
-pub struct ChunkStage {
-    tokenizer: TextTokenizer,
+/// The fingerprint of what the chunker makes: its settings and the tokenizer it counts in
+/// (not the model: another model with the same tokenizer cuts the same chunks, so a model
+/// migration does not re-chunk).
+pub fn chunk_fingerprint(sizes: &Sizes, truncate: bool, tokenizer: &str) -> String {
+    format!(
+        "chunk-v2:{}:{}:{}:{}:{tokenizer}",
+        sizes.target,
+        sizes.overlap,
+        sizes.limit,
+        if truncate { "truncate" } else { "split" }
+    )
+}
+
+pub struct ChunkStage<T> {
+    tokenizer: T,
     sizes: Sizes,
     truncate: bool,
 }
 
-impl ChunkStage {
-    pub fn new(tokenizer: TextTokenizer, sizes: Sizes) -> Self {
+impl<T: Tokenize> ChunkStage<T> {
+    pub fn new(tokenizer: T, sizes: Sizes) -> Self {
         ChunkStage {
             tokenizer,
             sizes,
@@ -77,27 +90,16 @@ impl ChunkStage {
 
     /// One chunk per document: its first `sizes.limit` tokens, the rest ignored. This is what
     /// sentence-transformers' `encode` does with a long text (`--truncate`).
-    pub fn truncating(tokenizer: TextTokenizer, sizes: Sizes) -> Self {
+    pub fn truncating(tokenizer: T, sizes: Sizes) -> Self {
         ChunkStage {
             tokenizer,
             sizes,
             truncate: true,
         }
     }
-
-    /// The model-independent part of a fingerprint for what this stage produces.
-    pub fn fingerprint(sizes: &Sizes, truncate: bool) -> String {
-        format!(
-            "chunk-v1:{}:{}:{}:{}",
-            sizes.target,
-            sizes.overlap,
-            sizes.limit,
-            if truncate { "truncate" } else { "split" }
-        )
-    }
 }
 
-impl Stage for ChunkStage {
+impl<T: Tokenize> Stage for ChunkStage<T> {
     fn name(&self) -> &'static str {
         "chunk"
     }
@@ -110,7 +112,7 @@ impl Stage for ChunkStage {
         let tokens = self
             .tokenizer
             .tokenize(text)
-            .map_err(|e| StageError::Internal(e.to_string()))?;
+            .map_err(StageError::Internal)?;
         if tokens.ids.is_empty() {
             doc.drop_with("no tokens: the text holds nothing the model's tokenizer keeps");
             return Ok(Vec::new());

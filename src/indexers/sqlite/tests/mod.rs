@@ -1,7 +1,8 @@
 //! The SQLite backend on synthetic documents and vectors (no model needed).
 
 use super::*;
-use crate::document::{Chunk, InputKey};
+use crate::document::{Chunk, Document, InputKey};
+use crate::indexers::ItemError;
 use schema::SCHEMA_VERSION;
 
 fn identity(fp: &str, dim: usize) -> IndexIdentity {
@@ -11,8 +12,10 @@ fn identity(fp: &str, dim: usize) -> IndexIdentity {
             dir: "/nonexistent".into(),
             fingerprint: fp.into(),
             dimension: dim,
+            tokenizer: Some("tok".into()),
         }),
         pipeline_fingerprint: format!("pipe-{fp}"),
+        defer_embed: false,
     }
 }
 
@@ -118,7 +121,7 @@ fn bad_items_fail_alone() {
     let f = SqliteFactory::open(&path, identity("a", 4)).unwrap();
     let mut b = f.connect().unwrap();
     let p = parent("doc", "h", 2);
-    let mut no_vector = chunk(&p, 1, "no vector", unit(0, 4));
+    let mut no_vector = chunk(&p, 1, "no vector yet", unit(0, 4));
     no_vector.chunk.as_mut().unwrap().vector = None;
     let r = b.write(&[
         p.clone(),
@@ -132,9 +135,31 @@ fn bad_items_fail_alone() {
         !e1.retryable && e1.message.contains("8 dimensions in an index of 4"),
         "{e1}"
     );
-    assert!(r[2].clone().unwrap_err().message.contains("no vector"));
+    // A chunk without a vector is a chunk whose embedding is pending (a deferred ingest).
+    assert!(r[2].is_ok(), "{:?}", r[2]);
     let reader = SqliteReader::open(&path).unwrap();
-    assert_eq!(reader.counts().unwrap(), (2, 0, 0));
+    assert_eq!(reader.counts().unwrap(), (2, 1, 0));
+    assert_eq!(reader.unembedded().unwrap(), (1, 1));
+
+    // An index without a model takes no chunk at all: its vectors could never be computed.
+    let plain = SqliteFactory::open(
+        &dir.path().join("plain.db"),
+        IndexIdentity {
+            model: None,
+            pipeline_fingerprint: "extract-v1".into(),
+            defer_embed: false,
+        },
+    )
+    .unwrap();
+    let r = plain
+        .connect()
+        .unwrap()
+        .write(&[chunk(&p, 0, "x", unit(0, 4))]);
+    assert!(r[0]
+        .clone()
+        .unwrap_err()
+        .message
+        .contains("without a model"));
 }
 
 #[test]
@@ -282,51 +307,12 @@ fn stored_vectors_are_found_by_input_key_only() {
         IndexIdentity {
             model: None,
             pipeline_fingerprint: "extract-v1".into(),
+            defer_embed: false,
         },
     )
     .unwrap();
     assert!(f.stored_vectors().unwrap().is_none());
 }
 
-#[test]
-fn a_version_1_index_is_migrated_and_keeps_its_rows() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("i.db");
-    {
-        let f = SqliteFactory::open(&path, identity("a", 4)).unwrap();
-        let mut b = f.connect().unwrap();
-        let p = parent("doc", "h1", 1);
-        all_ok(b.write(&[p.clone(), chunk(&p, 0, "alpha one", unit(0, 4))]));
-    }
-    // Make it what version 1 wrote: no input_key column.
-    let conn = Connection::open(&path).unwrap();
-    conn.execute_batch(
-        "DROP INDEX chunks_by_input_key;
-         ALTER TABLE chunks DROP COLUMN input_key;
-         UPDATE meta SET value = '1' WHERE key = 'schema_version';",
-    )
-    .unwrap();
-    drop(conn);
-    assert_eq!(SqliteReader::open(&path).unwrap().meta().schema_version, 1);
-
-    let f = SqliteFactory::open(&path, identity("a", 4)).unwrap();
-    assert_eq!(
-        SqliteReader::open(&path).unwrap().meta().schema_version,
-        SCHEMA_VERSION
-    );
-    assert_eq!(
-        SqliteReader::open(&path).unwrap().counts().unwrap(),
-        (1, 1, 1)
-    );
-    // The old row has no key: never reused, never wrong.
-    let mut stored = f.stored_vectors().unwrap().unwrap();
-    assert_eq!(stored.vector_for(&key_of("alpha one")).unwrap(), None);
-    // New rows have one.
-    let mut b = f.connect().unwrap();
-    let p = parent("doc", "h2", 1);
-    all_ok(b.write(&[p.clone(), chunk(&p, 0, "alpha one", unit(2, 4))]));
-    assert_eq!(
-        stored.vector_for(&key_of("alpha one")).unwrap(),
-        Some(unit(2, 4))
-    );
-}
+mod lifecycle;
+mod migration;

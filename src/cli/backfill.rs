@@ -1,0 +1,104 @@
+//! `ragline backfill --stage embed --model NEW`: migrate an index to another model.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use ragline::pipeline::{self, Progress};
+
+use super::enrich::print_enrich_summary;
+use super::ingest::{exit_code, write_report};
+use super::model_args::ModelArgs;
+use super::EXIT_OK;
+
+#[derive(Args, Debug)]
+pub struct BackfillArgs {
+    /// The index to migrate (sqlite://PATH). [default: sqlite://ragline.db]
+    #[arg(long, env = "RAGLINE_INDEX")]
+    index: Option<String>,
+
+    /// The stage to backfill.
+    #[arg(long, default_value = "embed")]
+    stage: String,
+
+    /// Drop the vectors of models a finished migration retired (after this backfill, when
+    /// --model is given).
+    #[arg(long)]
+    drop_old: bool,
+
+    /// Keep running after the backfill, working new work as it arrives.
+    #[arg(long)]
+    follow: bool,
+
+    /// Write the summary and every failure as JSON.
+    #[arg(long)]
+    report: Option<PathBuf>,
+
+    /// Progress display: auto, bars, log, none.
+    #[arg(long)]
+    progress: Option<Progress>,
+
+    /// --model is the model to migrate to (any dimension); device and batch flags apply.
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+pub fn run(args: BackfillArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
+    if args.stage != "embed" {
+        bail!(
+            "--stage {}: only the embed stage has vector sets to backfill",
+            args.stage
+        );
+    }
+    let mut config = super::load_config(config_file)?;
+    super::apply_index(&mut config, &args.index)?;
+    let mut model = args.model.clone();
+    let target = model.model.take();
+    model.apply(&mut config.model);
+    if let Some(p) = args.progress {
+        config.run.progress = p;
+    }
+    if target.is_none() && !args.drop_old {
+        bail!(
+            "name the model to migrate to with --model (or drop retired vectors with --drop-old)"
+        );
+    }
+    if let Some(report) = &args.report {
+        std::fs::File::create(report)
+            .with_context(|| format!("cannot write --report {}", report.display()))?;
+    }
+    let request = pipeline::EnrichRequest {
+        stages: vec![args.stage.clone()],
+        follow: args.follow,
+        model_override: None,
+    };
+    let mut observer = super::observer(config.run.progress);
+    let outcome = pipeline::backfill(
+        &config,
+        target.as_deref(),
+        &request,
+        args.drop_old,
+        observer.as_mut(),
+    )?;
+    for model in &outcome.dropped {
+        println!("dropped the vectors of retired model `{model}`");
+    }
+    if args.drop_old && outcome.dropped.is_empty() {
+        println!("no retired vector set to drop");
+    }
+    let Some(summary) = outcome.summary else {
+        return Ok(ExitCode::from(EXIT_OK));
+    };
+    print_enrich_summary(&mut std::io::stdout().lock(), &summary)?;
+    write_report(args.report.as_deref(), &summary)?;
+    let status = pipeline::status(&config)?;
+    if let Some(b) = &status.backfill {
+        println!(
+            "backfill of `{}` not finished: {} of {} chunks embedded (run `ragline backfill \
+             --model {}` again, or `ragline enrich`, to go on)",
+            b.model, b.chunks_embedded, b.chunks_total, b.model
+        );
+    }
+    Ok(exit_code(&summary))
+}

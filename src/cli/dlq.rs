@@ -1,0 +1,187 @@
+//! `ragline dlq list|show|requeue`: the dead-letter queue.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::{Args, Subcommand};
+use ragline::indexers::sqlite::SqliteStore;
+
+use super::{EXIT_FAILURES, EXIT_OK};
+
+#[derive(Args, Debug)]
+pub struct DlqArgs {
+    /// The index (sqlite://PATH). [default: sqlite://ragline.db]
+    #[arg(long, env = "RAGLINE_INDEX", global = true)]
+    index: Option<String>,
+
+    #[command(subcommand)]
+    command: DlqCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum DlqCommand {
+    /// The dead documents, oldest first, with their last error.
+    List {
+        /// Only this stage's.
+        #[arg(long)]
+        stage: Option<String>,
+        /// Print as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A document's state in every stage, with every attempt's error.
+    Show {
+        doc_id: String,
+        /// Print as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Queue dead documents again (attempts reset, their errors kept).
+    Requeue {
+        /// Only this stage's.
+        #[arg(long)]
+        stage: Option<String>,
+        /// Every dead document.
+        #[arg(long, conflicts_with = "doc_ids")]
+        all: bool,
+        /// The documents to requeue.
+        doc_ids: Vec<String>,
+    },
+}
+
+pub fn run(args: DlqArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let mut config = super::load_config(config_file)?;
+    super::apply_index(&mut config, &args.index)?;
+    let path = ragline::pipeline::sqlite_path(&config)?;
+    if !path.is_file() {
+        bail!(
+            "no index at `{}`: run `ragline ingest` first, or give --index",
+            path.display()
+        );
+    }
+    let mut store = SqliteStore::open(path)?;
+    let mut out = std::io::stdout().lock();
+    match args.command {
+        DlqCommand::List { stage, json } => {
+            let dead = store.dead_letters(stage.as_deref())?;
+            if json {
+                serde_json::to_writer_pretty(&mut out, &dead)?;
+                writeln!(out)?;
+            } else if dead.is_empty() {
+                writeln!(out, "the dead-letter queue is empty")?;
+            } else {
+                for d in &dead {
+                    writeln!(
+                        out,
+                        "{}  [{}{}] {} attempts: {}",
+                        d.document_id,
+                        d.stage,
+                        if d.vector_set > 1 {
+                            format!(" set {}", d.vector_set)
+                        } else {
+                            String::new()
+                        },
+                        d.attempts,
+                        d.last_error.as_deref().unwrap_or("(no error recorded)")
+                    )?;
+                }
+                writeln!(
+                    out,
+                    "{} dead; `ragline dlq show DOC_ID` for every attempt, `ragline dlq requeue \
+                     --all` to try again",
+                    dead.len()
+                )?;
+            }
+        }
+        DlqCommand::Show { doc_id, json } => {
+            let Some(doc) = store.document_lifecycle(&doc_id)? else {
+                eprintln!("no document `{doc_id}` in {}", path.display());
+                return Ok(ExitCode::from(EXIT_FAILURES));
+            };
+            if json {
+                serde_json::to_writer_pretty(&mut out, &doc)?;
+                writeln!(out)?;
+                return Ok(ExitCode::from(EXIT_OK));
+            }
+            writeln!(
+                out,
+                "{} ({}), {} chunks",
+                doc.document_id,
+                doc.source.as_deref().unwrap_or("no source"),
+                doc.chunks
+            )?;
+            for s in &doc.stages {
+                writeln!(
+                    out,
+                    "  {}{}: {} (priority {}, {} attempts)",
+                    s.stage,
+                    if s.vector_set > 0 {
+                        format!(" [set {}]", s.vector_set)
+                    } else {
+                        String::new()
+                    },
+                    s.status,
+                    s.priority,
+                    s.attempts
+                )?;
+                for e in &s.errors {
+                    writeln!(
+                        out,
+                        "    attempt {} at {} by {}: {}",
+                        e.attempt,
+                        time(e.at),
+                        e.worker,
+                        e.message
+                    )?;
+                }
+            }
+        }
+        DlqCommand::Requeue {
+            stage,
+            all,
+            doc_ids,
+        } => {
+            if !all && doc_ids.is_empty() {
+                bail!("name the documents to requeue, or give --all");
+            }
+            let ids = (!all).then_some(doc_ids.as_slice());
+            let n = store.requeue(stage.as_deref(), ids)?;
+            writeln!(out, "{n} documents queued again")?;
+        }
+    }
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// A time in ms since the epoch, as UTC.
+fn time(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms.rem_euclid(1000)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn times_print_as_utc() {
+        assert_eq!(super::time(0), "1970-01-01 00:00:00.000Z");
+        assert_eq!(super::time(1_796_083_200_123), "2026-12-01 00:00:00.123Z");
+    }
+}

@@ -1,0 +1,116 @@
+//! `ragline enrich`: work the index's lifecycle queue.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use ragline::pipeline::{self, EnrichRequest, PipelineConfig, Progress};
+use ragline::run::RunSummary;
+
+use super::ingest::{exit_code, write_report};
+use super::model_args::ModelArgs;
+
+#[derive(Args, Debug)]
+pub struct EnrichArgs {
+    /// The index whose queue to work (sqlite://PATH). [default: sqlite://ragline.db]
+    #[arg(long, env = "RAGLINE_INDEX")]
+    pub(super) index: Option<String>,
+
+    /// The stage to work. [default: embed]
+    #[arg(long)]
+    pub(super) stage: Option<String>,
+
+    /// Keep running: pick up new work as it arrives, until stopped.
+    #[arg(long)]
+    pub(super) follow: bool,
+
+    /// Write the summary and every failure as JSON (the fields of ingest's report).
+    #[arg(long)]
+    pub(super) report: Option<PathBuf>,
+
+    /// Progress display: auto (bars on a terminal, log lines otherwise), bars, log, none.
+    #[arg(long)]
+    pub(super) progress: Option<Progress>,
+
+    /// Worker threads (one per device for several GPUs). [default: 1]
+    #[arg(long)]
+    pub(super) concurrency: Option<usize>,
+
+    /// The model comes from the index; --model names where to load it from when the folder
+    /// the index recorded is gone (it must be the same model). Device and batch flags apply.
+    #[command(flatten)]
+    pub(super) model: ModelArgs,
+}
+
+impl EnrichArgs {
+    pub(super) fn apply(&self, config: &mut PipelineConfig) -> anyhow::Result<EnrichRequest> {
+        super::apply_index(config, &self.index)?;
+        let mut model = self.model.clone();
+        let name = model.model.take();
+        model.apply(&mut config.model);
+        if let Some(p) = self.progress {
+            config.run.progress = p;
+        }
+        if let Some(n) = self.concurrency {
+            config.stages.embed.concurrency = n;
+        }
+        Ok(EnrichRequest {
+            stages: self.stage.iter().cloned().collect(),
+            follow: self.follow,
+            model_override: name,
+        })
+    }
+}
+
+pub fn run(args: EnrichArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let mut config = super::load_config(config_file)?;
+    let request = args.apply(&mut config)?;
+    if let Some(report) = &args.report {
+        std::fs::File::create(report)
+            .with_context(|| format!("cannot write --report {}", report.display()))?;
+    }
+    let mut observer = super::observer(config.run.progress);
+    let summary = pipeline::enrich(&config, &request, observer.as_mut())?;
+    print_enrich_summary(&mut std::io::stdout().lock(), &summary)?;
+    write_report(args.report.as_deref(), &summary)?;
+    Ok(exit_code(&summary))
+}
+
+/// The end of an enrich (or backfill) run.
+pub(super) fn print_enrich_summary(out: &mut dyn Write, s: &RunSummary) -> anyhow::Result<()> {
+    let c = &s.counts;
+    writeln!(
+        out,
+        "enriched {} in {:.1}s: {} documents claimed, {} done, {} failed",
+        s.index, s.elapsed_secs, c.published, c.indexed, c.failed
+    )?;
+    writeln!(
+        out,
+        "chunks: {} embedded, {} reused, {} vectors written, {} failed; {} tokens embedded \
+         ({:.0} tokens/s, {:.1}% padding)",
+        s.chunks_embedded,
+        s.chunks_reused,
+        c.children_indexed,
+        c.children_failed,
+        s.tokens_embedded,
+        s.tokens_per_sec,
+        s.padding_ratio * 100.0
+    )?;
+    for note in &s.notes {
+        writeln!(out, "note: {note}")?;
+    }
+    const SHOWN: usize = 20;
+    for o in s.failures.iter().take(SHOWN) {
+        writeln!(out, "  failed: {} [{}] {}", o.id, o.stage, o.reason)?;
+    }
+    if s.failures.len() > SHOWN {
+        writeln!(
+            out,
+            "  ... and {} more failed (see --report, `ragline dlq list`)",
+            s.failures.len() - SHOWN
+        )?;
+    }
+    Ok(())
+}

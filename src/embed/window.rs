@@ -1,0 +1,197 @@
+//! Embedding one window of chunks: the part of the embedder that decides what the model
+//! computes. Chunks over the model's limit fail; a chunk whose input was embedded shortly
+//! before takes the remembered vector; of identical inputs in the window only the first is
+//! embedded and the others copy it; the rest are sorted by length and cut into batches by a
+//! token budget. Used by the embedder pool (`pool.rs`) and by `enrich`.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::Ordering;
+
+use super::encoder::Encoder;
+use crate::document::InputKey;
+use crate::stats::RunStats;
+
+/// One chunk of a window: its content token ids and their input key.
+#[derive(Clone, Copy, Debug)]
+pub struct WindowItem<'a> {
+    pub ids: &'a [u32],
+    pub key: Option<InputKey>,
+}
+
+/// What became of a chunk.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// The model computed its vector.
+    Embedded(Vec<f32>),
+    /// It took the vector of an identical input (remembered, or embedded in this window).
+    Reused(Vec<f32>),
+    /// It cannot be embedded; the reason names the fix.
+    Failed(String),
+}
+
+/// Embed `items`, handing each outcome to `sink` (with the item's index) as soon as it is
+/// known: every item gets exactly one. `label` names the device in messages. Returns false
+/// as soon as `sink` does (the caller is stopping).
+pub fn embed_window<E: Encoder + ?Sized>(
+    encoder: &E,
+    items: &[WindowItem<'_>],
+    budget: usize,
+    recent: &mut Recent,
+    stats: &RunStats,
+    label: &str,
+    sink: &mut dyn FnMut(usize, Outcome) -> bool,
+) -> bool {
+    let prompt = encoder.passage_prompt_ids().to_vec();
+    let room = encoder.max_content_len().saturating_sub(prompt.len());
+    let mut todo: Vec<bool> = vec![true; items.len()];
+    // A chunk over the model's limit cannot be embedded: fail it, with the fix.
+    for (i, item) in items.iter().enumerate() {
+        let n = item.ids.len();
+        if n > room {
+            todo[i] = false;
+            let reason = format!(
+                "chunk of {n} tokens exceeds the model's limit of {room}; lower \
+                 --chunk-tokens (this is a chunker bug if it produced the chunk)"
+            );
+            if !sink(i, Outcome::Failed(reason)) {
+                return false;
+            }
+        }
+    }
+    // Identical inputs are embedded once: one embedded shortly before takes the vector
+    // remembered; of several in this window, the first is embedded and the others copy it.
+    let mut seen: HashSet<InputKey> = HashSet::new();
+    let mut copies: Vec<(usize, InputKey)> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let Some(key) = item.key.filter(|_| todo[i]) else {
+            continue;
+        };
+        if let Some(vector) = recent.get(&key) {
+            todo[i] = false;
+            stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
+            if !sink(i, Outcome::Reused(vector.to_vec())) {
+                return false;
+            }
+        } else if !seen.insert(key) {
+            todo[i] = false;
+            copies.push((i, key));
+        }
+    }
+    // What the copies take, kept here rather than in `recent`, which may forget a vector
+    // before the window ends when a window holds more than its capacity.
+    let copied: HashSet<InputKey> = copies.iter().map(|(_, k)| *k).collect();
+    let mut originals: HashMap<InputKey, Result<Vec<f32>, String>> = HashMap::new();
+    let lengths: Vec<usize> = items
+        .iter()
+        .enumerate()
+        .map(|(i, it)| {
+            if todo[i] {
+                it.ids.len() + prompt.len() + 2
+            } else {
+                0
+            }
+        })
+        .collect();
+    for plan in encoder.plan_batches(&lengths, budget) {
+        let plan: Vec<usize> = plan.into_iter().filter(|&i| todo[i]).collect();
+        if plan.is_empty() {
+            continue;
+        }
+        let seqs: Vec<&[u32]> = plan.iter().map(|&i| items[i].ids).collect();
+        let result = encoder.embed_ids(&seqs, &prompt);
+        let real: usize = plan.iter().map(|&i| lengths[i]).sum();
+        stats.add_batch(
+            plan.len() as u64,
+            real as u64,
+            encoder.computed_tokens(&lengths, &plan) as u64,
+        );
+        let outcomes: Vec<Outcome> = match result {
+            Ok(vectors) if vectors.len() == plan.len() => {
+                vectors.into_iter().map(Outcome::Embedded).collect()
+            }
+            Ok(vectors) => {
+                let reason = format!(
+                    "embedding on {label} returned {} vectors for {} chunks; this is a bug",
+                    vectors.len(),
+                    plan.len()
+                );
+                vec![Outcome::Failed(reason); plan.len()]
+            }
+            Err(err) => {
+                let reason = format!("embedding on {label} failed: {err}");
+                vec![Outcome::Failed(reason); plan.len()]
+            }
+        };
+        for (&i, outcome) in plan.iter().zip(outcomes) {
+            todo[i] = false;
+            if let Some(key) = items[i].key {
+                if let Outcome::Embedded(v) = &outcome {
+                    recent.insert(key, v);
+                }
+                if copied.contains(&key) {
+                    originals.insert(
+                        key,
+                        match &outcome {
+                            Outcome::Embedded(v) | Outcome::Reused(v) => Ok(v.clone()),
+                            Outcome::Failed(r) => Err(r.clone()),
+                        },
+                    );
+                }
+            }
+            if !sink(i, outcome) {
+                return false;
+            }
+        }
+    }
+    for (i, key) in copies {
+        let outcome = match originals.get(&key) {
+            Some(Ok(vector)) => {
+                stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
+                Outcome::Reused(vector.clone())
+            }
+            Some(Err(reason)) => Outcome::Failed(reason.clone()),
+            None => unreachable!("every copy's original was embedded or failed: a bug"),
+        };
+        if !sink(i, outcome) {
+            return false;
+        }
+    }
+    true
+}
+
+/// The last vectors embedded, by input key; the oldest go first.
+pub struct Recent {
+    capacity: usize,
+    vectors: HashMap<InputKey, Vec<f32>>,
+    order: VecDeque<InputKey>,
+}
+
+impl Recent {
+    pub fn new(capacity: usize) -> Self {
+        Recent {
+            capacity,
+            vectors: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    pub fn get(&self, key: &InputKey) -> Option<&[f32]> {
+        self.vectors.get(key).map(Vec::as_slice)
+    }
+
+    pub fn insert(&mut self, key: InputKey, vector: &[f32]) {
+        if self.capacity == 0 || self.vectors.contains_key(&key) {
+            return;
+        }
+        if self.order.len() == self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.vectors.remove(&old);
+            }
+        }
+        self.order.push_back(key);
+        self.vectors.insert(key, vector.to_vec());
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,528 @@
+//! What operators ask of the lifecycle: `ragline status`, the dead-letter queue
+//! (`ragline dlq list|show|requeue`), `pause`/`resume`, `promote`, and setting up a backfill.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{params, OptionalExtension, TransactionBehavior};
+use serde::Serialize;
+
+use super::queue::SqliteStore;
+use super::schema::next_in;
+use super::sets::{self, SetState, VectorSet};
+use super::ModelIdentity;
+use crate::lifecycle::{is_enrichable, now_ms, Priority, StoreError, CHUNK, EMBED};
+
+/// Documents of one stage by status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StageCounts {
+    pub pending: u64,
+    pub in_progress: u64,
+    pub failed: u64,
+    pub dead: u64,
+    pub done: u64,
+    pub paused: bool,
+    /// Seconds the oldest pending (or failed) document has waited since it was queued.
+    pub oldest_pending_secs: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct VectorSetStatus {
+    pub id: i64,
+    pub model: String,
+    pub dimension: usize,
+    /// Current chunks with a vector in this set.
+    pub embedded: u64,
+    /// Current chunks.
+    pub total: u64,
+    /// The set search uses.
+    pub active: bool,
+    /// active, backfill or retired.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BackfillProgress {
+    pub vector_set: i64,
+    pub model: String,
+    /// The last document id queued: a killed backfill goes on after it.
+    pub watermark: Option<String>,
+    /// Every document has been queued.
+    pub all_queued: bool,
+    pub documents_total: u64,
+    pub documents_queued: u64,
+    pub documents_done: u64,
+    pub chunks_embedded: u64,
+    pub chunks_total: u64,
+    /// Its documents by status.
+    pub stage: StageCounts,
+}
+
+/// `ragline status --json`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StatusReport {
+    pub index: String,
+    pub documents: u64,
+    pub chunks: u64,
+    /// Per stage (`embed`: in the active vector set).
+    pub stages: BTreeMap<String, StageCounts>,
+    pub vector_sets: Vec<VectorSetStatus>,
+    pub backfill: Option<BackfillProgress>,
+}
+
+/// A document in the dead-letter queue.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeadLetter {
+    pub document_id: String,
+    pub stage: String,
+    pub vector_set: i64,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    /// When it went dead (ms since the epoch).
+    pub dead_since: i64,
+}
+
+/// One failed attempt.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AttemptError {
+    pub attempt: u32,
+    /// ms since the epoch.
+    pub at: i64,
+    pub worker: String,
+    pub message: String,
+}
+
+/// A document's state in one stage, with every attempt's error.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StageState {
+    pub stage: String,
+    pub vector_set: i64,
+    pub status: String,
+    pub priority: String,
+    pub attempts: u32,
+    pub not_before: Option<i64>,
+    pub lease_owner: Option<String>,
+    pub lease_expires: Option<i64>,
+    pub enqueued_at: i64,
+    pub claimed_at: Option<i64>,
+    pub claim_seq: Option<i64>,
+    pub done_at: Option<i64>,
+    pub errors: Vec<AttemptError>,
+}
+
+/// `ragline dlq show DOC_ID`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DocumentLifecycle {
+    pub document_id: String,
+    pub source: Option<String>,
+    pub title: Option<String>,
+    pub chunks: u64,
+    pub stages: Vec<StageState>,
+}
+
+impl SqliteStore {
+    /// Everything `ragline status` shows.
+    pub fn status(&self) -> Result<StatusReport, StoreError> {
+        let c = &self.conn;
+        let e = |e| self.err(e);
+        let now = now_ms();
+        let count = |sql: &str| -> Result<u64, StoreError> {
+            c.query_row(sql, [], |r| r.get::<_, i64>(0))
+                .map(|n| n as u64)
+                .map_err(e)
+        };
+        let documents = count("SELECT COUNT(*) FROM documents")?;
+        let chunks = count("SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL")?;
+        let all = sets::all(c).map_err(e)?;
+        let active = all.iter().find(|s| s.state == SetState::Active);
+        let paused: Vec<String> = c
+            .prepare("SELECT stage FROM stage_control WHERE paused = 1")
+            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+            .map_err(e)?;
+        let mut stages = BTreeMap::new();
+        stages.insert(
+            CHUNK.to_string(),
+            self.stage_counts(CHUNK, 0, now, &paused)?,
+        );
+        if let Some(set) = active {
+            stages.insert(
+                EMBED.to_string(),
+                self.stage_counts(EMBED, set.id, now, &paused)?,
+            );
+        }
+        let mut vector_sets = Vec::new();
+        for set in &all {
+            let embedded = c
+                .query_row(
+                    "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL AND embedded & ?1 != 0",
+                    [set.bit()],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map_err(e)? as u64;
+            vector_sets.push(VectorSetStatus {
+                id: set.id,
+                model: set.model.clone(),
+                dimension: set.dimension,
+                embedded,
+                total: chunks,
+                active: set.state == SetState::Active,
+                state: set.state.as_str().to_string(),
+            });
+        }
+        let backfill = match all.iter().find(|s| s.state == SetState::Backfill) {
+            None => None,
+            Some(set) => Some(self.backfill_progress(set, documents, chunks, now, &paused)?),
+        };
+        Ok(StatusReport {
+            index: format!("sqlite://{}", self.path.display()),
+            documents,
+            chunks,
+            stages,
+            vector_sets,
+            backfill,
+        })
+    }
+
+    fn stage_counts(
+        &self,
+        stage: &str,
+        vector_set: i64,
+        now: i64,
+        paused: &[String],
+    ) -> Result<StageCounts, StoreError> {
+        let e = |e| self.err(e);
+        let mut counts = StageCounts {
+            paused: paused.iter().any(|p| p == stage),
+            ..StageCounts::default()
+        };
+        let rows: Vec<(String, bool, i64, Option<i64>)> = self
+            .conn
+            .prepare_cached(
+                "SELECT status, status = 'in_progress' AND lease_expires < ?3, COUNT(*),
+                        MIN(enqueued_at)
+                 FROM enrichment WHERE stage = ?1 AND vector_set = ?2
+                 GROUP BY 1, 2",
+            )
+            .and_then(|mut s| {
+                s.query_map(params![stage, vector_set, now], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })?
+                .collect()
+            })
+            .map_err(e)?;
+        let mut oldest: Option<i64> = None;
+        for (status, expired, n, first) in rows {
+            let n = n as u64;
+            match (status.as_str(), expired) {
+                ("in_progress", false) => counts.in_progress += n,
+                ("pending", _) | ("in_progress", true) => counts.pending += n,
+                ("failed", _) => counts.failed += n,
+                ("dead", _) => counts.dead += n,
+                _ => counts.done += n,
+            }
+            if matches!(status.as_str(), "pending" | "failed") || expired {
+                oldest = match (oldest, first) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+        }
+        counts.oldest_pending_secs = oldest.map(|t| (now - t).max(0) as f64 / 1000.0);
+        Ok(counts)
+    }
+
+    fn backfill_progress(
+        &self,
+        set: &VectorSet,
+        documents: u64,
+        chunks: u64,
+        now: i64,
+        paused: &[String],
+    ) -> Result<BackfillProgress, StoreError> {
+        let e = |e| self.err(e);
+        let stage = self.stage_counts(EMBED, set.id, now, paused)?;
+        let chunks_embedded = self
+            .conn
+            .query_row(
+                "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL AND embedded & ?1 != 0",
+                [set.bit()],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(e)? as u64;
+        Ok(BackfillProgress {
+            vector_set: set.id,
+            model: set.model.clone(),
+            watermark: set.watermark.clone(),
+            all_queued: set.backfill_done,
+            documents_total: documents,
+            documents_queued: stage.pending
+                + stage.in_progress
+                + stage.failed
+                + stage.dead
+                + stage.done,
+            documents_done: stage.done,
+            chunks_embedded,
+            chunks_total: chunks,
+            stage,
+        })
+    }
+
+    /// Chunks of the active set still without a vector, and all current chunks.
+    pub fn unembedded(&self) -> Result<(u64, u64), StoreError> {
+        super::reader::unembedded(&self.conn).map_err(|e| self.err(e))
+    }
+
+    /// The dead-letter queue, oldest first.
+    pub fn dead_letters(&self, stage: Option<&str>) -> Result<Vec<DeadLetter>, StoreError> {
+        self.conn
+            .prepare(
+                "SELECT e.document_id, e.stage, e.vector_set, e.attempts, e.updated_at,
+                        (SELECT message FROM enrichment_errors x
+                         WHERE x.document_id = e.document_id AND x.stage = e.stage
+                           AND x.vector_set = e.vector_set
+                         ORDER BY x.at DESC, x.rowid DESC LIMIT 1)
+                 FROM enrichment e
+                 WHERE e.status = 'dead' AND (?1 IS NULL OR e.stage = ?1)
+                 ORDER BY e.updated_at, e.document_id",
+            )
+            .and_then(|mut s| {
+                s.query_map([stage], |r| {
+                    Ok(DeadLetter {
+                        document_id: r.get(0)?,
+                        stage: r.get(1)?,
+                        vector_set: r.get(2)?,
+                        attempts: r.get(3)?,
+                        dead_since: r.get(4)?,
+                        last_error: r.get(5)?,
+                    })
+                })?
+                .collect()
+            })
+            .map_err(|e| self.err(e))
+    }
+
+    /// A document's lifecycle: every stage with every attempt's error. None when the index
+    /// has no such document.
+    pub fn document_lifecycle(&self, id: &str) -> Result<Option<DocumentLifecycle>, StoreError> {
+        let e = |e| self.err(e);
+        let doc: Option<(Option<String>, Option<String>)> = self
+            .conn
+            .query_row(
+                "SELECT source, title FROM documents WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(e)?;
+        let Some((source, title)) = doc else {
+            return Ok(None);
+        };
+        let chunks = self
+            .conn
+            .query_row(
+                "SELECT COUNT(*) FROM chunks WHERE document_id = ?1 AND replaced_by IS NULL",
+                [id],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(e)? as u64;
+        let mut stages: Vec<StageState> = self
+            .conn
+            .prepare(
+                "SELECT stage, vector_set, status, priority, attempts, not_before, lease_owner,
+                        lease_expires, enqueued_at, claimed_at, claim_seq, done_at
+                 FROM enrichment WHERE document_id = ?1 ORDER BY stage = 'embed', stage,
+                      vector_set",
+            )
+            .and_then(|mut s| {
+                s.query_map([id], |r| {
+                    Ok(StageState {
+                        stage: r.get(0)?,
+                        vector_set: r.get(1)?,
+                        status: r.get(2)?,
+                        priority: Priority::from_level(r.get(3)?).to_string(),
+                        attempts: r.get(4)?,
+                        not_before: r.get::<_, i64>(5).map(|t| (t > 0).then_some(t))?,
+                        lease_owner: r.get(6)?,
+                        lease_expires: r.get(7)?,
+                        enqueued_at: r.get(8)?,
+                        claimed_at: r.get(9)?,
+                        claim_seq: r.get(10)?,
+                        done_at: r.get(11)?,
+                        errors: Vec::new(),
+                    })
+                })?
+                .collect()
+            })
+            .map_err(e)?;
+        for st in &mut stages {
+            st.errors = self
+                .conn
+                .prepare_cached(
+                    "SELECT attempt, at, worker, message FROM enrichment_errors
+                     WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
+                     ORDER BY at, rowid",
+                )
+                .and_then(|mut s| {
+                    s.query_map(params![id, st.stage, st.vector_set], |r| {
+                        Ok(AttemptError {
+                            attempt: r.get(0)?,
+                            at: r.get(1)?,
+                            worker: r.get(2)?,
+                            message: r.get(3)?,
+                        })
+                    })?
+                    .collect()
+                })
+                .map_err(e)?;
+        }
+        Ok(Some(DocumentLifecycle {
+            document_id: id.to_string(),
+            source,
+            title,
+            chunks,
+            stages,
+        }))
+    }
+
+    /// Put dead documents back in the queue (attempts reset, errors kept): those of `ids`,
+    /// or all when `ids` is None; of `stage` only when given. Returns how many.
+    pub fn requeue(
+        &mut self,
+        stage: Option<&str>,
+        ids: Option<&[String]>,
+    ) -> Result<u64, StoreError> {
+        let path = self.path.clone();
+        let e = |e| super::store_error(&path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        let now = now_ms();
+        let dead: Vec<(i64, String)> = tx
+            .prepare(
+                "SELECT id, document_id FROM enrichment
+                 WHERE status = 'dead' AND (?1 IS NULL OR stage = ?1) ORDER BY updated_at, id",
+            )
+            .and_then(|mut s| {
+                s.query_map([stage], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect()
+            })
+            .map_err(e)?;
+        let mut n = 0;
+        for (row, doc) in dead {
+            if ids.is_some_and(|ids| !ids.contains(&doc)) {
+                continue;
+            }
+            let seq = next_in(&tx, "enrichment_seq").map_err(e)?;
+            tx.execute(
+                "UPDATE enrichment SET status = 'pending', attempts = 0, not_before = 0,
+                     seq = ?2, enqueued_at = ?3, updated_at = ?3
+                 WHERE id = ?1",
+                params![row, seq, now],
+            )
+            .map_err(e)?;
+            n += 1;
+        }
+        tx.commit().map_err(e)?;
+        Ok(n)
+    }
+
+    /// Pause or resume a stage: workers stop claiming its work within a poll, finish what
+    /// they hold, and go on when it is resumed.
+    pub fn set_paused(&mut self, stage: &str, paused: bool) -> Result<(), StoreError> {
+        if !is_enrichable(stage) {
+            return Err(StoreError::Invalid(format!(
+                "`{stage}` is not a stage workers run; stages that can be paused: {EMBED}"
+            )));
+        }
+        self.conn
+            .execute(
+                "INSERT INTO stage_control(stage, paused, changed_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(stage) DO UPDATE SET paused = excluded.paused,
+                     changed_at = excluded.changed_at",
+                params![stage, paused, now_ms()],
+            )
+            .map(|_| ())
+            .map_err(|e| self.err(e))
+    }
+
+    /// Move the pending embed work of `ids` to interactive priority: what searches are
+    /// looking for is embedded first. Returns how many documents moved.
+    pub fn promote(&mut self, ids: &[String]) -> Result<u64, StoreError> {
+        let path = self.path.clone();
+        let e = |e| super::store_error(&path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        let mut n = 0;
+        for id in ids {
+            n += tx
+                .prepare_cached(
+                    "UPDATE enrichment SET priority = ?2
+                     WHERE document_id = ?1 AND stage = 'embed' AND priority < ?2
+                       AND status IN ('pending', 'failed')",
+                )
+                .and_then(|mut s| s.execute(params![id, Priority::Interactive.level()]))
+                .map_err(e)? as u64;
+        }
+        tx.commit().map_err(e)?;
+        Ok(n)
+    }
+
+    /// Start (or resume) filling a vector set for `model`. The backfill's documents are
+    /// queued a page at a time as workers run dry (`maintain`).
+    pub fn start_backfill(&mut self, model: &ModelIdentity) -> Result<VectorSet, StoreError> {
+        let path = self.path.clone();
+        let e = |e| super::store_error(&path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        let all = sets::all(&tx).map_err(e)?;
+        if let Some(same) = all.iter().find(|s| s.fingerprint == model.fingerprint) {
+            match same.state {
+                SetState::Backfill => return Ok(same.clone()),
+                SetState::Active => {
+                    return Err(StoreError::Invalid(format!(
+                        "the index already searches with model `{}` (fingerprint {}): nothing \
+                         to migrate",
+                        same.model, same.fingerprint
+                    )))
+                }
+                SetState::Retired => {
+                    return Err(StoreError::Invalid(format!(
+                        "model `{}` is a retired vector set of this index; drop it first with \
+                         `ragline backfill --drop-old`",
+                        same.model
+                    )))
+                }
+            }
+        }
+        if let Some(other) = all.iter().find(|s| s.state == SetState::Backfill) {
+            return Err(StoreError::Invalid(format!(
+                "a backfill to model `{}` is under way; let it finish (ragline backfill --model \
+                 {}) before starting another",
+                other.model, other.model
+            )));
+        }
+        if !all.iter().any(|s| s.state == SetState::Active) {
+            return Err(StoreError::Invalid(
+                "the index has no vectors yet: ingest with the new model instead of migrating"
+                    .into(),
+            ));
+        }
+        let set = sets::create(&tx, model, SetState::Backfill).map_err(e)?;
+        tx.commit().map_err(e)?;
+        Ok(set)
+    }
+
+    /// Drop the vector sets a finished migration retired; the models dropped.
+    pub fn drop_retired(&mut self) -> Result<Vec<String>, StoreError> {
+        let path = self.path.clone();
+        let e = |e| super::store_error(&path, e);
+        let tx = self.conn.transaction().map_err(e)?;
+        let dropped = sets::drop_retired(&tx).map_err(e)?;
+        tx.commit().map_err(e)?;
+        Ok(dropped)
+    }
+}

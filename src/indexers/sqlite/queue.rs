@@ -1,0 +1,742 @@
+//! The index as a durable work queue: claims with leases in one transaction, results written
+//! with the status change in one transaction, retries with backoff, dead letters. Several
+//! `enrich` processes share one file: SQLite serialises the claim transactions, so no two
+//! workers hold the same work (unless a lease expired).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use super::sets::{self, SetState, VectorSet};
+use super::settle::settle;
+use super::write::{drop_replaced, ids_from_bytes, insert_vector};
+use super::{connect, store_error, upgrade, vector_from_bytes, SqliteReader};
+use crate::document::InputKey;
+use crate::lifecycle::backoff::{jitter_unit, retry_delay};
+use crate::lifecycle::owner::is_dead_here;
+use crate::lifecycle::{
+    now_ms, ChunkVector, Claim, ClaimRequest, EnrichStore, LifecycleStore, Maintenance,
+    PendingChunk, Priority, StageSettings, Status, StoreError, WorkItem, WorkKey, EMBED,
+};
+
+/// Documents queued per backfill page.
+pub const BACKFILL_PAGE: usize = 512;
+
+/// A read-write connection to an index, for the lifecycle.
+pub struct SqliteStore {
+    pub(super) conn: Connection,
+    pub(super) path: PathBuf,
+}
+
+impl SqliteStore {
+    /// Open an existing index (migrating an older schema).
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        SqliteReader::open(path).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let mut conn = connect(path).map_err(|e| store_error(path, e))?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| store_error(path, e))?;
+        upgrade(&tx).map_err(|e| store_error(path, e))?;
+        tx.commit().map_err(|e| store_error(path, e))?;
+        Ok(SqliteStore {
+            conn,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(super) fn err(&self, e: rusqlite::Error) -> StoreError {
+        store_error(&self.path, e)
+    }
+
+    pub fn sets(&self) -> Result<Vec<VectorSet>, StoreError> {
+        sets::all(&self.conn).map_err(|e| self.err(e))
+    }
+
+    /// Queue the next page of a backfill, or switch search to a backfilled set once every
+    /// chunk has its vector.
+    fn maintain_sets(&mut self) -> Result<Maintenance, StoreError> {
+        let path = self.path.clone();
+        let e = |e| store_error(&path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        let Some(set) = sets::backfilling(&tx).map_err(e)? else {
+            return Ok(Maintenance::Nothing);
+        };
+        let all = sets::all(&tx).map_err(e)?;
+        if !set.backfill_done {
+            let ids: Vec<String> = tx
+                .prepare_cached("SELECT id FROM documents WHERE id > ?1 ORDER BY id LIMIT ?2")
+                .and_then(|mut s| {
+                    s.query_map(
+                        params![set.watermark.as_deref().unwrap_or(""), BACKFILL_PAGE as i64],
+                        |r| r.get::<_, String>(0),
+                    )?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                })
+                .map_err(e)?;
+            for id in &ids {
+                settle(&tx, id, &all, Priority::Backfill).map_err(e)?;
+            }
+            tx.execute(
+                "UPDATE vector_sets SET watermark = COALESCE(?2, watermark),
+                     backfill_done = ?3 WHERE id = ?1",
+                params![set.id, ids.last(), ids.len() < BACKFILL_PAGE],
+            )
+            .map_err(e)?;
+            tx.commit().map_err(e)?;
+            return Ok(Maintenance::Queued {
+                set: set.id,
+                documents: ids.len(),
+            });
+        }
+        let missing: i64 = tx
+            .query_row(
+                "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL AND embedded & ?1 = 0",
+                [set.bit()],
+                |r| r.get(0),
+            )
+            .map_err(e)?;
+        let open: Vec<(String, i64)> = tx
+            .prepare(
+                "SELECT status, COUNT(*) FROM enrichment
+                 WHERE stage = 'embed' AND vector_set = ?1 AND status != 'done' GROUP BY status",
+            )
+            .and_then(|mut s| {
+                s.query_map([set.id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(e)?;
+        if missing == 0 && open.is_empty() {
+            sets::switch_to(&tx, &set).map_err(e)?;
+            tx.commit().map_err(e)?;
+            return Ok(Maintenance::Switched {
+                set: set.id,
+                model: set.model,
+            });
+        }
+        let dead = open
+            .iter()
+            .find(|(s, _)| s == "dead")
+            .map_or(0, |(_, n)| *n as u64);
+        if open.iter().all(|(s, _)| s == "dead") && dead > 0 {
+            return Ok(Maintenance::Blocked { set: set.id, dead });
+        }
+        Ok(Maintenance::Nothing)
+    }
+
+    fn claim_once(&mut self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let path = self.path.clone();
+        let e = |e| store_error(&path, e);
+        let now = now_ms();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        let wanted: Vec<String> = if req.stages.is_empty() {
+            vec![EMBED.to_string()]
+        } else {
+            req.stages.clone()
+        };
+        let paused: Vec<String> = tx
+            .prepare_cached("SELECT stage FROM stage_control WHERE paused = 1")
+            .and_then(|mut s| {
+                s.query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(e)?;
+        let mut best: Vec<Candidate> = Vec::new();
+        let mut any_paused = false;
+        for stage in &wanted {
+            if paused.contains(stage) {
+                any_paused = true;
+                continue;
+            }
+            let rows = candidates(&tx, stage, now, req.max_items.max(1)).map_err(e)?;
+            let rows: Vec<Candidate> = rows
+                .into_iter()
+                .filter(|c| {
+                    req.vector_sets.is_empty() || req.vector_sets.contains(&c.key.vector_set)
+                })
+                .collect();
+            let better = match (best.first(), rows.first()) {
+                (_, None) => false,
+                (None, Some(_)) => true,
+                (Some(b), Some(r)) => (r.priority, -r.seq) > (b.priority, -b.seq),
+            };
+            if better {
+                best = rows;
+            }
+        }
+        let Some(first) = best.first() else {
+            let next_due: Option<i64> = tx
+                .query_row(
+                    "SELECT MIN(not_before) FROM enrichment
+                     WHERE status = 'failed' AND not_before > ?1",
+                    [now],
+                    |r| r.get(0),
+                )
+                .map_err(e)?;
+            let paused_with_work = any_paused
+                && tx
+                    .query_row(
+                        "SELECT EXISTS(SELECT 1 FROM enrichment e JOIN stage_control s
+                             ON s.stage = e.stage AND s.paused = 1
+                         WHERE e.status IN ('pending', 'failed', 'in_progress'))",
+                        [],
+                        |r| r.get::<_, bool>(0),
+                    )
+                    .map_err(e)?;
+            tx.commit().map_err(e)?;
+            return Ok(Claim::Idle {
+                paused: paused_with_work,
+                next_due,
+            });
+        };
+        let group = (first.key.stage.clone(), first.key.vector_set);
+        let mut picked: Vec<Candidate> = Vec::new();
+        let mut cost = 0u64;
+        for c in best {
+            if (c.key.stage.clone(), c.key.vector_set) != group {
+                continue;
+            }
+            if !picked.is_empty() && cost + c.cost > req.max_cost {
+                break;
+            }
+            cost += c.cost;
+            picked.push(c);
+            if picked.len() >= req.max_items {
+                break;
+            }
+        }
+        let last_seq = super::schema::next_in(&tx, "claim_seq").map_err(e)?;
+        // One number per item: take a block.
+        tx.execute(
+            "UPDATE counters SET value = value + ?1 WHERE name = 'claim_seq'",
+            [picked.len() as i64],
+        )
+        .map_err(e)?;
+        let expires = now + req.lease.as_millis() as i64;
+        let mut items = Vec::with_capacity(picked.len());
+        for (i, c) in picked.into_iter().enumerate() {
+            if let Some(holder) = &c.expired_owner {
+                record_error(
+                    &tx,
+                    &c.key,
+                    c.attempts,
+                    holder,
+                    &format!(
+                        "lease of {holder} expired before it finished (worker killed or stalled)"
+                    ),
+                    now,
+                )
+                .map_err(e)?;
+            }
+            if c.attempts >= req.retry_limit {
+                // It was claimed as often as the stage allows and never finished.
+                set_dead(&tx, c.id, now).map_err(e)?;
+                continue;
+            }
+            let claim_seq = last_seq + i as i64;
+            tx.prepare_cached(
+                "UPDATE enrichment SET status = 'in_progress', attempts = attempts + 1,
+                     lease_owner = ?2, lease_expires = ?3, claimed_at = ?4, claim_seq = ?5,
+                     updated_at = ?4
+                 WHERE id = ?1",
+            )
+            .and_then(|mut s| s.execute(params![c.id, req.owner, expires, now, claim_seq]))
+            .map_err(e)?;
+            items.push(WorkItem {
+                key: c.key,
+                attempts: c.attempts + 1,
+                priority: Priority::from_level(c.priority),
+                input_version: c.input_version,
+                claim_seq,
+            });
+        }
+        tx.commit().map_err(e)?;
+        Ok(Claim::Items(items))
+    }
+
+    fn vector_set(&self, id: i64) -> Result<VectorSet, StoreError> {
+        sets::by_id(&self.conn, id)
+            .map_err(|e| self.err(e))?
+            .ok_or_else(|| StoreError::Invalid(format!("the index has no vector set {id}")))
+    }
+
+    /// Whether chunk token ids and input keys mean the same input to `set`'s model.
+    fn same_tokenizer(&self, set: &VectorSet) -> Result<bool, StoreError> {
+        let chunker: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'chunk_tokenizer'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.err(e))?;
+        Ok(set.tokenizer.is_some() && set.tokenizer == chunker)
+    }
+}
+
+struct Candidate {
+    id: i64,
+    key: WorkKey,
+    attempts: u32,
+    priority: i64,
+    seq: i64,
+    input_version: String,
+    cost: u64,
+    /// Set when the item's lease expired: whose it was.
+    expired_owner: Option<String>,
+}
+
+/// Claimable rows of `stage`, best first.
+fn candidates(
+    tx: &Connection,
+    stage: &str,
+    now: i64,
+    limit: usize,
+) -> rusqlite::Result<Vec<Candidate>> {
+    tx.prepare_cached(
+        "SELECT e.id, e.document_id, e.vector_set, e.attempts, e.priority, e.seq,
+                e.input_version, e.todo_tokens, e.status, e.lease_owner
+         FROM enrichment e
+         WHERE e.stage = ?1 AND e.status IN ('pending', 'failed', 'in_progress')
+           AND ((e.status != 'in_progress' AND e.not_before <= ?2)
+                OR (e.status = 'in_progress' AND e.lease_expires < ?2))
+           AND EXISTS (SELECT 1 FROM enrichment c
+                       WHERE c.document_id = e.document_id AND c.stage = 'chunk'
+                         AND c.vector_set = 0 AND c.status = 'done'
+                         AND c.input_version = e.input_version)
+         ORDER BY e.priority DESC, e.seq
+         LIMIT ?3",
+    )?
+    .query_map(params![stage, now, limit as i64], |r| {
+        let status: String = r.get(8)?;
+        Ok(Candidate {
+            id: r.get(0)?,
+            key: WorkKey {
+                document_id: r.get(1)?,
+                stage: stage.to_string(),
+                vector_set: r.get(2)?,
+            },
+            attempts: r.get(3)?,
+            priority: r.get(4)?,
+            seq: r.get(5)?,
+            input_version: r.get(6)?,
+            cost: r.get::<_, i64>(7)?.max(0) as u64,
+            expired_owner: if status == "in_progress" {
+                Some(r.get::<_, Option<String>>(9)?.unwrap_or_default())
+            } else {
+                None
+            },
+        })
+    })?
+    .collect()
+}
+
+fn record_error(
+    tx: &Connection,
+    key: &WorkKey,
+    attempt: u32,
+    worker: &str,
+    message: &str,
+    now: i64,
+) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO enrichment_errors(document_id, stage, vector_set, attempt, at, worker,
+                                       message)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        key.document_id,
+        key.stage,
+        key.vector_set,
+        attempt,
+        now,
+        worker,
+        message
+    ])?;
+    Ok(())
+}
+
+fn set_dead(tx: &Connection, id: i64, now: i64) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "UPDATE enrichment SET status = 'dead', lease_owner = NULL, lease_expires = NULL,
+             updated_at = ?2
+         WHERE id = ?1",
+    )?
+    .execute(params![id, now])?;
+    Ok(())
+}
+
+/// The row of `key` if `owner` holds its lease: (id, attempts).
+fn held(tx: &Connection, owner: &str, key: &WorkKey) -> rusqlite::Result<Option<(i64, u32)>> {
+    tx.prepare_cached(
+        "SELECT id, attempts FROM enrichment
+         WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
+           AND status = 'in_progress' AND lease_owner = ?4",
+    )?
+    .query_row(
+        params![key.document_id, key.stage, key.vector_set, owner],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .optional()
+}
+
+impl LifecycleStore for SqliteStore {
+    fn claim(&mut self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        // A claim whose every candidate went to the dead-letter queue claims again.
+        loop {
+            match self.claim_once(req)? {
+                Claim::Items(items) if items.is_empty() => continue,
+                other => return Ok(other),
+            }
+        }
+    }
+
+    fn renew(&mut self, owner: &str, keys: &[WorkKey], lease: Duration) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let e = |e| store_error(&path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        let expires = now_ms() + lease.as_millis() as i64;
+        for k in keys {
+            tx.prepare_cached(
+                "UPDATE enrichment SET lease_expires = ?5
+                 WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
+                   AND status = 'in_progress' AND lease_owner = ?4",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    k.document_id,
+                    k.stage,
+                    k.vector_set,
+                    owner,
+                    expires
+                ])
+            })
+            .map_err(e)?;
+        }
+        tx.commit().map_err(e)
+    }
+
+    fn fail(
+        &mut self,
+        owner: &str,
+        failures: &[(WorkKey, String)],
+        settings: &StageSettings,
+    ) -> Result<Vec<Status>, StoreError> {
+        let path = self.path.clone();
+        let e = |e| store_error(&path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        let now = now_ms();
+        let mut out = Vec::with_capacity(failures.len());
+        for (key, message) in failures {
+            let Some((id, attempts)) = held(&tx, owner, key).map_err(e)? else {
+                // The lease was lost (expired and taken, or the document changed): the
+                // attempt's result is void, and so is its failure.
+                out.push(Status::InProgress);
+                continue;
+            };
+            record_error(&tx, key, attempts, owner, message, now).map_err(e)?;
+            if attempts >= settings.retry_limit {
+                set_dead(&tx, id, now).map_err(e)?;
+                out.push(Status::Dead);
+            } else {
+                let wait = retry_delay(
+                    attempts,
+                    settings.backoff,
+                    settings.max_backoff,
+                    jitter_unit(&key.document_id),
+                );
+                tx.prepare_cached(
+                    "UPDATE enrichment SET status = 'failed', not_before = ?2,
+                         lease_owner = NULL, lease_expires = NULL, updated_at = ?3
+                     WHERE id = ?1",
+                )
+                .and_then(|mut s| s.execute(params![id, now + wait.as_millis() as i64, now]))
+                .map_err(e)?;
+                out.push(Status::Failed);
+            }
+        }
+        tx.commit().map_err(e)?;
+        Ok(out)
+    }
+
+    fn complete(&mut self, owner: &str, keys: &[WorkKey]) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let e = |e| store_error(&path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        let now = now_ms();
+        for key in keys {
+            tx.prepare_cached(
+                "UPDATE enrichment SET status = 'done', lease_owner = NULL,
+                     lease_expires = NULL, done_at = ?5, updated_at = ?5
+                 WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
+                   AND status = 'in_progress' AND lease_owner = ?4",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    key.document_id,
+                    key.stage,
+                    key.vector_set,
+                    owner,
+                    now
+                ])
+            })
+            .map_err(e)?;
+        }
+        tx.commit().map_err(e)
+    }
+
+    fn release(&mut self, owner: &str, keys: &[WorkKey]) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let e = |e| store_error(&path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        for key in keys {
+            tx.prepare_cached(
+                "UPDATE enrichment SET status = 'pending', attempts = MAX(attempts - 1, 0),
+                     lease_owner = NULL, lease_expires = NULL
+                 WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
+                   AND status = 'in_progress' AND lease_owner = ?4",
+            )
+            .and_then(|mut s| s.execute(params![key.document_id, key.stage, key.vector_set, owner]))
+            .map_err(e)?;
+        }
+        tx.commit().map_err(e)
+    }
+
+    fn maintain(&mut self) -> Result<Maintenance, StoreError> {
+        self.maintain_sets()
+    }
+
+    fn reap_dead_owners(&mut self) -> Result<usize, StoreError> {
+        let path = self.path.clone();
+        let e = |e| store_error(&path, e);
+        let owners: Vec<String> = self
+            .conn
+            .prepare(
+                "SELECT DISTINCT lease_owner FROM enrichment
+                 WHERE status = 'in_progress' AND lease_owner IS NOT NULL",
+            )
+            .and_then(|mut s| {
+                s.query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(e)?;
+        let dead: Vec<String> = owners.into_iter().filter(|o| is_dead_here(o)).collect();
+        if dead.is_empty() {
+            return Ok(0);
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        let now = now_ms();
+        let mut n = 0;
+        for owner in &dead {
+            let held: Vec<(i64, WorkKey, u32)> = tx
+                .prepare(
+                    "SELECT id, document_id, stage, vector_set, attempts FROM enrichment
+                     WHERE status = 'in_progress' AND lease_owner = ?1",
+                )
+                .and_then(|mut s| {
+                    s.query_map([owner], |r| {
+                        Ok((
+                            r.get(0)?,
+                            WorkKey {
+                                document_id: r.get(1)?,
+                                stage: r.get(2)?,
+                                vector_set: r.get(3)?,
+                            },
+                            r.get(4)?,
+                        ))
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                })
+                .map_err(e)?;
+            for (id, key, attempts) in held {
+                record_error(
+                    &tx,
+                    &key,
+                    attempts,
+                    owner,
+                    "the worker's process ended before it finished (killed or crashed)",
+                    now,
+                )
+                .map_err(e)?;
+                // Due at once, the attempt counted: a document that kills its worker every
+                // time still ends in the dead-letter queue.
+                tx.execute(
+                    "UPDATE enrichment SET status = 'failed', not_before = 0,
+                         lease_owner = NULL, lease_expires = NULL, updated_at = ?2
+                     WHERE id = ?1",
+                    params![id, now],
+                )
+                .map_err(e)?;
+                n += 1;
+            }
+        }
+        tx.commit().map_err(e)?;
+        Ok(n)
+    }
+}
+
+/// A chunk row as `write_vectors` checks it: input key, embedded bits, replaced_by, document
+/// id, chunk id.
+type ChunkState = (Option<Vec<u8>>, i64, Option<String>, String, String);
+
+/// The vector `set` holds for an identical input (old versions of chunks count).
+pub(super) fn stored_vector(
+    conn: &Connection,
+    set: &VectorSet,
+    key: &InputKey,
+) -> rusqlite::Result<Option<Vec<f32>>> {
+    let bytes: Option<Vec<u8>> = conn
+        .prepare_cached(&format!(
+            "SELECT v.embedding FROM chunks c JOIN {} v ON v.rowid = c.rowid
+             WHERE c.input_key = ?1 AND c.embedded & ?2 != 0 LIMIT 1",
+            set.vec_table
+        ))?
+        .query_row(params![key.as_slice(), set.bit()], |r| r.get(0))
+        .optional()?;
+    Ok(bytes
+        .filter(|b| b.len() == set.dimension * 4)
+        .map(|b| vector_from_bytes(&b)))
+}
+
+impl EnrichStore for SqliteStore {
+    fn pending_chunks(&mut self, key: &WorkKey) -> Result<Vec<PendingChunk>, StoreError> {
+        let set = self.vector_set(key.vector_set)?;
+        let ids_usable = self.same_tokenizer(&set)?;
+        self.conn
+            .prepare_cached(
+                "SELECT rowid, id, input_key, token_ids, text FROM chunks
+                 WHERE document_id = ?1 AND replaced_by IS NULL AND embedded & ?2 = 0
+                 ORDER BY ordinal",
+            )
+            .and_then(|mut s| {
+                s.query_map(params![key.document_id, set.bit()], |r| {
+                    let input_key: Option<Vec<u8>> = r.get(2)?;
+                    let ids: Option<Vec<u8>> = r.get(3)?;
+                    Ok(PendingChunk {
+                        rowid: r.get(0)?,
+                        chunk_id: r.get(1)?,
+                        document_id: key.document_id.clone(),
+                        input_key: input_key.and_then(|k| k.try_into().ok()),
+                        token_ids: ids.filter(|_| ids_usable).map(|b| ids_from_bytes(&b)),
+                        text: r.get(4)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(|e| self.err(e))
+    }
+
+    fn vector_for(
+        &mut self,
+        vector_set: i64,
+        key: &InputKey,
+    ) -> Result<Option<Vec<f32>>, StoreError> {
+        let set = self.vector_set(vector_set)?;
+        if !self.same_tokenizer(&set)? {
+            return Ok(None);
+        }
+        stored_vector(&self.conn, &set, key).map_err(|e| self.err(e))
+    }
+
+    fn write_vectors(
+        &mut self,
+        vector_set: i64,
+        vectors: &[ChunkVector],
+        documents: &[String],
+    ) -> Result<usize, StoreError> {
+        let path = self.path.clone();
+        let e = |e| store_error(&path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        let all = sets::all(&tx).map_err(e)?;
+        let set = all
+            .iter()
+            .find(|s| s.id == vector_set)
+            .cloned()
+            .ok_or_else(|| {
+                StoreError::Invalid(format!("the index has no vector set {vector_set}"))
+            })?;
+        let live_mask: i64 = all.iter().filter(|s| s.is_live()).map(VectorSet::bit).sum();
+        let mut written = 0;
+        for v in vectors {
+            if v.vector.len() != set.dimension {
+                return Err(StoreError::Invalid(format!(
+                    "a vector of {} dimensions for vector set {} of {}: this is a bug",
+                    v.vector.len(),
+                    set.id,
+                    set.dimension
+                )));
+            }
+            let row: Option<ChunkState> = tx
+                .prepare_cached(
+                    "SELECT input_key, embedded, replaced_by, document_id, id FROM chunks
+                     WHERE rowid = ?1",
+                )
+                .and_then(|mut s| {
+                    s.query_row([v.rowid], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                    })
+                    .optional()
+                })
+                .map_err(e)?;
+            let Some((key, embedded, replaced_by, document, id)) = row else {
+                continue; // deleted meanwhile
+            };
+            let same_input = key.as_deref() == v.guard.as_ref().map(|k| k.as_slice());
+            if replaced_by.is_some() || !same_input {
+                continue; // replaced by other text meanwhile: this vector is not its
+            }
+            if embedded & set.bit() != 0 {
+                tx.prepare_cached(&format!("DELETE FROM {} WHERE rowid = ?1", set.vec_table))
+                    .and_then(|mut s| s.execute([v.rowid]))
+                    .map_err(e)?;
+            }
+            insert_vector(&tx, &set.vec_table, v.rowid, &v.vector).map_err(e)?;
+            let now_embedded = embedded | set.bit();
+            tx.prepare_cached(
+                "UPDATE chunks SET embedded = ?2,
+                     token_ids = CASE WHEN ?2 & ?3 = ?3 THEN NULL ELSE token_ids END
+                 WHERE rowid = ?1",
+            )
+            .and_then(|mut s| s.execute(params![v.rowid, now_embedded, live_mask]))
+            .map_err(e)?;
+            if set.state == SetState::Active {
+                drop_replaced(&tx, &document, &id, &all).map_err(e)?;
+            }
+            written += 1;
+        }
+        for doc in documents {
+            settle(&tx, doc, &all, Priority::Fresh).map_err(e)?;
+        }
+        tx.commit().map_err(e)?;
+        Ok(written)
+    }
+}

@@ -1,0 +1,98 @@
+//! Lease owners: who holds a claim. An owner names its host and process, so that a worker
+//! that finds the lease of a dead process *on its own host* (killed with `kill -9`, crashed)
+//! can take the work at once instead of waiting for the lease to expire. Leases of other
+//! hosts, or of processes that may be alive, are only ever taken after they expire.
+
+use std::fmt;
+
+/// A lease owner: `host:pid:start:nonce`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner(String);
+
+impl Owner {
+    /// The owner id of this process, with a `role` ("enrich", "ingest") and a nonce, so two
+    /// workers of one process are told apart.
+    pub fn this_process(role: &str) -> Owner {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Owner(format!(
+            "{}:{}:{}:{role}-{n}",
+            host(),
+            std::process::id(),
+            start_time(std::process::id()).unwrap_or(0)
+        ))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// True only when `owner` names a process of this host that is certainly gone (no such pid,
+/// or a pid reused by a process that started at another time). Unknown means alive.
+pub fn is_dead_here(owner: &str) -> bool {
+    let mut parts = owner.splitn(4, ':');
+    let (Some(h), Some(pid), Some(start)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    if h != host() {
+        return false;
+    }
+    let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
+        return false;
+    };
+    if pid == std::process::id() {
+        return false;
+    }
+    if !std::path::Path::new("/proc/self/stat").exists() {
+        return false; // no /proc: cannot tell, wait for the lease
+    }
+    match start_time(pid) {
+        None => true,
+        Some(t) => start != 0 && t != start,
+    }
+}
+
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().replace(':', "_"))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// The start time of process `pid` in clock ticks since boot (field 22 of /proc/PID/stat).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count from the end.
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_finished_process_is_dead_and_this_one_and_other_hosts_are_not() {
+        let me = Owner::this_process("test");
+        assert!(!is_dead_here(me.as_str()));
+        assert!(!is_dead_here("another-host:1:1:enrich-0"));
+        assert!(!is_dead_here("garbage"));
+        if std::path::Path::new("/proc/self/stat").exists() {
+            let mut child = std::process::Command::new("true").spawn().unwrap();
+            let pid = child.id();
+            let start = start_time(pid).unwrap_or(1);
+            child.wait().unwrap();
+            let owner = format!("{}:{pid}:{start}:enrich-0", host());
+            assert!(is_dead_here(&owner), "{owner}");
+        }
+    }
+}

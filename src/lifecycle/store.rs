@@ -1,0 +1,185 @@
+//! What a store must do for the lifecycle: the durable work queue (claim with a lease, renew,
+//! complete, fail with backoff or dead-letter) and the reads the stages need. `indexers/sqlite`
+//! implements it today; a PostgreSQL store (`FOR UPDATE SKIP LOCKED`) implements the same
+//! traits.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+use super::{Priority, StageSettings, Status};
+use crate::document::InputKey;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// The store cannot be used (unreadable, locked for too long, corrupt): the worker stops.
+    #[error("index error: {0}")]
+    Io(String),
+    /// A request the store refuses (an unknown document, stage or vector set): the message
+    /// says what to do.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// What the index holds completely about a document, for incremental runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnownDocument {
+    pub content_hash: String,
+    pub fingerprint: String,
+}
+
+/// The vectors an index already holds, looked up by the model input they were computed from
+/// ([`crate::document::Chunk::input_key_of`]). One per worker.
+pub trait StoredVectors: Send {
+    /// The vector of an identical input, if the index holds one.
+    fn vector_for(&mut self, key: &InputKey) -> Result<Option<Vec<f32>>, StoreError>;
+}
+
+/// One unit of work: a document in a stage (for `embed`, in one vector set; 0 otherwise).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkKey {
+    pub document_id: String,
+    pub stage: String,
+    pub vector_set: i64,
+}
+
+/// Work a claim handed out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkItem {
+    pub key: WorkKey,
+    /// Attempts made, this one included.
+    pub attempts: u32,
+    pub priority: Priority,
+    /// The version of the document the work is for: a result is only recorded when the
+    /// document still has it.
+    pub input_version: String,
+    /// The order claims were made in (for showing that priority works).
+    pub claim_seq: i64,
+}
+
+/// What a worker asks for.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    pub owner: String,
+    /// The stages this worker does (empty: every stage it can).
+    pub stages: Vec<String>,
+    /// Vector sets this worker may take embed work of (empty: any).
+    pub vector_sets: Vec<i64>,
+    /// Items per claim, at most.
+    pub max_items: usize,
+    /// Work (tokens, for embed) per claim, at most; the first item is taken whatever its cost.
+    pub max_cost: u64,
+    pub lease: Duration,
+    /// Work claimed this many times already is dead-lettered instead of claimed again (a
+    /// document that kills its worker every time).
+    pub retry_limit: u32,
+}
+
+/// What a claim got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    Items(Vec<WorkItem>),
+    /// Nothing can be claimed now.
+    Idle {
+        /// The stage is paused (and had work).
+        paused: bool,
+        /// When the next failed item's backoff ends (ms since the epoch), if any is waiting.
+        next_due: Option<i64>,
+    },
+}
+
+/// A chunk that needs a vector in a vector set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingChunk {
+    pub rowid: i64,
+    pub chunk_id: String,
+    pub document_id: String,
+    /// The row's input key when it was read: a vector is written only if the row still has
+    /// it (the chunk was not replaced by new text meanwhile).
+    pub input_key: Option<InputKey>,
+    /// The chunker's token ids, stored by a deferred ingest (None when the set's model has
+    /// another tokenizer, or the ids were not kept).
+    pub token_ids: Option<Vec<u32>>,
+    pub text: String,
+}
+
+/// A vector to write for a chunk.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChunkVector {
+    pub rowid: i64,
+    /// The input key the chunk had when it was read ([`PendingChunk::input_key`]).
+    pub guard: Option<InputKey>,
+    pub vector: Vec<f32>,
+}
+
+/// The durable, leased work queue.
+pub trait LifecycleStore: Send {
+    /// Claim a batch of runnable work in one transaction: pending or failed work whose backoff
+    /// is over, or work whose lease expired, of an unpaused stage whose dependencies are done
+    /// for the document's current version; highest priority first, FIFO within a priority.
+    fn claim(&mut self, req: &ClaimRequest) -> Result<Claim, StoreError>;
+
+    /// Extend the leases `owner` holds on `keys`.
+    fn renew(&mut self, owner: &str, keys: &[WorkKey], lease: Duration) -> Result<(), StoreError>;
+
+    /// Record a failed attempt for each item `owner` holds: `failed` with a backoff, or
+    /// `dead` once the retry limit is reached; the error is kept with the time and worker.
+    /// Returns the new status of each.
+    fn fail(
+        &mut self,
+        owner: &str,
+        failures: &[(WorkKey, String)],
+        settings: &StageSettings,
+    ) -> Result<Vec<Status>, StoreError>;
+
+    /// Mark work done whose result is the status itself (no data to write).
+    fn complete(&mut self, owner: &str, keys: &[WorkKey]) -> Result<(), StoreError>;
+
+    /// Give back leases without counting an attempt (a worker stopping on request).
+    fn release(&mut self, owner: &str, keys: &[WorkKey]) -> Result<(), StoreError>;
+
+    /// Expire at once the leases held by processes of this host that are gone. Returns how
+    /// many leases were freed.
+    fn reap_dead_owners(&mut self) -> Result<usize, StoreError>;
+
+    /// Housekeeping when no work is claimable: queue the next page of a backfill, or switch
+    /// search to a backfilled vector set that is complete.
+    fn maintain(&mut self) -> Result<Maintenance, StoreError>;
+}
+
+/// What [`LifecycleStore::maintain`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Maintenance {
+    /// Nothing to do.
+    Nothing,
+    /// A page of documents was queued for the backfill of vector set `set`.
+    Queued { set: i64, documents: usize },
+    /// The backfill of `set` is complete: search now uses `model`.
+    Switched { set: i64, model: String },
+    /// The backfill cannot complete while documents of it are dead-lettered.
+    Blocked { set: i64, dead: u64 },
+}
+
+/// What the embed stage needs besides the queue.
+pub trait EnrichStore: LifecycleStore {
+    /// The chunks of the document in `key` that have no vector in its vector set.
+    fn pending_chunks(&mut self, key: &WorkKey) -> Result<Vec<PendingChunk>, StoreError>;
+
+    /// A vector the set already holds for an identical model input, when the set's model
+    /// tokenizes like the chunker (so that equal keys mean equal inputs).
+    fn vector_for(
+        &mut self,
+        vector_set: i64,
+        key: &InputKey,
+    ) -> Result<Option<Vec<f32>>, StoreError>;
+
+    /// Write vectors into a set and, in the same transaction, mark done every document whose
+    /// chunks all have one now. Vectors of chunks replaced meanwhile are not written. Returns
+    /// how many were written.
+    fn write_vectors(
+        &mut self,
+        vector_set: i64,
+        vectors: &[ChunkVector],
+        documents: &[String],
+    ) -> Result<usize, StoreError>;
+}

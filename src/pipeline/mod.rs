@@ -1,0 +1,591 @@
+//! The pipeline builder: what `ingest`, `eval`, `enrich`, `backfill` and `check` run, assembled
+//! from a [`PipelineConfig`] (the defaults, `ragline.toml`, then the flags). Commands parse
+//! their flags into the config and call a function here; they assemble nothing themselves.
+
+pub mod config;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+
+pub use config::{ConfigError, PipelineConfig, Progress};
+
+use crate::connectors::filesystem::{FilesystemConfig, FilesystemConnector};
+use crate::connectors::jsonl::JsonlFields;
+use crate::connectors::{Connector, ConnectorError};
+use crate::embed::device::{self, SelectedDevice};
+use crate::embed::pool::{
+    BatchPolicy, Embedder, EmbedderPool, DEFAULT_BATCH_TOKENS_CPU, DEFAULT_BATCH_TOKENS_GPU,
+    WINDOW_BATCHES,
+};
+use crate::embed::{EmbedError, EmbeddingModel, ModelFiles};
+use crate::indexers::sqlite::{
+    IndexIdentity, ModelIdentity, SqliteReader, SqliteStore, StatusReport, VectorSet,
+};
+use crate::indexers::{self, BackendError, BackendFactory, BatchConfig, IndexUri};
+use crate::lifecycle::{StoreError, EMBED};
+use crate::run::enrich::{EnrichOptions, EnrichWorker, SetModel};
+use crate::run::progress::Observer;
+use crate::run::{self, RunError, RunOptions, RunParts, RunSummary};
+use crate::stages::chunk::{chunk_fingerprint, ChunkConfig, ChunkStage, DEFAULT_CHUNK_TOKENS};
+use crate::stages::extract::Extract;
+use crate::stages::incremental::Incremental;
+use crate::stages::reuse::ReuseVectors;
+use crate::stages::{Pipeline, Stage, StageError};
+
+#[derive(Debug, Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Something the run needs is missing or wrong (a path, the model, the index): the
+    /// message says what and how to fix it.
+    #[error("{0}")]
+    Setup(String),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Embed(#[from] EmbedError),
+    #[error(transparent)]
+    Connector(#[from] ConnectorError),
+    /// The run started and could not go on.
+    #[error(transparent)]
+    Run(#[from] RunError),
+}
+
+/// The model's files, with a message that names the fix.
+pub fn model_files(name: &str) -> Result<ModelFiles, PipelineError> {
+    ModelFiles::resolve(name)
+        .map_err(|e| PipelineError::Setup(format!("cannot find the model `{name}`: {e}")))
+}
+
+/// The devices the config names.
+pub fn devices(model: &config::ModelConfig) -> Result<Vec<SelectedDevice>, PipelineError> {
+    device::select(&model.device.value)
+        .map_err(|e| PipelineError::Setup(format!("cannot open the device: {e}")))
+}
+
+/// Padded tokens per forward pass on `device`.
+pub fn batch_tokens(model: &config::ModelConfig, device: &SelectedDevice) -> usize {
+    model.batch_tokens.unwrap_or(if device.device.is_cpu() {
+        DEFAULT_BATCH_TOKENS_CPU
+    } else {
+        DEFAULT_BATCH_TOKENS_GPU
+    })
+}
+
+/// Load the model on one device, with the config's prompt overrides.
+pub fn load_model(
+    files: &ModelFiles,
+    device: &SelectedDevice,
+    model: &config::ModelConfig,
+) -> Result<EmbeddingModel, PipelineError> {
+    let dtype = model.dtype.value.resolve(&device.device);
+    let mut m = EmbeddingModel::load(files, &device.device, dtype).map_err(|e| {
+        PipelineError::Setup(format!(
+            "cannot load model `{}` on {}: {e}",
+            files.name, device.label
+        ))
+    })?;
+    m.tokenizer.set_prompts(
+        model.query_prompt.as_deref(),
+        model.passage_prompt.as_deref(),
+    )?;
+    Ok(m)
+}
+
+/// What the index records of a model.
+pub fn model_identity(
+    files: &ModelFiles,
+    model: &EmbeddingModel,
+) -> Result<ModelIdentity, PipelineError> {
+    Ok(ModelIdentity {
+        name: files.name.clone(),
+        dir: std::fs::canonicalize(&files.dir)
+            .unwrap_or_else(|_| files.dir.clone())
+            .display()
+            .to_string(),
+        fingerprint: model.fingerprint()?,
+        dimension: model.dimension(),
+        tokenizer: Some(model.tokenizer_fingerprint()?),
+    })
+}
+
+/// One embedder per device; `first` (already loaded on `devices[0]`) is the first.
+fn embedder_pool(
+    files: &ModelFiles,
+    devices: &[SelectedDevice],
+    first: EmbeddingModel,
+    model: &config::ModelConfig,
+) -> Result<EmbedderPool, PipelineError> {
+    let policy = |d: &SelectedDevice| BatchPolicy {
+        batch_tokens: batch_tokens(model, d),
+        max_wait: Duration::from_millis(model.max_wait_ms),
+    };
+    let mut embedders = vec![Embedder {
+        encoder: Box::new(first),
+        label: devices[0].label.clone(),
+        policy: policy(&devices[0]),
+    }];
+    for d in &devices[1..] {
+        embedders.push(Embedder {
+            encoder: Box::new(load_model(files, d, model)?),
+            label: d.label.clone(),
+            policy: policy(d),
+        });
+    }
+    Ok(EmbedderPool::new(embedders))
+}
+
+/// Run an ingest: read the sources, chunk, embed (unless deferred) and index.
+pub fn ingest(
+    config: &PipelineConfig,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, PipelineError> {
+    config.validate()?;
+    let src = &config.source;
+    if src.paths.is_empty() {
+        return Err(PipelineError::Setup(
+            "nothing to ingest: give PATH... or `paths` under [source] in ragline.toml".into(),
+        ));
+    }
+    let mut fs = FilesystemConfig::new(src.paths.clone());
+    if !src.ext.is_empty() {
+        fs.extensions = src.ext.clone();
+    }
+    fs.include = src.include.clone();
+    fs.exclude = src.exclude.clone();
+    fs.max_file_bytes = src.max_file_bytes;
+    let fs = fs.validate(JsonlFields {
+        id: src.id_field.clone(),
+        text: src.text_field.clone(),
+        title: src.title_field.clone(),
+        title_in_text: src.title_in_text,
+    })?;
+    let defer = config.stages.embed.defer;
+    let uri = &config.index.uri.value;
+    if defer && !matches!(uri, IndexUri::Sqlite(_)) {
+        return Err(PipelineError::Setup(format!(
+            "deferred embedding needs an index that keeps the work queue (sqlite://); {} \
+             cannot: drop --defer",
+            config.index.uri.text
+        )));
+    }
+
+    // The model and the chunker, unless whole documents are indexed.
+    let mut chunking = None;
+    let mut pool = None;
+    let mut model_id = None;
+    let mut fingerprint = "extract-v1".to_string();
+    if config.chunk.enabled {
+        let files = model_files(&config.model.name)?;
+        let devices = devices(&config.model)?;
+        if defer {
+            eprintln!("embedding deferred: `ragline enrich` embeds the chunks");
+        } else {
+            for d in &devices {
+                eprintln!("embedding on {} ({})", d.label, d.reason);
+            }
+        }
+        let first = load_model(&files, &devices[0], &config.model)?;
+        let tokenizer = first.tokenizer.clone();
+        let limit = tokenizer.max_content_len() - tokenizer.passage_prompt_ids().len();
+        let sizes = ChunkConfig {
+            target: config.chunk.tokens,
+            overlap: config.chunk.overlap,
+        }
+        .validate(limit, config.chunk.tokens != DEFAULT_CHUNK_TOKENS)
+        .map_err(PipelineError::Setup)?;
+        let identity = model_identity(&files, &first)?;
+        fingerprint = chunk_fingerprint(
+            &sizes,
+            config.chunk.truncate,
+            identity.tokenizer.as_deref().unwrap_or(""),
+        );
+        model_id = Some(identity);
+        if !defer {
+            pool = Some(embedder_pool(&files, &devices, first, &config.model)?);
+        }
+        chunking = Some((tokenizer, sizes));
+    }
+    let identity = IndexIdentity {
+        model: model_id,
+        pipeline_fingerprint: fingerprint.clone(),
+        defer_embed: defer,
+    };
+    let backend: Arc<dyn BackendFactory> = indexers::open(uri, identity)?.into();
+    let known = Arc::new(backend.known_documents()?);
+    let in_index = backend.document_ids()?;
+    let fingerprint: Arc<str> = fingerprint.into();
+    let truncate = config.chunk.truncate;
+    let store = Arc::clone(&backend);
+    let pipeline = move || -> Result<Pipeline, StageError> {
+        let mut stages: Vec<Box<dyn Stage>> = vec![
+            Box::new(Incremental::new(
+                Arc::clone(&known),
+                Arc::clone(&fingerprint),
+            )),
+            Box::new(Extract),
+        ];
+        if let Some((tokenizer, sizes)) = &chunking {
+            stages.push(Box::new(if truncate {
+                ChunkStage::truncating(tokenizer.clone(), *sizes)
+            } else {
+                ChunkStage::new(tokenizer.clone(), *sizes)
+            }));
+            let vectors = store
+                .stored_vectors()
+                .map_err(|e| StageError::Internal(e.to_string()))?;
+            if let Some(vectors) = vectors {
+                stages.push(Box::new(ReuseVectors::new(vectors)));
+            }
+        }
+        Ok(Pipeline::new(stages))
+    };
+
+    let mut options = RunOptions::default();
+    if let Some(w) = config.run.workers {
+        options.workers = w;
+    }
+    options.indexers = config.index.indexers;
+    options.track_ids = in_index.is_some();
+    options.batch = BatchConfig {
+        max_items: config.index.batch_size,
+        max_bytes: config.index.batch_bytes,
+        timeout: Duration::from_millis(config.index.batch_timeout_ms),
+        ..BatchConfig::default()
+    };
+    let connectors: Vec<Box<dyn Connector>> = vec![Box::new(FilesystemConnector::new(fs))];
+    let parts = RunParts {
+        connectors,
+        pipeline: &pipeline,
+        embedder: pool,
+        backend: backend.as_ref(),
+    };
+    let result = run::execute(parts, &options, observer);
+    observer.finish();
+    let mut summary = result?;
+    // Documents the index holds that this run's source no longer has.
+    if let (Some(before), Some(seen)) = (&in_index, &summary.published_ids) {
+        let mut missing: Vec<String> = before.difference(seen).cloned().collect();
+        missing.sort();
+        if config.index.prune && !missing.is_empty() {
+            summary.pruned = backend.delete_documents(&missing)? as u64;
+        }
+        summary.missing_from_source = missing;
+    } else if config.index.prune {
+        eprintln!("warning: --prune does nothing with {}", backend.describe());
+    }
+    if config.index.prune {
+        if let IndexUri::Sqlite(path) = uri {
+            let dropped = SqliteStore::open(path)?.drop_retired()?;
+            for model in dropped {
+                summary
+                    .notes
+                    .push(format!("dropped the vectors of retired model `{model}`"));
+            }
+        }
+    }
+    Ok(summary)
+}
+
+/// The SQLite file a lifecycle command works on.
+pub fn sqlite_path(config: &PipelineConfig) -> Result<&Path, PipelineError> {
+    match &config.index.uri.value {
+        IndexUri::Sqlite(path) => Ok(path),
+        _ => Err(PipelineError::Setup(format!(
+            "{} keeps no lifecycle: enrich, backfill, status, dlq, pause and promote work on \
+             sqlite:// indexes",
+            config.index.uri.text
+        ))),
+    }
+}
+
+/// What `enrich` and `backfill` are asked for beyond the config.
+#[derive(Clone, Debug, Default)]
+pub struct EnrichRequest {
+    /// Stages to work (default: embed).
+    pub stages: Vec<String>,
+    /// Keep running and pick up new work as it arrives.
+    pub follow: bool,
+    /// Load the index's model from here instead of where the index says (it must be the
+    /// same model).
+    pub model_override: Option<String>,
+}
+
+/// Work the lifecycle queue of the index until nothing is runnable (or forever with
+/// `follow`).
+pub fn enrich(
+    config: &PipelineConfig,
+    request: &EnrichRequest,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, PipelineError> {
+    config.validate()?;
+    let path = sqlite_path(config)?;
+    let store = SqliteStore::open(path)?;
+    let status = store.status()?;
+    let sets = store.sets()?;
+    let stages = if request.stages.is_empty() {
+        vec![EMBED.to_string()]
+    } else {
+        request.stages.clone()
+    };
+    for s in &stages {
+        if !crate::lifecycle::is_enrichable(s) {
+            return Err(PipelineError::Setup(format!(
+                "`enrich --stage {s}`: enrich runs the stage `{EMBED}` (chunking is done by \
+                 `ragline ingest`)"
+            )));
+        }
+    }
+    if sets.is_empty() {
+        return Err(PipelineError::Setup(format!(
+            "index {} has no model: ingest with a model first (not --no-chunk)",
+            path.display()
+        )));
+    }
+    // Check the override names one of the index's models before anything runs.
+    if let Some(name) = &request.model_override {
+        let files = model_files(name)?;
+        let devices = devices(&config.model)?;
+        let model = load_model(&files, &devices[0], &config.model)?;
+        let fp = model.fingerprint()?;
+        if !sets.iter().any(|s| s.fingerprint == fp) {
+            return Err(PipelineError::Setup(format!(
+                "--model {name} (fingerprint {fp}) is not a model of this index ({}); to move \
+                 the index to it, run `ragline backfill --stage embed --model {name}`",
+                sets.iter()
+                    .map(|s| format!("`{}` {}", s.model, s.fingerprint))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    let devices = devices(&config.model)?;
+    let settings = config.stages.embed.settings();
+    let workers = settings.concurrency.max(1);
+    let mut list = Vec::with_capacity(workers);
+    for i in 0..workers {
+        let device = devices[i % devices.len()].clone();
+        list.push(EnrichWorker {
+            store: SqliteStore::open(path)?,
+            loader: set_loader(
+                path.to_path_buf(),
+                config.model.clone(),
+                device,
+                request.model_override.clone(),
+            ),
+        });
+    }
+    let announced = status
+        .stages
+        .get(EMBED)
+        .map_or(0, |s| s.pending + s.failed + s.in_progress)
+        + status.backfill.as_ref().map_or(0, |b| {
+            b.stage.pending + b.stage.failed + b.stage.in_progress
+        });
+    let options = EnrichOptions {
+        stages,
+        follow: request.follow,
+        settings,
+        claim_cost: (batch_tokens(&config.model, &devices[0]) * WINDOW_BATCHES) as u64,
+        announced,
+        ..EnrichOptions::default()
+    };
+    let result = run::enrich::execute(
+        list,
+        &options,
+        format!("sqlite://{}", path.display()),
+        observer,
+    );
+    observer.finish();
+    Ok(result?)
+}
+
+/// Loads the model of a vector set for an enrich worker on `device`: from the override when
+/// it is that model, else from the folder the index recorded, else by the recorded name; it
+/// must have the fingerprint the set was made with.
+fn set_loader(
+    path: std::path::PathBuf,
+    model: config::ModelConfig,
+    device: SelectedDevice,
+    override_name: Option<String>,
+) -> crate::run::enrich::ModelLoader {
+    Box::new(move |set_id: i64| -> Result<SetModel, String> {
+        let set = find_set(&path, set_id)?;
+        let mut tried = Vec::new();
+        let mut candidates: Vec<String> = override_name.iter().cloned().collect();
+        if Path::new(&set.model_dir).is_dir() {
+            candidates.push(set.model_dir.clone());
+        }
+        candidates.push(set.model.clone());
+        for name in candidates {
+            let files = match ModelFiles::resolve(&name) {
+                Ok(f) => f,
+                Err(e) => {
+                    tried.push(format!("`{name}`: {e}"));
+                    continue;
+                }
+            };
+            let loaded = load_model(&files, &device, &model).map_err(|e| e.to_string())?;
+            let fp = loaded.fingerprint().map_err(|e| e.to_string())?;
+            if fp != set.fingerprint {
+                tried.push(format!(
+                    "`{name}` has fingerprint {fp}, the set was made with {}",
+                    set.fingerprint
+                ));
+                continue;
+            }
+            return Ok(SetModel {
+                batch_tokens: batch_tokens(&model, &device),
+                label: device.label.clone(),
+                encoder: Box::new(loaded),
+            });
+        }
+        Err(format!(
+            "cannot load the model of vector set {} (`{}`): {}; make it available \
+             (scripts/fetch-model.sh) or name its folder with --model",
+            set.id,
+            set.model,
+            tried.join("; ")
+        ))
+    })
+}
+
+fn find_set(path: &Path, id: i64) -> Result<VectorSet, String> {
+    let store = SqliteStore::open(path).map_err(|e| e.to_string())?;
+    store
+        .sets()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|s| s.id == id)
+        .ok_or_else(|| format!("the index has no vector set {id}"))
+}
+
+/// What a backfill did.
+pub struct BackfillOutcome {
+    pub summary: Option<RunSummary>,
+    pub dropped: Vec<String>,
+}
+
+/// Move the index to another model: a second vector set filled at backfill priority, search
+/// switching to it when complete. With `drop_old`, retired sets are dropped after (or, with
+/// no model, at once).
+pub fn backfill(
+    config: &PipelineConfig,
+    model: Option<&str>,
+    request: &EnrichRequest,
+    drop_old: bool,
+    observer: &mut dyn Observer,
+) -> Result<BackfillOutcome, PipelineError> {
+    config.validate()?;
+    let path = sqlite_path(config)?;
+    let mut summary = None;
+    if let Some(name) = model {
+        let files = model_files(name)?;
+        let devices = devices(&config.model)?;
+        let loaded = load_model(&files, &devices[0], &config.model)?;
+        let identity = model_identity(&files, &loaded)?;
+        drop(loaded);
+        let set = SqliteStore::open(path)?.start_backfill(&identity)?;
+        eprintln!(
+            "backfill of vector set {} with `{}` ({} dimensions)",
+            set.id, set.model, set.dimension
+        );
+        let mut req = request.clone();
+        req.model_override = Some(name.to_string());
+        // The override must be a model of the index: it is now.
+        summary = Some(enrich(config, &req, observer)?);
+    }
+    let dropped = if drop_old {
+        SqliteStore::open(path)?.drop_retired()?
+    } else {
+        Vec::new()
+    };
+    Ok(BackfillOutcome { summary, dropped })
+}
+
+/// The lifecycle status of the index.
+pub fn status(config: &PipelineConfig) -> Result<StatusReport, PipelineError> {
+    let path = sqlite_path(config)?;
+    if !path.is_file() {
+        return Err(PipelineError::Setup(format!(
+            "no index at `{}`: run `ragline ingest` first, or give --index",
+            path.display()
+        )));
+    }
+    Ok(SqliteStore::open(path)?.status()?)
+}
+
+/// What `ragline check` found.
+pub struct CheckReport {
+    pub config_file: Option<std::path::PathBuf>,
+    pub index: String,
+    pub model: Option<String>,
+    pub resolved: String,
+}
+
+/// Validate a pipeline without running it: the file, the index (opened read-only) and the
+/// model (loaded).
+pub fn check(config: &PipelineConfig) -> Result<CheckReport, PipelineError> {
+    config.validate()?;
+    let index = match &config.index.uri.value {
+        IndexUri::Sqlite(path) if path.exists() => {
+            let reader = SqliteReader::open(path)?;
+            let (docs, chunks, vectors) = reader.counts()?;
+            format!(
+                "{}: {docs} documents, {chunks} chunks, {vectors} embedded{}",
+                config.index.uri.text,
+                reader
+                    .meta()
+                    .model
+                    .as_ref()
+                    .map(|m| format!(", model `{m}`"))
+                    .unwrap_or_default()
+            )
+        }
+        IndexUri::Sqlite(path) => {
+            let dir = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if !dir.is_dir() {
+                return Err(PipelineError::Setup(format!(
+                    "index {}: folder `{}` does not exist",
+                    config.index.uri.text,
+                    dir.display()
+                )));
+            }
+            format!(
+                "{}: new (created by the first ingest)",
+                config.index.uri.text
+            )
+        }
+        _ => config.index.uri.text.clone(),
+    };
+    let model = if config.chunk.enabled {
+        let files = model_files(&config.model.name)?;
+        let devices = devices(&config.model)?;
+        let m = load_model(&files, &devices[0], &config.model)?;
+        Some(format!(
+            "`{}` from {} on {}: {} dimensions, {} tokens at most, fingerprint {}",
+            files.name,
+            files.dir.display(),
+            devices[0].label,
+            m.dimension(),
+            m.tokenizer.max_len(),
+            m.fingerprint()?
+        ))
+    } else {
+        None
+    };
+    Ok(CheckReport {
+        config_file: None,
+        index,
+        model,
+        resolved: config.to_toml(),
+    })
+}

@@ -1,0 +1,300 @@
+//! The embed stage of `enrich`: a claimed batch of documents has its chunks without a vector
+//! (in the claimed vector set) loaded, embedded as one window (length-sorted batches by a
+//! token budget, identical inputs once), and the vectors written as they come, a few hundred
+//! per transaction; a document is marked done in the transaction that writes its last vector.
+//! A killed worker therefore loses at most one commit's worth of work.
+//!
+//! The chunker's token ids stored by a deferred ingest are reused when the set's model
+//! tokenizes the same way (never tokenize twice); otherwise (a backfill to a model with
+//! another tokenizer) the chunk text is tokenized with the set's model, and cut at its
+//! limit if that is shorter.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::{EnrichWorker, SetModel, Shared};
+use crate::document::{Chunk, InputKey};
+use crate::embed::pool::RECENT_VECTORS;
+use crate::embed::window::{embed_window, Outcome, Recent, WindowItem};
+use crate::lifecycle::{ChunkVector, EnrichStore, Owner, StoreError, WorkItem, WorkKey};
+
+/// Vectors written per transaction, at least (fewer at the end of a claim).
+const COMMIT_CHUNKS: usize = 256;
+/// A commit at least this often while a long claim runs.
+const COMMIT_EVERY: Duration = Duration::from_secs(2);
+
+/// One claimed document while its chunks are embedded.
+struct DocState {
+    key: WorkKey,
+    /// Chunks without an outcome yet.
+    left: usize,
+    failure: Option<String>,
+    /// Every chunk has its outcome.
+    finished: bool,
+    /// Its result is recorded in the store.
+    reported: bool,
+}
+
+/// Embed the chunks of `items` (all of one vector set) and record the results.
+pub(super) fn process<S: EnrichStore>(
+    w: &mut EnrichWorker<S>,
+    models: &mut HashMap<i64, (SetModel, Recent)>,
+    owner: &Owner,
+    items: Vec<WorkItem>,
+    shared: &Shared<'_>,
+) -> Result<(), StoreError> {
+    let set = items[0].key.vector_set;
+    if let std::collections::hash_map::Entry::Vacant(slot) = models.entry(set) {
+        match (w.loader)(set) {
+            Ok(model) => {
+                slot.insert((model, Recent::new(RECENT_VECTORS)));
+            }
+            Err(reason) => {
+                // Without its model no document of the set can be embedded: fail them (they
+                // retry, then dead-letter), and say why.
+                let failures: Vec<(WorkKey, String)> = items
+                    .iter()
+                    .map(|i| (i.key.clone(), reason.clone()))
+                    .collect();
+                let statuses = w
+                    .store
+                    .fail(owner.as_str(), &failures, &shared.options.settings)?;
+                let mut t = shared.tally();
+                for ((key, reason), status) in failures.iter().zip(statuses) {
+                    t.failed(key, reason, status);
+                }
+                return Ok(());
+            }
+        }
+    }
+    let (model, recent) = models.get_mut(&set).expect("loaded above");
+
+    // The chunks to embed, with their ids.
+    let mut docs: Vec<DocState> = Vec::with_capacity(items.len());
+    let mut rows = Vec::new();
+    let mut ids: Vec<Vec<u32>> = Vec::new();
+    let mut keys: Vec<Option<InputKey>> = Vec::new();
+    let mut outcomes: Vec<(usize, Outcome)> = Vec::new();
+    let room = model
+        .encoder
+        .max_content_len()
+        .saturating_sub(model.encoder.passage_prompt_ids().len());
+    let mut truncated = 0u64;
+    for item in &items {
+        let chunks = w.store.pending_chunks(&item.key)?;
+        let d = docs.len();
+        docs.push(DocState {
+            key: item.key.clone(),
+            left: chunks.len(),
+            failure: None,
+            finished: false,
+            reported: false,
+        });
+        for mut chunk in chunks {
+            let (mut chunk_ids, key) = match chunk.token_ids.take() {
+                Some(stored) => (stored, chunk.input_key),
+                None => match model.encoder.content_ids(&chunk.text) {
+                    Ok(fresh) => {
+                        let key = Chunk::input_key_of(&fresh);
+                        (fresh, Some(key))
+                    }
+                    Err(e) => {
+                        outcomes.push((rows.len(), Outcome::Failed(format!("tokenizer: {e}"))));
+                        rows.push((d, chunk));
+                        ids.push(Vec::new());
+                        keys.push(None);
+                        continue;
+                    }
+                },
+            };
+            let key = if chunk_ids.len() > room {
+                // A chunk cut for a model with a longer limit than this one's.
+                chunk_ids.truncate(room);
+                truncated += 1;
+                Some(Chunk::input_key_of(&chunk_ids))
+            } else {
+                key
+            };
+            if let Some(k) = &key {
+                if let Some(v) = w.store.vector_for(set, k)? {
+                    shared
+                        .stats
+                        .chunks_reused
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    outcomes.push((rows.len(), Outcome::Reused(v)));
+                }
+            }
+            rows.push((d, chunk));
+            ids.push(chunk_ids);
+            keys.push(key);
+        }
+    }
+    if truncated > 0 {
+        let note = format!(
+            "chunks longer than the limit of the model of vector set {set} were cut to its \
+             {room} tokens"
+        );
+        let mut t = shared.tally();
+        if !t.notes.contains(&note) {
+            t.notes.push(note);
+        }
+    }
+    {
+        let mut t = shared.tally();
+        t.counts.children_created += rows.len() as u64;
+    }
+
+    let mut committer = Committer {
+        set,
+        owner,
+        pending: Vec::new(),
+        failed_chunks: 0,
+        last_commit: Instant::now(),
+        last_renew: Instant::now(),
+    };
+    // Outcomes known before the model runs (stored vectors, tokenizer errors).
+    let mut decided = vec![false; rows.len()];
+    for (i, outcome) in outcomes {
+        decided[i] = true;
+        committer.record(i, outcome, &rows, &mut docs);
+    }
+    // Documents with nothing to embed are finished now.
+    for d in docs.iter_mut() {
+        if d.left == 0 {
+            d.finished = true;
+        }
+    }
+    let window: Vec<WindowItem<'_>> = ids
+        .iter()
+        .zip(&keys)
+        .zip(&decided)
+        .filter(|(_, decided)| !**decided)
+        .map(|((ids, key), _)| WindowItem { ids, key: *key })
+        .collect();
+    let index_of: Vec<usize> = (0..rows.len()).filter(|&i| !decided[i]).collect();
+    let mut error: Option<StoreError> = None;
+    {
+        let store = &mut w.store;
+        let mut sink = |i: usize, outcome: Outcome| -> bool {
+            let row = index_of[i];
+            committer.record(row, outcome, &rows, &mut docs);
+            let due = committer.pending.len() >= COMMIT_CHUNKS
+                || committer.last_commit.elapsed() >= COMMIT_EVERY;
+            if due {
+                if let Err(e) = committer.commit(store, &mut docs, shared) {
+                    error = Some(e);
+                    return false;
+                }
+            }
+            let lease = shared.options.settings.visibility_timeout;
+            if committer.last_renew.elapsed() >= lease / 3 {
+                committer.last_renew = Instant::now();
+                let held: Vec<WorkKey> = docs
+                    .iter()
+                    .filter(|d| !d.reported)
+                    .map(|d| d.key.clone())
+                    .collect();
+                if let Err(e) = store.renew(owner.as_str(), &held, lease) {
+                    error = Some(e);
+                    return false;
+                }
+            }
+            true
+        };
+        embed_window(
+            model.encoder.as_ref(),
+            &window,
+            model.batch_tokens,
+            recent,
+            shared.stats,
+            &model.label,
+            &mut sink,
+        );
+    }
+    if let Some(e) = error {
+        return Err(e);
+    }
+    committer.commit(&mut w.store, &mut docs, shared)
+}
+
+/// The batch of results not yet written.
+struct Committer<'a> {
+    set: i64,
+    owner: &'a Owner,
+    pending: Vec<ChunkVector>,
+    /// Chunks that could not be embedded since the last commit.
+    failed_chunks: u64,
+    last_commit: Instant,
+    last_renew: Instant,
+}
+
+impl Committer<'_> {
+    fn record(
+        &mut self,
+        row: usize,
+        outcome: Outcome,
+        rows: &[(usize, crate::lifecycle::PendingChunk)],
+        docs: &mut [DocState],
+    ) {
+        let (d, chunk) = &rows[row];
+        match outcome {
+            Outcome::Embedded(vector) | Outcome::Reused(vector) => self.pending.push(ChunkVector {
+                rowid: chunk.rowid,
+                guard: chunk.input_key,
+                vector,
+            }),
+            Outcome::Failed(reason) => {
+                self.failed_chunks += 1;
+                let doc = &mut docs[*d];
+                doc.failure
+                    .get_or_insert(format!("chunk {}: {reason}", chunk.chunk_id));
+            }
+        }
+        let doc = &mut docs[*d];
+        doc.left -= 1;
+        if doc.left == 0 {
+            doc.finished = true;
+        }
+    }
+
+    /// Write the vectors so far; documents whose every chunk is through are marked done (in
+    /// the same transaction) or failed.
+    fn commit<S: EnrichStore>(
+        &mut self,
+        store: &mut S,
+        docs: &mut [DocState],
+        shared: &Shared<'_>,
+    ) -> Result<(), StoreError> {
+        let mut done: Vec<String> = Vec::new();
+        let mut failed: Vec<(WorkKey, String)> = Vec::new();
+        for d in docs.iter_mut().filter(|d| d.finished && !d.reported) {
+            match d.failure.take() {
+                Some(reason) => failed.push((d.key.clone(), reason)),
+                None => done.push(d.key.document_id.clone()),
+            }
+            d.reported = true;
+        }
+        let vectors = std::mem::take(&mut self.pending);
+        let written = store.write_vectors(self.set, &vectors, &done)?;
+        let statuses = if failed.is_empty() {
+            Vec::new()
+        } else {
+            store.fail(self.owner.as_str(), &failed, &shared.options.settings)?
+        };
+        self.last_commit = Instant::now();
+        let mut t = shared.tally();
+        t.counts.children_indexed += written as u64;
+        t.counts.children_failed += std::mem::take(&mut self.failed_chunks);
+        for key in docs
+            .iter()
+            .filter(|d| done.contains(&d.key.document_id))
+            .map(|d| &d.key)
+        {
+            t.done(key);
+        }
+        for ((key, reason), status) in failed.iter().zip(statuses) {
+            t.failed(key, reason, status);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,318 @@
+//! `ragline enrich`: workers that take their work from the lifecycle queue in the index
+//! instead of from a connector. Each worker claims a batch (documents of one stage, and for
+//! `embed` of one vector set, highest priority first, about one embedding window of tokens),
+//! does it, and completes it in the transaction that writes the results; a failed document
+//! is retried with backoff, then dead-lettered. A lease that expires (a killed worker) makes
+//! the work claimable again; a worker that finds the leases of a dead process of its own host
+//! takes that work at once.
+//!
+//! The run ends when nothing is claimable and no retry is waiting (or never, with `follow`).
+//! Progress and the summary are the same as an ingest's: a claimed document is "published",
+//! a completed one "indexed", its chunks "created" and, with their vectors, "indexed".
+
+mod embed;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::progress::{Observer, Snapshot};
+use super::summary::RunSummary;
+use super::RunError;
+use crate::document::RunId;
+use crate::embed::encoder::Encoder;
+use crate::embed::window::Recent;
+use crate::lifecycle::{
+    now_ms, Claim, ClaimRequest, EnrichStore, Maintenance, Owner, StageSettings, Status,
+    StoreError, WorkItem, WorkKey, EMBED, NOOP,
+};
+use crate::publisher::{Counts, Outcome};
+use crate::signal::RunSignal;
+use crate::stats::RunStats;
+
+/// How often an idle worker looks for new work (and for a pause being lifted).
+pub const IDLE_POLL: Duration = Duration::from_millis(250);
+
+/// How an enrich run goes.
+#[derive(Clone, Debug)]
+pub struct EnrichOptions {
+    /// Stages to work (`embed`; `noop` for measuring the queue).
+    pub stages: Vec<String>,
+    /// Keep waiting for new work instead of ending when nothing is runnable.
+    pub follow: bool,
+    pub settings: StageSettings,
+    /// Documents per claim, at most.
+    pub claim_items: usize,
+    /// Work per claim (embed: tokens), at most; about one embedding window.
+    pub claim_cost: u64,
+    pub idle_poll: Duration,
+    /// How often the observer hears about progress.
+    pub tick: Duration,
+    /// Documents runnable when the run starts (for the progress bar; 0: unknown).
+    pub announced: u64,
+}
+
+impl Default for EnrichOptions {
+    fn default() -> Self {
+        EnrichOptions {
+            stages: vec![EMBED.to_string()],
+            follow: false,
+            settings: StageSettings::default(),
+            claim_items: 256,
+            claim_cost: 8192,
+            idle_poll: IDLE_POLL,
+            tick: Duration::from_millis(200),
+            announced: 0,
+        }
+    }
+}
+
+/// The model of one vector set, as a worker holds it.
+pub struct SetModel {
+    pub encoder: Box<dyn Encoder>,
+    /// The device, for messages.
+    pub label: String,
+    /// Padded tokens per forward pass, at most.
+    pub batch_tokens: usize,
+}
+
+/// Loads the model of a vector set (by id) the first time a worker needs it; the error says
+/// what is missing and how to fix it.
+pub type ModelLoader = Box<dyn FnMut(i64) -> Result<SetModel, String> + Send>;
+
+/// One worker: its own connection to the store and its own models.
+pub struct EnrichWorker<S> {
+    pub store: S,
+    pub loader: ModelLoader,
+}
+
+/// The run's exact counts, shared by the workers.
+#[derive(Default)]
+struct Tally {
+    counts: Counts,
+    /// The last outcome of each document this run worked: None when done, the reason when
+    /// its last attempt failed.
+    last: HashMap<WorkKey, Option<Outcome>>,
+    notes: Vec<String>,
+}
+
+impl Tally {
+    fn claimed(&mut self, items: &[WorkItem]) {
+        for item in items {
+            if !self.last.contains_key(&item.key) {
+                self.counts.published += 1;
+            }
+        }
+    }
+
+    fn done(&mut self, key: &WorkKey) {
+        if let Some(Some(_)) = self.last.insert(key.clone(), None) {
+            self.counts.failed -= 1;
+        }
+        self.counts.indexed += 1;
+    }
+
+    fn failed(&mut self, key: &WorkKey, reason: &str, status: Status) {
+        let outcome = Outcome {
+            id: key.document_id.clone(),
+            parent_id: None,
+            stage: key.stage.clone(),
+            reason: match status {
+                Status::Dead => format!(
+                    "{reason} (dead-lettered: `ragline dlq show {}`)",
+                    key.document_id
+                ),
+                _ => format!("{reason} (will retry)"),
+            },
+        };
+        if !matches!(self.last.insert(key.clone(), Some(outcome)), Some(Some(_))) {
+            self.counts.failed += 1;
+        }
+    }
+}
+
+/// What every worker shares.
+struct Shared<'a> {
+    options: &'a EnrichOptions,
+    tally: &'a Mutex<Tally>,
+    stats: &'a RunStats,
+    signal: &'a RunSignal,
+}
+
+impl Shared<'_> {
+    fn tally(&self) -> std::sync::MutexGuard<'_, Tally> {
+        self.tally.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Run the workers until nothing is runnable (or forever with `follow`); return the summary.
+pub fn execute<S: EnrichStore + 'static>(
+    workers: Vec<EnrichWorker<S>>,
+    options: &EnrichOptions,
+    index: String,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, RunError> {
+    let started = Instant::now();
+    let signal = RunSignal::new();
+    let stats = RunStats::default();
+    let tally = Mutex::new(Tally::default());
+    let running = AtomicU64::new(workers.len() as u64);
+    let shared = Shared {
+        options,
+        tally: &tally,
+        stats: &stats,
+        signal: &signal,
+    };
+    std::thread::scope(|scope| {
+        for (i, worker) in workers.into_iter().enumerate() {
+            let (shared, running) = (&shared, &running);
+            let spawned = std::thread::Builder::new()
+                .name(format!("enrich-{i}"))
+                .spawn_scoped(scope, move || {
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        work(worker, shared)
+                    }));
+                    match result {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => shared.signal.abort(format!("enrich worker {i}: {e}")),
+                        Err(_) => shared.signal.abort(format!("enrich worker {i} panicked")),
+                    }
+                    running.fetch_sub(1, Ordering::AcqRel);
+                });
+            if let Err(e) = spawned {
+                signal.abort(format!("cannot start a thread: {e}"));
+                running.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        loop {
+            let done = running.load(Ordering::Acquire) == 0;
+            {
+                let t = shared.tally();
+                let counts = t.counts.clone();
+                drop(t);
+                let finished = counts.indexed + counts.failed;
+                observer.tick(&Snapshot {
+                    counts: &counts,
+                    pending: counts.published.saturating_sub(finished),
+                    announced: options.announced,
+                    elapsed: started.elapsed(),
+                    stats: &stats,
+                });
+            }
+            if done {
+                break;
+            }
+            std::thread::sleep(options.tick.min(Duration::from_millis(100)));
+        }
+    });
+    if let Some(reason) = signal.abort_reason() {
+        return Err(RunError::Aborted(reason));
+    }
+    let tally = tally.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut failures: Vec<Outcome> = tally.last.into_values().flatten().collect();
+    failures.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut summary = RunSummary::new(
+        RunId::generate(),
+        index,
+        started.elapsed(),
+        tally.counts,
+        failures,
+        Vec::new(),
+        &stats,
+    );
+    summary.notes = tally.notes;
+    Ok(summary)
+}
+
+/// One worker's loop.
+fn work<S: EnrichStore>(mut w: EnrichWorker<S>, shared: &Shared<'_>) -> Result<(), StoreError> {
+    let options = shared.options;
+    let owner = Owner::this_process("enrich");
+    let reaped = w.store.reap_dead_owners()?;
+    if reaped > 0 {
+        shared.tally().notes.push(format!(
+            "took over {reaped} documents from workers whose process is gone"
+        ));
+    }
+    let request = ClaimRequest {
+        owner: owner.to_string(),
+        stages: options.stages.clone(),
+        vector_sets: Vec::new(),
+        max_items: options.claim_items,
+        max_cost: options.claim_cost,
+        lease: options.settings.visibility_timeout,
+        retry_limit: options.settings.retry_limit,
+    };
+    let mut models: HashMap<i64, (SetModel, Recent)> = HashMap::new();
+    let mut last_reap = Instant::now();
+    let mut said_paused = false;
+    while !shared.signal.is_stopped() {
+        match w.store.claim(&request)? {
+            Claim::Items(items) => {
+                said_paused = false;
+                shared.tally().claimed(&items);
+                let stage = items[0].key.stage.clone();
+                match stage.as_str() {
+                    EMBED => embed::process(&mut w, &mut models, &owner, items, shared)?,
+                    NOOP => {
+                        let keys: Vec<WorkKey> = items.into_iter().map(|i| i.key).collect();
+                        w.store.complete(owner.as_str(), &keys)?;
+                        let mut t = shared.tally();
+                        keys.iter().for_each(|k| t.done(k));
+                    }
+                    other => {
+                        return Err(StoreError::Invalid(format!(
+                            "claimed work of stage `{other}`, which enrich cannot do: a bug"
+                        )))
+                    }
+                }
+            }
+            Claim::Idle { paused, next_due } => {
+                match w.store.maintain()? {
+                    Maintenance::Queued { .. } => continue,
+                    Maintenance::Switched { set, model } => {
+                        shared.tally().notes.push(format!(
+                            "every chunk has a vector of `{model}` (vector set {set}): search \
+                             now uses it"
+                        ));
+                        continue;
+                    }
+                    Maintenance::Blocked { set, dead } if !options.follow => {
+                        shared.tally().notes.push(format!(
+                            "the backfill of vector set {set} cannot finish: {dead} documents \
+                             are dead-lettered (`ragline dlq list`)"
+                        ));
+                    }
+                    Maintenance::Blocked { .. } | Maintenance::Nothing => {}
+                }
+                if paused && !said_paused {
+                    said_paused = true;
+                    let note = "a stage is paused: its work waits for `ragline resume`";
+                    let mut t = shared.tally();
+                    if !t.notes.iter().any(|n| n == note) {
+                        t.notes.push(note.to_string());
+                    }
+                }
+                // Without --follow: wait only for retries that are due soon, never for a
+                // paused stage.
+                let waiting_retry = next_due.filter(|d| *d > 0);
+                if !options.follow && (paused || waiting_retry.is_none()) {
+                    return Ok(());
+                }
+                let wait = match waiting_retry {
+                    Some(due) if !options.follow => {
+                        Duration::from_millis((due - now_ms()).clamp(1, 1000) as u64)
+                    }
+                    _ => options.idle_poll,
+                };
+                std::thread::sleep(wait);
+                if last_reap.elapsed() > Duration::from_secs(5) {
+                    last_reap = Instant::now();
+                    w.store.reap_dead_owners()?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
