@@ -5,7 +5,8 @@
 #      reference (tests/fixtures/parity), cosine >= 0.999 each;
 #   2. throughput, text in to vectors out, of ragline and of sentence-transformers (fp16) on
 #      the same 100,000 passages, in the same run.
-# Results go to $OUT (or /tmp/gpu-check) as gpu-check.json and the logs.
+# Results go to $OUT (or /tmp/gpu-check) as gpu-check.json and the logs. Exits 1 when a parity
+# check fails (after writing everything it measured), 2 when something could not run.
 set -euo pipefail
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -70,4 +71,10 @@ result["ragline_f16_tokens_per_s"] = tokens / min(walls)
 result["ratio"] = result["ragline_f16_tokens_per_s"] / result["st_fp16_tokens_per_s"]
 json.dump(result, open(f"{out}/gpu-check.json", "w"), indent=2)
 print(json.dumps(result, indent=2))
+failed = [dt for dt in ("f16", "bf16") if not result[f"parity_{dt}_ok"]]
+if failed:
+    print(f"PARITY FAILED for {', '.join(failed)}: min cosine "
+          + ", ".join(f"{result[f'parity_{dt}_min_cosine']:.5f}" for dt in failed)
+          + " < 0.999", file=sys.stderr)
+    sys.exit(1)
 PY

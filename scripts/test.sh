@@ -5,4 +5,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 [ -f models/all-MiniLM-L6-v2/model.safetensors ] || scripts/fetch-model.sh
-cargo test --all-targets "$@"
+# `failpoints` compiles in fault injection (FAILPOINTS=...), which the lifecycle tests use to
+# make chosen documents fail; release builds never have it.
+cargo test --all-targets --features failpoints "$@"

@@ -13,6 +13,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // Fault injection for tests: FAILPOINTS=name=action (a `failpoints` build only).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(code) => code,

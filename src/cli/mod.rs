@@ -12,6 +12,7 @@ mod ingest;
 mod model_args;
 mod pause;
 mod promote;
+mod random_model;
 mod search;
 mod status;
 
@@ -75,6 +76,9 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Measure embedding throughput on this host (tokens/s, padding, memory, chunker MB/s).
     Bench(bench::BenchArgs),
+    /// Write a random-weight BERT in the Hugging Face layout (tests, speed measurements).
+    #[command(hide = true)]
+    RandomModel(random_model::RandomModelArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -93,6 +97,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => bench::run(args, config),
         Command::Search(args) => search::run(args, config),
         Command::Eval(args) => eval::run(args, config),
+        Command::RandomModel(args) => random_model::run(args),
     }
 }
 
@@ -110,11 +115,16 @@ pub fn apply_index(config: &mut PipelineConfig, index: &Option<String>) -> anyho
     Ok(())
 }
 
-/// The progress display asked for.
+/// The progress display asked for. Log lines come every 5 s, or every
+/// `RAGLINE_PROGRESS_EVERY_MS`.
 pub fn observer(choice: Progress) -> Box<dyn Observer> {
+    let every = std::env::var("RAGLINE_PROGRESS_EVERY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(5), Duration::from_millis);
     match choice {
         Progress::Auto if std::io::stderr().is_terminal() => Box::new(Bars::new()),
-        Progress::Auto | Progress::Log => Box::new(LogLines::new(Duration::from_secs(5))),
+        Progress::Auto | Progress::Log => Box::new(LogLines::new(every)),
         Progress::Bars => Box::new(Bars::new()),
         Progress::None => Box::new(Silent),
     }

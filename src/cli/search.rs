@@ -75,7 +75,7 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
     if missing > 0 {
         if args.mode != Mode::Keyword {
             eprintln!(
-                "note: {missing} of {total} chunks not embedded yet (vector search covers the                  rest; `ragline enrich` embeds them)"
+                "note: {missing} of {total} chunks not embedded yet (vector search covers the rest; `ragline enrich` embeds them)"
             );
         }
         if !args.no_promote {

@@ -405,72 +405,17 @@ mod tests {
 
     /// A tiny BERT with random weights, as candle-transformers names them.
     pub fn tiny(seed: u64) -> (HashMap<String, Tensor>, BertConfig) {
-        let dev = Device::Cpu;
-        let (v, h, i, p) = (50, 16, 40, 32);
-        let mut t = HashMap::new();
-        // xorshift: deterministic weights without a seeded RNG.
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut put = |name: &str, shape: &[usize], scale: f64| {
-            let count: usize = shape.iter().product();
-            let values: Vec<f32> = (0..count)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    ((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
-                        * scale as f32
-                        * 1.7
-                })
-                .collect();
-            t.insert(
-                name.to_string(),
-                Tensor::from_vec(values, shape, &dev).unwrap(),
-            );
+        let shape = crate::embed::random::RandomBert {
+            vocab: 50,
+            hidden: 16,
+            layers: 2,
+            heads: 4,
+            intermediate: 40,
+            positions: 32,
+            seed,
         };
-        put("embeddings.word_embeddings.weight", &[v, h], 1.0);
-        put("embeddings.position_embeddings.weight", &[p, h], 0.5);
-        put("embeddings.token_type_embeddings.weight", &[2, h], 0.5);
-        put("embeddings.LayerNorm.weight", &[h], 0.1);
-        put("embeddings.LayerNorm.bias", &[h], 0.1);
-        for l in 0..2 {
-            let pre = format!("encoder.layer.{l}");
-            for name in ["query", "key", "value"] {
-                put(&format!("{pre}.attention.self.{name}.weight"), &[h, h], 0.3);
-                put(&format!("{pre}.attention.self.{name}.bias"), &[h], 0.1);
-            }
-            put(
-                &format!("{pre}.attention.output.dense.weight"),
-                &[h, h],
-                0.3,
-            );
-            put(&format!("{pre}.attention.output.dense.bias"), &[h], 0.1);
-            put(
-                &format!("{pre}.attention.output.LayerNorm.weight"),
-                &[h],
-                0.1,
-            );
-            put(&format!("{pre}.attention.output.LayerNorm.bias"), &[h], 0.1);
-            put(&format!("{pre}.intermediate.dense.weight"), &[i, h], 0.3);
-            put(&format!("{pre}.intermediate.dense.bias"), &[i], 0.1);
-            put(&format!("{pre}.output.dense.weight"), &[h, i], 0.3);
-            put(&format!("{pre}.output.dense.bias"), &[h], 0.1);
-            put(&format!("{pre}.output.LayerNorm.weight"), &[h], 0.1);
-            put(&format!("{pre}.output.LayerNorm.bias"), &[h], 0.1);
-        }
-        // LayerNorm weights near 1, as trained models have them.
-        for (name, x) in t.iter_mut() {
-            if name.ends_with("LayerNorm.weight") {
-                *x = (x.clone() + 1.0).unwrap();
-            }
-        }
-        let config: BertConfig = serde_json::from_value(serde_json::json!({
-            "vocab_size": v, "hidden_size": h, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "intermediate_size": i, "hidden_act": "gelu",
-            "max_position_embeddings": p, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
-            "model_type": "bert"
-        }))
-        .unwrap();
-        (t, config)
+        let config: BertConfig = serde_json::from_value(shape.config()).unwrap();
+        (shape.weights(), config)
     }
 
     /// The fused CPU encoder gives the candle encoder's hidden states, without padding.

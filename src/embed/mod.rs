@@ -11,6 +11,7 @@ pub mod gelu;
 pub mod model;
 pub mod npy;
 pub mod pool;
+pub mod random;
 pub mod texts;
 pub mod tokenizer;
 pub mod window;

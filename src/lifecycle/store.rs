@@ -173,9 +173,10 @@ pub trait EnrichStore: LifecycleStore {
         key: &InputKey,
     ) -> Result<Option<Vec<f32>>, StoreError>;
 
-    /// Write vectors into a set and, in the same transaction, mark done every document whose
-    /// chunks all have one now. Vectors of chunks replaced meanwhile are not written. Returns
-    /// how many were written.
+    /// Write vectors into a set and, in the same transaction, settle the documents they
+    /// belong to and `documents` (those with nothing left to write): each is marked done when
+    /// its chunks all have a vector. Vectors of chunks replaced meanwhile are not written.
+    /// Returns how many were written.
     fn write_vectors(
         &mut self,
         vector_set: i64,

@@ -7,7 +7,7 @@ use std::path::Path;
 use ragline::indexers::sqlite::SqliteReader;
 use serde_json::Value;
 
-use crate::util::{model_dir, ragline, root, run};
+use crate::util::{model_dir, ragline, root, run, stdout_json};
 
 fn ingest(corpus: &Path, db: &Path, extra: &[&str]) -> (Option<i32>, Value) {
     let report = db.with_extension("report.json");
@@ -230,9 +230,13 @@ fn eval_matches_the_sentence_transformers_reference() {
         .arg("--index")
         .arg(format!("sqlite://{}", dir.path().join("e.db").display()))
         .arg("--report")
-        .arg(&report));
+        .arg(&report)
+        .arg("--json"));
     assert_eq!(o.status.code(), Some(0));
     let scores: Vec<Value> = serde_json::from_slice(&fs::read(&report).unwrap()).unwrap();
+    // It ingested the corpus first, and still printed the scores alone on stdout.
+    assert!(String::from_utf8_lossy(&o.stderr).contains("corpus ingested"));
+    assert_eq!(stdout_json(&o), Value::Array(scores.clone()));
     let modes: Vec<&str> = scores.iter().map(|s| s["mode"].as_str().unwrap()).collect();
     assert_eq!(modes, vec!["vector", "keyword", "hybrid"]);
     for s in &scores {
@@ -251,24 +255,33 @@ fn eval_matches_the_sentence_transformers_reference() {
     );
 }
 
-/// Readers work while an ingest writes (WAL): counts and searches during the run never hit a
-/// lock, and only ever grow.
+/// Readers work while an ingest writes (WAL): a reader holds one read transaction open for
+/// the whole of a second ingest (so the ingest certainly writes while it reads, whatever the
+/// speed of the machine); its reads succeed and see a stable snapshot, and the ingest is not
+/// blocked. After, a new read sees everything.
 #[test]
 fn readers_work_while_an_ingest_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let c = dir.path().join("c");
-    fs::create_dir(&c).unwrap();
+    let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+    fs::create_dir(&first).unwrap();
+    fs::create_dir(&second).unwrap();
     let page = fs::read_to_string(root().join("tests/fixtures/react/useEffect.md")).unwrap();
-    for i in 0..6 {
+    fs::write(
+        first.join("a.md"),
+        "# First\n\nAn effect runs after render.\n",
+    )
+    .unwrap();
+    for i in 0..2 {
         fs::write(
-            c.join(format!("copy{i}.md")),
+            second.join(format!("copy{i}.md")),
             format!("{page}\n\nCopy {i}.\n"),
         )
         .unwrap();
     }
     let db = dir.path().join("rag.db");
-    let mut child = ragline()
-        .args([
+    let ingest = |path: &Path| {
+        let mut cmd = ragline();
+        cmd.args([
             "ingest",
             "--progress",
             "none",
@@ -276,34 +289,56 @@ fn readers_work_while_an_ingest_writes() {
             "cpu",
             "--batch-size",
             "16",
-            "--model",
         ])
+        .arg("--model")
         .arg(model_dir())
         .arg("--index")
         .arg(format!("sqlite://{}", db.display()))
-        .arg(&c)
+        .arg(path);
+        cmd
+    };
+    assert!(run(&mut ingest(&first)).status.success());
+
+    let reader = SqliteReader::open(&db).unwrap();
+    let conn =
+        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    conn.execute_batch("BEGIN").unwrap();
+    let count = || -> i64 {
+        conn.query_row("SELECT COUNT(*) FROM chunks", [], |r| r.get(0))
+            .expect("a read during the ingest failed")
+    };
+    let before = count();
+    let mut child = ingest(&second)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let (mut reads, mut last) = (0, 0);
-    while child.try_wait().unwrap().is_none() {
-        if let Ok(reader) = SqliteReader::open(&db) {
-            let (_, chunks, _) = reader.counts().expect("a read during the ingest failed");
-            reader
-                .keyword("effect", 5)
-                .expect("a search during the ingest failed");
-            assert!(chunks >= last, "counts went backwards");
-            last = chunks;
-            reads += 1;
+    let mut reads = 0;
+    loop {
+        assert_eq!(count(), before, "a read transaction sees one snapshot");
+        reader
+            .keyword("effect", 5)
+            .expect("a search during the ingest failed");
+        reads += 1;
+        if child.try_wait().unwrap().is_some() {
+            break;
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    assert!(child.wait().unwrap().success());
+    assert!(
+        child.wait().unwrap().success(),
+        "the ingest finished while a reader held its snapshot"
+    );
+    assert_eq!(
+        count(),
+        before,
+        "still the snapshot, after the ingest committed"
+    );
+    conn.execute_batch("COMMIT").unwrap();
     let (_, chunks, vectors) = SqliteReader::open(&db).unwrap().counts().unwrap();
-    assert!(chunks > 0 && chunks == vectors);
-    assert!(reads > 0, "the ingest ended before any read");
-    eprintln!("{reads} reads during the ingest, last saw {last} of {chunks} chunks");
+    assert!(chunks > before as u64 && chunks == vectors);
+    eprintln!("{reads} reads during the ingest; {before} chunks before, {chunks} after");
 }
 
 /// (document id, chunk text, vector bytes) of every chunk.

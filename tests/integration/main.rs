@@ -4,5 +4,7 @@ mod chunking;
 mod embedding;
 mod engine;
 mod index;
+mod layers;
+mod lifecycle;
 mod tokenizer;
 mod util;

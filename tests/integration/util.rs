@@ -28,18 +28,47 @@ pub fn run(cmd: &mut Command) -> Output {
     out
 }
 
-/// The shared data folder, or None (with a message) when this checkout has none.
+/// The shared data folder (`../shared/data`, or `$RAGLINE_DATA_DIR`), or None (with a
+/// message) when this machine has none. With `RAGLINE_REQUIRE_DATA=1` (CI) a missing data
+/// set fails the test instead of skipping it.
 pub fn shared_data(sub: &str) -> Option<PathBuf> {
-    let p = root().join("../shared/data").join(sub);
+    let base = std::env::var_os("RAGLINE_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("../shared/data"));
+    let p = base.join(sub);
     if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "SKIPPED: {} is absent (the shared data set is not on this machine)",
-            p.display()
-        );
-        None
+        return Some(p);
     }
+    assert!(
+        std::env::var("RAGLINE_REQUIRE_DATA").as_deref() != Ok("1"),
+        "{} is absent and RAGLINE_REQUIRE_DATA=1: put the shared data set there or point \
+         RAGLINE_DATA_DIR at it",
+        p.display()
+    );
+    eprintln!(
+        "SKIPPED: {} is absent (the shared data set is not on this machine)",
+        p.display()
+    );
+    None
+}
+
+/// A random-weight BERT of `hidden` dimensions with the default model's tokenizer, written
+/// into `dir` (a second model for migrations, and a fast one for lifecycle tests).
+pub fn random_model(dir: &Path, hidden: usize, seed: u64) -> PathBuf {
+    let out = dir.join(format!("random-{hidden}-{seed}"));
+    ragline::embed::random::save_random_model(&model_dir(), &out, hidden, 2, seed)
+        .expect("write a random model");
+    out
+}
+
+/// The JSON a command printed on standard output: all of it, nothing else.
+pub fn stdout_json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON alone ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 /// The default model's folder; panics with the fix when it has not been fetched.

@@ -370,7 +370,7 @@ fn record_error(
 fn set_dead(tx: &Connection, id: i64, now: i64) -> rusqlite::Result<()> {
     tx.prepare_cached(
         "UPDATE enrichment SET status = 'dead', lease_owner = NULL, lease_expires = NULL,
-             updated_at = ?2
+             not_before = 0, updated_at = ?2
          WHERE id = ?1",
     )?
     .execute(params![id, now])?;
@@ -686,6 +686,9 @@ impl EnrichStore for SqliteStore {
             })?;
         let live_mask: i64 = all.iter().filter(|s| s.is_live()).map(VectorSet::bit).sum();
         let mut written = 0;
+        // Every document a vector lands in is settled: its work left shrinks, and it is done
+        // when its last chunk has a vector.
+        let mut touched: std::collections::BTreeSet<String> = documents.iter().cloned().collect();
         for v in vectors {
             if v.vector.len() != set.dimension {
                 return Err(StoreError::Invalid(format!(
@@ -731,9 +734,10 @@ impl EnrichStore for SqliteStore {
             if set.state == SetState::Active {
                 drop_replaced(&tx, &document, &id, &all).map_err(e)?;
             }
+            touched.insert(document);
             written += 1;
         }
-        for doc in documents {
+        for doc in &touched {
             settle(&tx, doc, &all, Priority::Fresh).map_err(e)?;
         }
         tx.commit().map_err(e)?;

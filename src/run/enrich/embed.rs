@@ -20,8 +20,9 @@ use crate::lifecycle::{ChunkVector, EnrichStore, Owner, StoreError, WorkItem, Wo
 
 /// Vectors written per transaction, at least (fewer at the end of a claim).
 const COMMIT_CHUNKS: usize = 256;
-/// A commit at least this often while a long claim runs.
-const COMMIT_EVERY: Duration = Duration::from_secs(2);
+/// A commit at least this often while a long claim runs: a killed worker loses at most this
+/// much work (and one model batch).
+const COMMIT_EVERY: Duration = Duration::from_secs(1);
 
 /// One claimed document while its chunks are embedded.
 struct DocState {
@@ -83,6 +84,16 @@ pub(super) fn process<S: EnrichStore>(
     for item in &items {
         let chunks = w.store.pending_chunks(&item.key)?;
         let d = docs.len();
+        if let Some(reason) = injected_failure(&chunks) {
+            docs.push(DocState {
+                key: item.key.clone(),
+                left: 0,
+                failure: Some(reason),
+                finished: true,
+                reported: false,
+            });
+            continue;
+        }
         docs.push(DocState {
             key: item.key.clone(),
             left: chunks.len(),
@@ -130,14 +141,16 @@ pub(super) fn process<S: EnrichStore>(
         }
     }
     if truncated > 0 {
-        let note = format!(
-            "chunks longer than the limit of the model of vector set {set} were cut to its \
-             {room} tokens"
-        );
         let mut t = shared.tally();
-        if !t.notes.contains(&note) {
-            t.notes.push(note);
-        }
+        t.truncated += truncated;
+        let note = format!(
+            "{} chunks, tokenized again for vector set {set}, came out longer than its model's \
+             limit and were cut to {room} tokens",
+            t.truncated
+        );
+        t.notes
+            .retain(|n| !n.contains("tokenized again for vector set"));
+        t.notes.push(note);
     }
     {
         let mut t = shared.tally();
@@ -275,6 +288,8 @@ impl Committer<'_> {
             d.reported = true;
         }
         let vectors = std::mem::take(&mut self.pending);
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("enrich::commit");
         let written = store.write_vectors(self.set, &vectors, &done)?;
         let statuses = if failed.is_empty() {
             Vec::new()
@@ -297,4 +312,27 @@ impl Committer<'_> {
         }
         Ok(())
     }
+}
+
+/// Fault injection for tests (feature `failpoints`, compiled out otherwise): with
+/// `FAILPOINTS='embed::document=return(MARKER)'`, a document any of whose pending chunks
+/// contains MARKER fails its embedding, every attempt, until its text changes or the
+/// failpoint is removed.
+#[cfg(feature = "failpoints")]
+fn injected_failure(chunks: &[crate::lifecycle::PendingChunk]) -> Option<String> {
+    fail::fail_point!("embed::document", |marker: Option<String>| {
+        let marker = marker.unwrap_or_default();
+        chunks
+            .iter()
+            .any(|c| !marker.is_empty() && c.text.contains(&marker))
+            .then(|| {
+                format!("injected failure: the text holds `{marker}` (failpoint embed::document)")
+            })
+    });
+    None
+}
+
+#[cfg(not(feature = "failpoints"))]
+fn injected_failure(_chunks: &[crate::lifecycle::PendingChunk]) -> Option<String> {
+    None
 }

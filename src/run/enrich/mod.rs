@@ -95,6 +95,8 @@ struct Tally {
     /// its last attempt failed.
     last: HashMap<WorkKey, Option<Outcome>>,
     notes: Vec<String>,
+    /// Chunks cut to a vector set's model limit.
+    truncated: u64,
 }
 
 impl Tally {

@@ -1,0 +1,41 @@
+//! `ragline random-model` (hidden): write a random-weight BERT in the Hugging Face layout, with
+//! a real model's tokenizer, for tests and speed measurements (a second model to migrate to,
+//! a BERT-base-shaped model to time).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use ragline::embed::random::save_random_model;
+
+#[derive(Args, Debug)]
+pub struct RandomModelArgs {
+    /// The model folder whose tokenizer and sentence-transformers settings are copied.
+    #[arg(long)]
+    base: PathBuf,
+    /// Where to write the model.
+    #[arg(long)]
+    out: PathBuf,
+    /// Hidden size (the vectors' dimension).
+    #[arg(long, default_value_t = 48)]
+    hidden: usize,
+    /// Encoder layers.
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    /// Seed of the weights.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+pub fn run(args: RandomModelArgs) -> anyhow::Result<ExitCode> {
+    save_random_model(&args.base, &args.out, args.hidden, args.layers, args.seed)
+        .with_context(|| format!("cannot write a model into {}", args.out.display()))?;
+    println!(
+        "random BERT ({} dimensions, {} layers) written to {}",
+        args.hidden,
+        args.layers,
+        args.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
