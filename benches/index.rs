@@ -100,6 +100,7 @@ fn identity() -> IndexIdentity {
         }),
         pipeline_fingerprint: "bench".into(),
         defer_embed: false,
+        priority: ragline::lifecycle::Priority::Fresh,
     }
 }
 

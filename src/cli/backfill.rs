@@ -7,8 +7,8 @@ use anyhow::{bail, Context};
 use clap::Args;
 use ragline::pipeline::{self, Progress};
 
-use super::enrich::print_enrich_summary;
-use super::ingest::{exit_code, write_report};
+use super::enrich::{enrich_exit_code, print_enrich_summary};
+use super::ingest::write_report;
 use super::model_args::ModelArgs;
 use super::EXIT_OK;
 
@@ -100,5 +100,5 @@ pub fn run(args: BackfillArgs, config_file: Option<&Path>) -> anyhow::Result<Exi
             b.model, b.chunks_embedded, b.chunks_total, b.model
         );
     }
-    Ok(exit_code(&summary))
+    Ok(enrich_exit_code(&summary))
 }

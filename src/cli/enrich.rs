@@ -9,8 +9,9 @@ use clap::Args;
 use ragline::pipeline::{self, EnrichRequest, PipelineConfig, Progress};
 use ragline::run::RunSummary;
 
-use super::ingest::{exit_code, write_report};
+use super::ingest::write_report;
 use super::model_args::ModelArgs;
+use super::{EXIT_FAILURES, EXIT_OK};
 
 #[derive(Args, Debug)]
 pub struct EnrichArgs {
@@ -75,7 +76,17 @@ pub fn run(args: EnrichArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
     let summary = pipeline::enrich(&config, &request, observer.as_mut())?;
     print_enrich_summary(&mut std::io::stdout().lock(), &summary)?;
     write_report(args.report.as_deref(), &summary)?;
-    Ok(exit_code(&summary))
+    Ok(enrich_exit_code(&summary))
+}
+
+/// 0 when every document this run worked ended done; 1 when any ended failed or dead (a
+/// document that failed once and then succeeded counts as done).
+pub(super) fn enrich_exit_code(summary: &RunSummary) -> ExitCode {
+    ExitCode::from(if summary.counts.failed == 0 {
+        EXIT_OK
+    } else {
+        EXIT_FAILURES
+    })
 }
 
 /// The end of an enrich (or backfill) run.

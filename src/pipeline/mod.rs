@@ -215,6 +215,7 @@ pub fn ingest(
         model: model_id,
         pipeline_fingerprint: fingerprint.clone(),
         defer_embed: defer,
+        priority: config.stages.embed.priority,
     };
     let backend: Arc<dyn BackendFactory> = indexers::open(uri, identity)?.into();
     let known = Arc::new(backend.known_documents()?);

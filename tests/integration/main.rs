@@ -6,5 +6,6 @@ mod engine;
 mod index;
 mod layers;
 mod lifecycle;
+mod pipeline;
 mod tokenizer;
 mod util;

@@ -516,6 +516,47 @@ impl SqliteStore {
         Ok(set)
     }
 
+    /// Queue every document for `stage` (a stage without a vector set, such as `noop`) at
+    /// `priority`: new rows pending, existing rows pending again. Returns how many.
+    pub fn enqueue_all(&mut self, stage: &str, priority: Priority) -> Result<u64, StoreError> {
+        if !is_enrichable(stage) || stage == EMBED {
+            return Err(StoreError::Invalid(format!(
+                "`{stage}`: only stages without vector sets are queued this way"
+            )));
+        }
+        let path = self.path.clone();
+        let e = |e| super::store_error(&path, e);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(e)?;
+        let now = now_ms();
+        let base = next_in(&tx, "enrichment_seq").map_err(e)?;
+        let n = tx
+            .execute(
+                "INSERT INTO enrichment(document_id, stage, vector_set, status, priority, seq,
+                                        input_version, enqueued_at, updated_at)
+                 SELECT id, ?1, 0, 'pending', ?2, ?3 + ROW_NUMBER() OVER (ORDER BY id),
+                        version, ?4, ?4
+                 FROM documents WHERE true
+                 ON CONFLICT(document_id, stage, vector_set) DO UPDATE SET
+                     status = 'pending', priority = excluded.priority, seq = excluded.seq,
+                     attempts = 0, not_before = 0, lease_owner = NULL, lease_expires = NULL,
+                     input_version = excluded.input_version, claimed_at = NULL,
+                     claim_seq = NULL, done_at = NULL, enqueued_at = excluded.enqueued_at,
+                     updated_at = excluded.updated_at",
+                params![stage, priority.level(), base, now],
+            )
+            .map_err(e)? as i64;
+        tx.execute(
+            "UPDATE counters SET value = value + ?1 WHERE name = 'enrichment_seq'",
+            [n],
+        )
+        .map_err(e)?;
+        tx.commit().map_err(e)?;
+        Ok(n as u64)
+    }
+
     /// Drop the vector sets a finished migration retired; the models dropped.
     pub fn drop_retired(&mut self) -> Result<Vec<String>, StoreError> {
         let path = self.path.clone();

@@ -46,6 +46,8 @@ pub struct IndexIdentity {
     /// when its chunks are there, embedded or not. (A run that embeds redoes a document
     /// whose vectors are missing.)
     pub defer_embed: bool,
+    /// The priority the run's new work is queued at (`stages.embed.priority`).
+    pub priority: Priority,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -316,6 +318,7 @@ impl BackendFactory for SqliteFactory {
             conn: self.connection()?,
             path: self.path.clone(),
             fingerprint: self.identity.pipeline_fingerprint.clone(),
+            priority: self.identity.priority,
         }))
     }
 

@@ -32,13 +32,15 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// Open an existing index (migrating an older schema).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        SqliteReader::open(path).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let reader = SqliteReader::open(path).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let mut conn = connect(path).map_err(|e| store_error(path, e))?;
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| store_error(path, e))?;
-        upgrade(&tx).map_err(|e| store_error(path, e))?;
-        tx.commit().map_err(|e| store_error(path, e))?;
+        if reader.meta().schema_version < super::schema::SCHEMA_VERSION {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(|e| store_error(path, e))?;
+            upgrade(&tx).map_err(|e| store_error(path, e))?;
+            tx.commit().map_err(|e| store_error(path, e))?;
+        }
         Ok(SqliteStore {
             conn,
             path: path.to_path_buf(),

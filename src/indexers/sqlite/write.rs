@@ -24,11 +24,14 @@ pub(super) struct SqliteBackend {
     pub(super) path: PathBuf,
     /// The chunker's fingerprint this run's documents are made with.
     pub(super) fingerprint: String,
+    /// The priority new work is queued at.
+    pub(super) priority: Priority,
 }
 
 /// What a batch needs to know about the index.
 struct Ctx<'a> {
     fingerprint: &'a str,
+    priority: Priority,
     sets: Vec<VectorSet>,
     active: Option<VectorSet>,
 }
@@ -50,6 +53,7 @@ impl Backend for SqliteBackend {
         let fingerprint = self.fingerprint.clone();
         let ctx = Ctx {
             fingerprint: &fingerprint,
+            priority: self.priority,
             sets,
             active,
         };
@@ -139,7 +143,7 @@ fn touches(doc: &Document) -> Option<String> {
 
 fn settle_all(tx: &Connection, touched: &BTreeSet<String>, ctx: &Ctx<'_>) -> rusqlite::Result<()> {
     for doc in touched {
-        settle(tx, doc, &ctx.sets, Priority::Fresh)?;
+        settle(tx, doc, &ctx.sets, ctx.priority)?;
     }
     Ok(())
 }

@@ -51,20 +51,11 @@ pub(super) fn process<S: EnrichStore>(
                 slot.insert((model, Recent::new(RECENT_VECTORS)));
             }
             Err(reason) => {
-                // Without its model no document of the set can be embedded: fail them (they
-                // retry, then dead-letter), and say why.
-                let failures: Vec<(WorkKey, String)> = items
-                    .iter()
-                    .map(|i| (i.key.clone(), reason.clone()))
-                    .collect();
-                let statuses = w
-                    .store
-                    .fail(owner.as_str(), &failures, &shared.options.settings)?;
-                let mut t = shared.tally();
-                for ((key, reason), status) in failures.iter().zip(statuses) {
-                    t.failed(key, reason, status);
-                }
-                return Ok(());
+                // Without its model no document of the set can be embedded, and that is not
+                // the documents' fault: give the work back uncounted and stop, saying why.
+                let keys: Vec<WorkKey> = items.iter().map(|i| i.key.clone()).collect();
+                w.store.release(owner.as_str(), &keys)?;
+                return Err(StoreError::Invalid(reason));
             }
         }
     }

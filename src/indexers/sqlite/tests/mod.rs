@@ -16,6 +16,7 @@ fn identity(fp: &str, dim: usize) -> IndexIdentity {
         }),
         pipeline_fingerprint: format!("pipe-{fp}"),
         defer_embed: false,
+        priority: crate::lifecycle::Priority::Fresh,
     }
 }
 
@@ -148,6 +149,7 @@ fn bad_items_fail_alone() {
             model: None,
             pipeline_fingerprint: "extract-v1".into(),
             defer_embed: false,
+            priority: crate::lifecycle::Priority::Fresh,
         },
     )
     .unwrap();
@@ -308,6 +310,7 @@ fn stored_vectors_are_found_by_input_key_only() {
             model: None,
             pipeline_fingerprint: "extract-v1".into(),
             defer_embed: false,
+            priority: crate::lifecycle::Priority::Fresh,
         },
     )
     .unwrap();
