@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{params, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 
-use super::queue::SqliteStore;
+use super::queue::{SqliteStore, TxError};
 use super::schema::next_in;
 use super::sets::{self, SetState, VectorSet};
 use super::ModelIdentity;
@@ -390,40 +390,33 @@ impl SqliteStore {
         stage: Option<&str>,
         ids: Option<&[String]>,
     ) -> Result<u64, StoreError> {
-        let path = self.path.clone();
-        let e = |e| super::store_error(&path, e);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
-        let now = now_ms();
-        let dead: Vec<(i64, String)> = tx
-            .prepare(
-                "SELECT id, document_id FROM enrichment
-                 WHERE status = 'dead' AND (?1 IS NULL OR stage = ?1) ORDER BY updated_at, id",
-            )
-            .and_then(|mut s| {
-                s.query_map([stage], |r| Ok((r.get(0)?, r.get(1)?)))?
-                    .collect()
-            })
-            .map_err(e)?;
-        let mut n = 0;
-        for (row, doc) in dead {
-            if ids.is_some_and(|ids| !ids.contains(&doc)) {
-                continue;
+        self.write(|tx| {
+            let now = now_ms();
+            let dead: Vec<(i64, String)> = tx
+                .prepare(
+                    "SELECT id, document_id FROM enrichment
+                     WHERE status = 'dead' AND (?1 IS NULL OR stage = ?1) ORDER BY updated_at, id",
+                )
+                .and_then(|mut s| {
+                    s.query_map([stage], |r| Ok((r.get(0)?, r.get(1)?)))?
+                        .collect()
+                })?;
+            let mut n = 0;
+            for (row, doc) in dead {
+                if ids.is_some_and(|ids| !ids.contains(&doc)) {
+                    continue;
+                }
+                let seq = next_in(tx, "enrichment_seq")?;
+                tx.execute(
+                    "UPDATE enrichment SET status = 'pending', attempts = 0, not_before = 0,
+                         seq = ?2, enqueued_at = ?3, updated_at = ?3
+                     WHERE id = ?1",
+                    params![row, seq, now],
+                )?;
+                n += 1;
             }
-            let seq = next_in(&tx, "enrichment_seq").map_err(e)?;
-            tx.execute(
-                "UPDATE enrichment SET status = 'pending', attempts = 0, not_before = 0,
-                     seq = ?2, enqueued_at = ?3, updated_at = ?3
-                 WHERE id = ?1",
-                params![row, seq, now],
-            )
-            .map_err(e)?;
-            n += 1;
-        }
-        tx.commit().map_err(e)?;
-        Ok(n)
+            Ok(n)
+        })
     }
 
     /// Pause or resume a stage: workers stop claiming its work within a poll, finish what
@@ -448,72 +441,62 @@ impl SqliteStore {
     /// Move the pending embed work of `ids` to interactive priority: what searches are
     /// looking for is embedded first. Returns how many documents moved.
     pub fn promote(&mut self, ids: &[String]) -> Result<u64, StoreError> {
-        let path = self.path.clone();
-        let e = |e| super::store_error(&path, e);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
-        let mut n = 0;
-        for id in ids {
-            n += tx
-                .prepare_cached(
-                    "UPDATE enrichment SET priority = ?2
-                     WHERE document_id = ?1 AND stage = 'embed' AND priority < ?2
-                       AND status IN ('pending', 'failed')",
-                )
-                .and_then(|mut s| s.execute(params![id, Priority::Interactive.level()]))
-                .map_err(e)? as u64;
-        }
-        tx.commit().map_err(e)?;
-        Ok(n)
+        self.write(|tx| {
+            let mut n = 0;
+            for id in ids {
+                n += tx
+                    .prepare_cached(
+                        "UPDATE enrichment SET priority = ?2
+                         WHERE document_id = ?1 AND stage = 'embed' AND priority < ?2
+                           AND status IN ('pending', 'failed')",
+                    )
+                    .and_then(|mut s| s.execute(params![id, Priority::Interactive.level()]))?
+                    as u64;
+            }
+            Ok(n)
+        })
     }
 
     /// Start (or resume) filling a vector set for `model`. The backfill's documents are
     /// queued a page at a time as workers run dry (`maintain`).
     pub fn start_backfill(&mut self, model: &ModelIdentity) -> Result<VectorSet, StoreError> {
-        let path = self.path.clone();
-        let e = |e| super::store_error(&path, e);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
-        let all = sets::all(&tx).map_err(e)?;
-        if let Some(same) = all.iter().find(|s| s.fingerprint == model.fingerprint) {
-            match same.state {
-                SetState::Backfill => return Ok(same.clone()),
-                SetState::Active => {
-                    return Err(StoreError::Invalid(format!(
-                        "the index already searches with model `{}` (fingerprint {}): nothing \
-                         to migrate",
-                        same.model, same.fingerprint
-                    )))
-                }
-                SetState::Retired => {
-                    return Err(StoreError::Invalid(format!(
-                        "model `{}` is a retired vector set of this index; drop it first with \
-                         `ragline backfill --drop-old`",
-                        same.model
-                    )))
+        self.write(|tx| {
+            let all = sets::all(tx)?;
+            if let Some(same) = all.iter().find(|s| s.fingerprint == model.fingerprint) {
+                match same.state {
+                    SetState::Backfill => return Ok(same.clone()),
+                    SetState::Active => {
+                        return Err(TxError::invalid(format!(
+                            "the index already searches with model `{}` (fingerprint {}): nothing \
+                             to migrate",
+                            same.model, same.fingerprint
+                        )))
+                    }
+                    SetState::Retired => {
+                        return Err(TxError::invalid(format!(
+                            "model `{}` is a retired vector set of this index; drop it first with \
+                             `ragline backfill --drop-old`",
+                            same.model
+                        )))
+                    }
                 }
             }
-        }
-        if let Some(other) = all.iter().find(|s| s.state == SetState::Backfill) {
-            return Err(StoreError::Invalid(format!(
-                "a backfill to model `{}` is under way; let it finish (ragline backfill --model \
-                 {}) before starting another",
-                other.model, other.model
-            )));
-        }
-        if !all.iter().any(|s| s.state == SetState::Active) {
-            return Err(StoreError::Invalid(
-                "the index has no vectors yet: ingest with the new model instead of migrating"
-                    .into(),
-            ));
-        }
-        let set = sets::create(&tx, model, SetState::Backfill).map_err(e)?;
-        tx.commit().map_err(e)?;
-        Ok(set)
+            if let Some(other) = all.iter().find(|s| s.state == SetState::Backfill) {
+                return Err(TxError::invalid(format!(
+                    "a backfill to model `{}` is under way; let it finish (ragline backfill --model \
+                     {}) before starting another",
+                    other.model, other.model
+                )));
+            }
+            if !all.iter().any(|s| s.state == SetState::Active) {
+                return Err(TxError::invalid(
+                    "the index has no vectors yet: ingest with the new model instead of migrating"
+                        .into(),
+                ));
+            }
+            let set = sets::create(tx, model, SetState::Backfill)?;
+            Ok(set)
+        })
     }
 
     /// Queue every document for `stage` (a stage without a vector set, such as `noop`) at
@@ -524,46 +507,33 @@ impl SqliteStore {
                 "`{stage}`: only stages without vector sets are queued this way"
             )));
         }
-        let path = self.path.clone();
-        let e = |e| super::store_error(&path, e);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
-        let now = now_ms();
-        let base = next_in(&tx, "enrichment_seq").map_err(e)?;
-        let n = tx
-            .execute(
+        self.write(|tx| {
+            let now = now_ms();
+            let base = next_in(tx, "enrichment_seq")?;
+            let n = tx.execute(
                 "INSERT INTO enrichment(document_id, stage, vector_set, status, priority, seq,
-                                        input_version, enqueued_at, updated_at)
-                 SELECT id, ?1, 0, 'pending', ?2, ?3 + ROW_NUMBER() OVER (ORDER BY id),
-                        version, ?4, ?4
-                 FROM documents WHERE true
-                 ON CONFLICT(document_id, stage, vector_set) DO UPDATE SET
-                     status = 'pending', priority = excluded.priority, seq = excluded.seq,
-                     attempts = 0, not_before = 0, lease_owner = NULL, lease_expires = NULL,
-                     input_version = excluded.input_version, claimed_at = NULL,
-                     claim_seq = NULL, done_at = NULL, enqueued_at = excluded.enqueued_at,
-                     updated_at = excluded.updated_at",
+                                            input_version, enqueued_at, updated_at)
+                     SELECT id, ?1, 0, 'pending', ?2, ?3 + ROW_NUMBER() OVER (ORDER BY id),
+                            version, ?4, ?4
+                     FROM documents WHERE true
+                     ON CONFLICT(document_id, stage, vector_set) DO UPDATE SET
+                         status = 'pending', priority = excluded.priority, seq = excluded.seq,
+                         attempts = 0, not_before = 0, lease_owner = NULL, lease_expires = NULL,
+                         input_version = excluded.input_version, claimed_at = NULL,
+                         claim_seq = NULL, done_at = NULL, enqueued_at = excluded.enqueued_at,
+                         updated_at = excluded.updated_at",
                 params![stage, priority.level(), base, now],
-            )
-            .map_err(e)? as i64;
-        tx.execute(
-            "UPDATE counters SET value = value + ?1 WHERE name = 'enrichment_seq'",
-            [n],
-        )
-        .map_err(e)?;
-        tx.commit().map_err(e)?;
-        Ok(n as u64)
+            )? as i64;
+            tx.execute(
+                "UPDATE counters SET value = value + ?1 WHERE name = 'enrichment_seq'",
+                [n],
+            )?;
+            Ok(n as u64)
+        })
     }
 
     /// Drop the vector sets a finished migration retired; the models dropped.
     pub fn drop_retired(&mut self) -> Result<Vec<String>, StoreError> {
-        let path = self.path.clone();
-        let e = |e| super::store_error(&path, e);
-        let tx = self.conn.transaction().map_err(e)?;
-        let dropped = sets::drop_retired(&tx).map_err(e)?;
-        tx.commit().map_err(e)?;
-        Ok(dropped)
+        self.write(|tx| Ok(sets::drop_retired(tx)?))
     }
 }

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::sets::{self, SetState, VectorSet};
 use super::settle::settle;
@@ -29,7 +29,49 @@ pub struct SqliteStore {
     pub(super) path: PathBuf,
 }
 
+/// An error inside a write transaction: SQLite's, or the store's own refusal.
+pub(super) enum TxError {
+    Sql(rusqlite::Error),
+    Store(StoreError),
+}
+
+impl From<rusqlite::Error> for TxError {
+    fn from(e: rusqlite::Error) -> Self {
+        TxError::Sql(e)
+    }
+}
+
+impl TxError {
+    pub(super) fn invalid(message: String) -> Self {
+        TxError::Store(StoreError::Invalid(message))
+    }
+}
+
+impl From<StoreError> for TxError {
+    fn from(e: StoreError) -> Self {
+        TxError::Store(e)
+    }
+}
+
 impl SqliteStore {
+    /// Run `f` in a write transaction and commit it. IMMEDIATE: the write lock is taken at
+    /// the start, so two workers never fail upgrading a read to a write; the other waits.
+    pub(super) fn write<T>(
+        &mut self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, TxError>,
+    ) -> Result<T, StoreError> {
+        let run = |conn: &mut Connection| -> Result<T, TxError> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = f(&tx)?;
+            tx.commit()?;
+            Ok(out)
+        };
+        run(&mut self.conn).map_err(|e| match e {
+            TxError::Sql(e) => store_error(&self.path, e),
+            TxError::Store(e) => e,
+        })
+    }
+
     /// Open an existing index (migrating an older schema).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let reader = SqliteReader::open(path).map_err(|e| StoreError::Invalid(e.to_string()))?;
@@ -62,208 +104,184 @@ impl SqliteStore {
     /// Queue the next page of a backfill, or switch search to a backfilled set once every
     /// chunk has its vector.
     fn maintain_sets(&mut self) -> Result<Maintenance, StoreError> {
-        let path = self.path.clone();
-        let e = |e| store_error(&path, e);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
-        let Some(set) = sets::backfilling(&tx).map_err(e)? else {
-            return Ok(Maintenance::Nothing);
-        };
-        let all = sets::all(&tx).map_err(e)?;
-        if !set.backfill_done {
-            let ids: Vec<String> = tx
-                .prepare_cached("SELECT id FROM documents WHERE id > ?1 ORDER BY id LIMIT ?2")
-                .and_then(|mut s| {
-                    s.query_map(
-                        params![set.watermark.as_deref().unwrap_or(""), BACKFILL_PAGE as i64],
-                        |r| r.get::<_, String>(0),
-                    )?
-                    .collect::<rusqlite::Result<Vec<_>>>()
-                })
-                .map_err(e)?;
-            for id in &ids {
-                settle(&tx, id, &all, Priority::Backfill).map_err(e)?;
+        self.write(|tx| {
+            let Some(set) = sets::backfilling(tx)? else {
+                return Ok(Maintenance::Nothing);
+            };
+            let all = sets::all(tx)?;
+            if !set.backfill_done {
+                let ids: Vec<String> = tx
+                    .prepare_cached("SELECT id FROM documents WHERE id > ?1 ORDER BY id LIMIT ?2")
+                    .and_then(|mut s| {
+                        s.query_map(
+                            params![set.watermark.as_deref().unwrap_or(""), BACKFILL_PAGE as i64],
+                            |r| r.get::<_, String>(0),
+                        )?
+                        .collect::<rusqlite::Result<Vec<_>>>()
+                    })?;
+                for id in &ids {
+                    settle(tx, id, &all, Priority::Backfill)?;
+                }
+                tx.execute(
+                    "UPDATE vector_sets SET watermark = COALESCE(?2, watermark),
+                         backfill_done = ?3 WHERE id = ?1",
+                    params![set.id, ids.last(), ids.len() < BACKFILL_PAGE],
+                )?;
+                return Ok(Maintenance::Queued {
+                    set: set.id,
+                    documents: ids.len(),
+                });
             }
-            tx.execute(
-                "UPDATE vector_sets SET watermark = COALESCE(?2, watermark),
-                     backfill_done = ?3 WHERE id = ?1",
-                params![set.id, ids.last(), ids.len() < BACKFILL_PAGE],
-            )
-            .map_err(e)?;
-            tx.commit().map_err(e)?;
-            return Ok(Maintenance::Queued {
-                set: set.id,
-                documents: ids.len(),
-            });
-        }
-        let missing: i64 = tx
-            .query_row(
-                "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL AND embedded & ?1 = 0",
-                [set.bit()],
-                |r| r.get(0),
-            )
-            .map_err(e)?;
-        let open: Vec<(String, i64)> = tx
-            .prepare(
-                "SELECT status, COUNT(*) FROM enrichment
-                 WHERE stage = 'embed' AND vector_set = ?1 AND status != 'done' GROUP BY status",
-            )
-            .and_then(|mut s| {
-                s.query_map([set.id], |r| Ok((r.get(0)?, r.get(1)?)))?
-                    .collect::<rusqlite::Result<Vec<_>>>()
-            })
-            .map_err(e)?;
-        if missing == 0 && open.is_empty() {
-            sets::switch_to(&tx, &set).map_err(e)?;
-            tx.commit().map_err(e)?;
-            return Ok(Maintenance::Switched {
-                set: set.id,
-                model: set.model,
-            });
-        }
-        let dead = open
-            .iter()
-            .find(|(s, _)| s == "dead")
-            .map_or(0, |(_, n)| *n as u64);
-        if open.iter().all(|(s, _)| s == "dead") && dead > 0 {
-            return Ok(Maintenance::Blocked { set: set.id, dead });
-        }
-        Ok(Maintenance::Nothing)
+            let missing: i64 = tx
+                .query_row(
+                    "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL AND embedded & ?1 = 0",
+                    [set.bit()],
+                    |r| r.get(0),
+                )?;
+            let open: Vec<(String, i64)> = tx
+                .prepare(
+                    "SELECT status, COUNT(*) FROM enrichment
+                     WHERE stage = 'embed' AND vector_set = ?1 AND status != 'done' GROUP BY status",
+                )
+                .and_then(|mut s| {
+                    s.query_map([set.id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                        .collect::<rusqlite::Result<Vec<_>>>()
+                })?;
+            if missing == 0 && open.is_empty() {
+                sets::switch_to(tx, &set)?;
+                return Ok(Maintenance::Switched {
+                    set: set.id,
+                    model: set.model,
+                });
+            }
+            let dead = open
+                .iter()
+                .find(|(s, _)| s == "dead")
+                .map_or(0, |(_, n)| *n as u64);
+            if open.iter().all(|(s, _)| s == "dead") && dead > 0 {
+                return Ok(Maintenance::Blocked { set: set.id, dead });
+            }
+            Ok(Maintenance::Nothing)
+        })
     }
 
     fn claim_once(&mut self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        let path = self.path.clone();
-        let e = |e| store_error(&path, e);
         let now = now_ms();
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
-        let wanted: Vec<String> = if req.stages.is_empty() {
-            vec![EMBED.to_string()]
-        } else {
-            req.stages.clone()
-        };
-        let paused: Vec<String> = tx
-            .prepare_cached("SELECT stage FROM stage_control WHERE paused = 1")
-            .and_then(|mut s| {
-                s.query_map([], |r| r.get::<_, String>(0))?
-                    .collect::<rusqlite::Result<Vec<_>>>()
-            })
-            .map_err(e)?;
-        let mut best: Vec<Candidate> = Vec::new();
-        let mut any_paused = false;
-        for stage in &wanted {
-            if paused.contains(stage) {
-                any_paused = true;
-                continue;
-            }
-            let rows = candidates(&tx, stage, now, req.max_items.max(1)).map_err(e)?;
-            let rows: Vec<Candidate> = rows
-                .into_iter()
-                .filter(|c| {
-                    req.vector_sets.is_empty() || req.vector_sets.contains(&c.key.vector_set)
-                })
-                .collect();
-            let better = match (best.first(), rows.first()) {
-                (_, None) => false,
-                (None, Some(_)) => true,
-                (Some(b), Some(r)) => (r.priority, -r.seq) > (b.priority, -b.seq),
+        self.write(|tx| {
+            let wanted: Vec<String> = if req.stages.is_empty() {
+                vec![EMBED.to_string()]
+            } else {
+                req.stages.clone()
             };
-            if better {
-                best = rows;
+            let paused: Vec<String> = tx
+                .prepare_cached("SELECT stage FROM stage_control WHERE paused = 1")
+                .and_then(|mut s| {
+                    s.query_map([], |r| r.get::<_, String>(0))?
+                        .collect::<rusqlite::Result<Vec<_>>>()
+                })?;
+            let mut best: Vec<Candidate> = Vec::new();
+            let mut any_paused = false;
+            for stage in &wanted {
+                if paused.contains(stage) {
+                    any_paused = true;
+                    continue;
+                }
+                let rows = candidates(tx, stage, now, req.max_items.max(1))?;
+                let rows: Vec<Candidate> = rows
+                    .into_iter()
+                    .filter(|c| {
+                        req.vector_sets.is_empty() || req.vector_sets.contains(&c.key.vector_set)
+                    })
+                    .collect();
+                let better = match (best.first(), rows.first()) {
+                    (_, None) => false,
+                    (None, Some(_)) => true,
+                    (Some(b), Some(r)) => (r.priority, -r.seq) > (b.priority, -b.seq),
+                };
+                if better {
+                    best = rows;
+                }
             }
-        }
-        let Some(first) = best.first() else {
-            let next_due: Option<i64> = tx
-                .query_row(
+            let Some(first) = best.first() else {
+                let next_due: Option<i64> = tx.query_row(
                     "SELECT MIN(not_before) FROM enrichment
                      WHERE status = 'failed' AND not_before > ?1",
                     [now],
                     |r| r.get(0),
-                )
-                .map_err(e)?;
-            let paused_with_work = any_paused
-                && tx
-                    .query_row(
+                )?;
+                let paused_with_work = any_paused
+                    && tx.query_row(
                         "SELECT EXISTS(SELECT 1 FROM enrichment e JOIN stage_control s
                              ON s.stage = e.stage AND s.paused = 1
                          WHERE e.status IN ('pending', 'failed', 'in_progress'))",
                         [],
                         |r| r.get::<_, bool>(0),
-                    )
-                    .map_err(e)?;
-            tx.commit().map_err(e)?;
-            return Ok(Claim::Idle {
-                paused: paused_with_work,
-                next_due,
-            });
-        };
-        let group = (first.key.stage.clone(), first.key.vector_set);
-        let mut picked: Vec<Candidate> = Vec::new();
-        let mut cost = 0u64;
-        for c in best {
-            if (c.key.stage.clone(), c.key.vector_set) != group {
-                continue;
+                    )?;
+                return Ok(Claim::Idle {
+                    paused: paused_with_work,
+                    next_due,
+                });
+            };
+            let group = (first.key.stage.clone(), first.key.vector_set);
+            let mut picked: Vec<Candidate> = Vec::new();
+            let mut cost = 0u64;
+            for c in best {
+                if (c.key.stage.clone(), c.key.vector_set) != group {
+                    continue;
+                }
+                if !picked.is_empty() && cost + c.cost > req.max_cost {
+                    break;
+                }
+                cost += c.cost;
+                picked.push(c);
+                if picked.len() >= req.max_items {
+                    break;
+                }
             }
-            if !picked.is_empty() && cost + c.cost > req.max_cost {
-                break;
-            }
-            cost += c.cost;
-            picked.push(c);
-            if picked.len() >= req.max_items {
-                break;
-            }
-        }
-        let last_seq = super::schema::next_in(&tx, "claim_seq").map_err(e)?;
-        // One number per item: take a block.
-        tx.execute(
-            "UPDATE counters SET value = value + ?1 WHERE name = 'claim_seq'",
-            [picked.len() as i64],
-        )
-        .map_err(e)?;
-        let expires = now + req.lease.as_millis() as i64;
-        let mut items = Vec::with_capacity(picked.len());
-        for (i, c) in picked.into_iter().enumerate() {
-            if let Some(holder) = &c.expired_owner {
-                record_error(
-                    &tx,
-                    &c.key,
-                    c.attempts,
-                    holder,
-                    &format!(
+            let last_seq = super::schema::next_in(tx, "claim_seq")?;
+            // One number per item: take a block.
+            tx.execute(
+                "UPDATE counters SET value = value + ?1 WHERE name = 'claim_seq'",
+                [picked.len() as i64],
+            )?;
+            let expires = now + req.lease.as_millis() as i64;
+            let mut items = Vec::with_capacity(picked.len());
+            for (i, c) in picked.into_iter().enumerate() {
+                if let Some(holder) = &c.expired_owner {
+                    record_error(
+                        tx,
+                        &c.key,
+                        c.attempts,
+                        holder,
+                        &format!(
                         "lease of {holder} expired before it finished (worker killed or stalled)"
                     ),
-                    now,
-                )
-                .map_err(e)?;
-            }
-            if c.attempts >= req.retry_limit {
-                // It was claimed as often as the stage allows and never finished.
-                set_dead(&tx, c.id, now).map_err(e)?;
-                continue;
-            }
-            let claim_seq = last_seq + i as i64;
-            tx.prepare_cached(
-                "UPDATE enrichment SET status = 'in_progress', attempts = attempts + 1,
+                        now,
+                    )?;
+                }
+                if c.attempts >= req.retry_limit {
+                    // It was claimed as often as the stage allows and never finished.
+                    set_dead(tx, c.id, now)?;
+                    continue;
+                }
+                let claim_seq = last_seq + i as i64;
+                tx.prepare_cached(
+                    "UPDATE enrichment SET status = 'in_progress', attempts = attempts + 1,
                      lease_owner = ?2, lease_expires = ?3, claimed_at = ?4, claim_seq = ?5,
                      updated_at = ?4
                  WHERE id = ?1",
-            )
-            .and_then(|mut s| s.execute(params![c.id, req.owner, expires, now, claim_seq]))
-            .map_err(e)?;
-            items.push(WorkItem {
-                key: c.key,
-                attempts: c.attempts + 1,
-                priority: Priority::from_level(c.priority),
-                input_version: c.input_version,
-                claim_seq,
-            });
-        }
-        tx.commit().map_err(e)?;
-        Ok(Claim::Items(items))
+                )
+                .and_then(|mut s| s.execute(params![c.id, req.owner, expires, now, claim_seq]))?;
+                items.push(WorkItem {
+                    key: c.key,
+                    attempts: c.attempts + 1,
+                    priority: Priority::from_level(c.priority),
+                    input_version: c.input_version,
+                    claim_seq,
+                });
+            }
+            Ok(Claim::Items(items))
+        })
     }
 
     fn vector_set(&self, id: i64) -> Result<VectorSet, StoreError> {
@@ -405,31 +423,26 @@ impl LifecycleStore for SqliteStore {
     }
 
     fn renew(&mut self, owner: &str, keys: &[WorkKey], lease: Duration) -> Result<(), StoreError> {
-        let path = self.path.clone();
-        let e = |e| store_error(&path, e);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
-        let expires = now_ms() + lease.as_millis() as i64;
-        for k in keys {
-            tx.prepare_cached(
-                "UPDATE enrichment SET lease_expires = ?5
-                 WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
-                   AND status = 'in_progress' AND lease_owner = ?4",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    k.document_id,
-                    k.stage,
-                    k.vector_set,
-                    owner,
-                    expires
-                ])
-            })
-            .map_err(e)?;
-        }
-        tx.commit().map_err(e)
+        self.write(|tx| {
+            let expires = now_ms() + lease.as_millis() as i64;
+            for k in keys {
+                tx.prepare_cached(
+                    "UPDATE enrichment SET lease_expires = ?5
+                     WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
+                       AND status = 'in_progress' AND lease_owner = ?4",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        k.document_id,
+                        k.stage,
+                        k.vector_set,
+                        owner,
+                        expires
+                    ])
+                })?;
+            }
+            Ok(())
+        })
     }
 
     fn fail(
@@ -438,93 +451,79 @@ impl LifecycleStore for SqliteStore {
         failures: &[(WorkKey, String)],
         settings: &StageSettings,
     ) -> Result<Vec<Status>, StoreError> {
-        let path = self.path.clone();
-        let e = |e| store_error(&path, e);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
-        let now = now_ms();
-        let mut out = Vec::with_capacity(failures.len());
-        for (key, message) in failures {
-            let Some((id, attempts)) = held(&tx, owner, key).map_err(e)? else {
-                // The lease was lost (expired and taken, or the document changed): the
-                // attempt's result is void, and so is its failure.
-                out.push(Status::InProgress);
-                continue;
-            };
-            record_error(&tx, key, attempts, owner, message, now).map_err(e)?;
-            if attempts >= settings.retry_limit {
-                set_dead(&tx, id, now).map_err(e)?;
-                out.push(Status::Dead);
-            } else {
-                let wait = retry_delay(
-                    attempts,
-                    settings.backoff,
-                    settings.max_backoff,
-                    jitter_unit(&key.document_id),
-                );
-                tx.prepare_cached(
-                    "UPDATE enrichment SET status = 'failed', not_before = ?2,
-                         lease_owner = NULL, lease_expires = NULL, updated_at = ?3
-                     WHERE id = ?1",
-                )
-                .and_then(|mut s| s.execute(params![id, now + wait.as_millis() as i64, now]))
-                .map_err(e)?;
-                out.push(Status::Failed);
+        self.write(|tx| {
+            let now = now_ms();
+            let mut out = Vec::with_capacity(failures.len());
+            for (key, message) in failures {
+                let Some((id, attempts)) = held(tx, owner, key)? else {
+                    // The lease was lost (expired and taken, or the document changed): the
+                    // attempt's result is void, and so is its failure.
+                    out.push(Status::InProgress);
+                    continue;
+                };
+                record_error(tx, key, attempts, owner, message, now)?;
+                if attempts >= settings.retry_limit {
+                    set_dead(tx, id, now)?;
+                    out.push(Status::Dead);
+                } else {
+                    let wait = retry_delay(
+                        attempts,
+                        settings.backoff,
+                        settings.max_backoff,
+                        jitter_unit(&key.document_id),
+                    );
+                    tx.prepare_cached(
+                        "UPDATE enrichment SET status = 'failed', not_before = ?2,
+                             lease_owner = NULL, lease_expires = NULL, updated_at = ?3
+                         WHERE id = ?1",
+                    )
+                    .and_then(|mut s| s.execute(params![id, now + wait.as_millis() as i64, now]))?;
+                    out.push(Status::Failed);
+                }
             }
-        }
-        tx.commit().map_err(e)?;
-        Ok(out)
+            Ok(out)
+        })
     }
 
     fn complete(&mut self, owner: &str, keys: &[WorkKey]) -> Result<(), StoreError> {
-        let path = self.path.clone();
-        let e = |e| store_error(&path, e);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
-        let now = now_ms();
-        for key in keys {
-            tx.prepare_cached(
-                "UPDATE enrichment SET status = 'done', lease_owner = NULL,
-                     lease_expires = NULL, done_at = ?5, updated_at = ?5
-                 WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
-                   AND status = 'in_progress' AND lease_owner = ?4",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    key.document_id,
-                    key.stage,
-                    key.vector_set,
-                    owner,
-                    now
-                ])
-            })
-            .map_err(e)?;
-        }
-        tx.commit().map_err(e)
+        self.write(|tx| {
+            let now = now_ms();
+            for key in keys {
+                tx.prepare_cached(
+                    "UPDATE enrichment SET status = 'done', lease_owner = NULL,
+                         lease_expires = NULL, done_at = ?5, updated_at = ?5
+                     WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
+                       AND status = 'in_progress' AND lease_owner = ?4",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        key.document_id,
+                        key.stage,
+                        key.vector_set,
+                        owner,
+                        now
+                    ])
+                })?;
+            }
+            Ok(())
+        })
     }
 
     fn release(&mut self, owner: &str, keys: &[WorkKey]) -> Result<(), StoreError> {
-        let path = self.path.clone();
-        let e = |e| store_error(&path, e);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
-        for key in keys {
-            tx.prepare_cached(
-                "UPDATE enrichment SET status = 'pending', attempts = MAX(attempts - 1, 0),
-                     lease_owner = NULL, lease_expires = NULL
-                 WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
-                   AND status = 'in_progress' AND lease_owner = ?4",
-            )
-            .and_then(|mut s| s.execute(params![key.document_id, key.stage, key.vector_set, owner]))
-            .map_err(e)?;
-        }
-        tx.commit().map_err(e)
+        self.write(|tx| {
+            for key in keys {
+                tx.prepare_cached(
+                    "UPDATE enrichment SET status = 'pending', attempts = MAX(attempts - 1, 0),
+                         lease_owner = NULL, lease_expires = NULL
+                     WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
+                       AND status = 'in_progress' AND lease_owner = ?4",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![key.document_id, key.stage, key.vector_set, owner])
+                })?;
+            }
+            Ok(())
+        })
     }
 
     fn maintain(&mut self) -> Result<Maintenance, StoreError> {
@@ -532,8 +531,6 @@ impl LifecycleStore for SqliteStore {
     }
 
     fn reap_dead_owners(&mut self) -> Result<usize, StoreError> {
-        let path = self.path.clone();
-        let e = |e| store_error(&path, e);
         let owners: Vec<String> = self
             .conn
             .prepare(
@@ -544,62 +541,56 @@ impl LifecycleStore for SqliteStore {
                 s.query_map([], |r| r.get::<_, String>(0))?
                     .collect::<rusqlite::Result<Vec<_>>>()
             })
-            .map_err(e)?;
+            .map_err(|e| self.err(e))?;
         let dead: Vec<String> = owners.into_iter().filter(|o| is_dead_here(o)).collect();
         if dead.is_empty() {
             return Ok(0);
         }
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
-        let now = now_ms();
-        let mut n = 0;
-        for owner in &dead {
-            let held: Vec<(i64, WorkKey, u32)> = tx
-                .prepare(
-                    "SELECT id, document_id, stage, vector_set, attempts FROM enrichment
+        self.write(|tx| {
+            let now = now_ms();
+            let mut n = 0;
+            for owner in &dead {
+                let held: Vec<(i64, WorkKey, u32)> = tx
+                    .prepare(
+                        "SELECT id, document_id, stage, vector_set, attempts FROM enrichment
                      WHERE status = 'in_progress' AND lease_owner = ?1",
-                )
-                .and_then(|mut s| {
-                    s.query_map([owner], |r| {
-                        Ok((
-                            r.get(0)?,
-                            WorkKey {
-                                document_id: r.get(1)?,
-                                stage: r.get(2)?,
-                                vector_set: r.get(3)?,
-                            },
-                            r.get(4)?,
-                        ))
-                    })?
-                    .collect::<rusqlite::Result<Vec<_>>>()
-                })
-                .map_err(e)?;
-            for (id, key, attempts) in held {
-                record_error(
-                    &tx,
-                    &key,
-                    attempts,
-                    owner,
-                    "the worker's process ended before it finished (killed or crashed)",
-                    now,
-                )
-                .map_err(e)?;
-                // Due at once, the attempt counted: a document that kills its worker every
-                // time still ends in the dead-letter queue.
-                tx.execute(
-                    "UPDATE enrichment SET status = 'failed', not_before = 0,
+                    )
+                    .and_then(|mut s| {
+                        s.query_map([owner], |r| {
+                            Ok((
+                                r.get(0)?,
+                                WorkKey {
+                                    document_id: r.get(1)?,
+                                    stage: r.get(2)?,
+                                    vector_set: r.get(3)?,
+                                },
+                                r.get(4)?,
+                            ))
+                        })?
+                        .collect::<rusqlite::Result<Vec<_>>>()
+                    })?;
+                for (id, key, attempts) in held {
+                    record_error(
+                        tx,
+                        &key,
+                        attempts,
+                        owner,
+                        "the worker's process ended before it finished (killed or crashed)",
+                        now,
+                    )?;
+                    // Due at once, the attempt counted: a document that kills its worker every
+                    // time still ends in the dead-letter queue.
+                    tx.execute(
+                        "UPDATE enrichment SET status = 'failed', not_before = 0,
                          lease_owner = NULL, lease_expires = NULL, updated_at = ?2
                      WHERE id = ?1",
-                    params![id, now],
-                )
-                .map_err(e)?;
-                n += 1;
+                        params![id, now],
+                    )?;
+                    n += 1;
+                }
             }
-        }
-        tx.commit().map_err(e)?;
-        Ok(n)
+            Ok(n)
+        })
     }
 }
 
@@ -672,77 +663,70 @@ impl EnrichStore for SqliteStore {
         vectors: &[ChunkVector],
         documents: &[String],
     ) -> Result<usize, StoreError> {
-        let path = self.path.clone();
-        let e = |e| store_error(&path, e);
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(e)?;
-        let all = sets::all(&tx).map_err(e)?;
-        let set = all
-            .iter()
-            .find(|s| s.id == vector_set)
-            .cloned()
-            .ok_or_else(|| {
-                StoreError::Invalid(format!("the index has no vector set {vector_set}"))
-            })?;
-        let live_mask: i64 = all.iter().filter(|s| s.is_live()).map(VectorSet::bit).sum();
-        let mut written = 0;
-        // Every document a vector lands in is settled: its work left shrinks, and it is done
-        // when its last chunk has a vector.
-        let mut touched: std::collections::BTreeSet<String> = documents.iter().cloned().collect();
-        for v in vectors {
-            if v.vector.len() != set.dimension {
-                return Err(StoreError::Invalid(format!(
-                    "a vector of {} dimensions for vector set {} of {}: this is a bug",
-                    v.vector.len(),
-                    set.id,
-                    set.dimension
-                )));
-            }
-            let row: Option<ChunkState> = tx
-                .prepare_cached(
-                    "SELECT input_key, embedded, replaced_by, document_id, id FROM chunks
+        self.write(|tx| {
+            let all = sets::all(tx)?;
+            let set = all
+                .iter()
+                .find(|s| s.id == vector_set)
+                .cloned()
+                .ok_or_else(|| {
+                    StoreError::Invalid(format!("the index has no vector set {vector_set}"))
+                })?;
+            let live_mask: i64 = all.iter().filter(|s| s.is_live()).map(VectorSet::bit).sum();
+            let mut written = 0;
+            // Every document a vector lands in is settled: its work left shrinks, and it is done
+            // when its last chunk has a vector.
+            let mut touched: std::collections::BTreeSet<String> =
+                documents.iter().cloned().collect();
+            for v in vectors {
+                if v.vector.len() != set.dimension {
+                    return Err(TxError::invalid(format!(
+                        "a vector of {} dimensions for vector set {} of {}: this is a bug",
+                        v.vector.len(),
+                        set.id,
+                        set.dimension
+                    )));
+                }
+                let row: Option<ChunkState> = tx
+                    .prepare_cached(
+                        "SELECT input_key, embedded, replaced_by, document_id, id FROM chunks
+                         WHERE rowid = ?1",
+                    )
+                    .and_then(|mut s| {
+                        s.query_row([v.rowid], |r| {
+                            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                        })
+                        .optional()
+                    })?;
+                let Some((key, embedded, replaced_by, document, id)) = row else {
+                    continue; // deleted meanwhile
+                };
+                let same_input = key.as_deref() == v.guard.as_ref().map(|k| k.as_slice());
+                if replaced_by.is_some() || !same_input {
+                    continue; // replaced by other text meanwhile: this vector is not its
+                }
+                if embedded & set.bit() != 0 {
+                    tx.prepare_cached(&format!("DELETE FROM {} WHERE rowid = ?1", set.vec_table))
+                        .and_then(|mut s| s.execute([v.rowid]))?;
+                }
+                insert_vector(tx, &set.vec_table, v.rowid, &v.vector)?;
+                let now_embedded = embedded | set.bit();
+                tx.prepare_cached(
+                    "UPDATE chunks SET embedded = ?2,
+                         token_ids = CASE WHEN ?2 & ?3 = ?3 THEN NULL ELSE token_ids END
                      WHERE rowid = ?1",
                 )
-                .and_then(|mut s| {
-                    s.query_row([v.rowid], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-                    })
-                    .optional()
-                })
-                .map_err(e)?;
-            let Some((key, embedded, replaced_by, document, id)) = row else {
-                continue; // deleted meanwhile
-            };
-            let same_input = key.as_deref() == v.guard.as_ref().map(|k| k.as_slice());
-            if replaced_by.is_some() || !same_input {
-                continue; // replaced by other text meanwhile: this vector is not its
+                .and_then(|mut s| s.execute(params![v.rowid, now_embedded, live_mask]))?;
+                if set.state == SetState::Active {
+                    drop_replaced(tx, &document, &id, &all)?;
+                }
+                touched.insert(document);
+                written += 1;
             }
-            if embedded & set.bit() != 0 {
-                tx.prepare_cached(&format!("DELETE FROM {} WHERE rowid = ?1", set.vec_table))
-                    .and_then(|mut s| s.execute([v.rowid]))
-                    .map_err(e)?;
+            for doc in &touched {
+                settle(tx, doc, &all, Priority::Fresh)?;
             }
-            insert_vector(&tx, &set.vec_table, v.rowid, &v.vector).map_err(e)?;
-            let now_embedded = embedded | set.bit();
-            tx.prepare_cached(
-                "UPDATE chunks SET embedded = ?2,
-                     token_ids = CASE WHEN ?2 & ?3 = ?3 THEN NULL ELSE token_ids END
-                 WHERE rowid = ?1",
-            )
-            .and_then(|mut s| s.execute(params![v.rowid, now_embedded, live_mask]))
-            .map_err(e)?;
-            if set.state == SetState::Active {
-                drop_replaced(&tx, &document, &id, &all).map_err(e)?;
-            }
-            touched.insert(document);
-            written += 1;
-        }
-        for doc in &touched {
-            settle(&tx, doc, &all, Priority::Fresh).map_err(e)?;
-        }
-        tx.commit().map_err(e)?;
-        Ok(written)
+            Ok(written)
+        })
     }
 }
