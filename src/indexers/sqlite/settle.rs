@@ -164,15 +164,10 @@ fn upsert(conn: &Connection, r: &Row<'_>) -> rusqlite::Result<()> {
     }
     let old: Status = old_status.parse().unwrap_or(Status::Pending);
     match (r.done, old) {
-        (true, Status::Done) | (false, Status::Pending | Status::InProgress | Status::Failed) => {
-            // Still where it was; only the work left may have changed.
-            conn.prepare_cached(
-                "UPDATE enrichment SET todo_chunks = ?2, todo_tokens = ?3 WHERE id = ?1",
-            )?
-            .execute(params![id, r.todo.0, r.todo.1])?;
-        }
-        (false, Status::Dead) => {
-            // Dead stays dead for the same content (`dlq requeue` brings it back).
+        (true, Status::Done)
+        | (false, Status::Pending | Status::InProgress | Status::Failed | Status::Dead) => {
+            // Still where it was (a dead document stays dead for the same content: `dlq
+            // requeue` brings it back); only the work left may have changed.
             conn.prepare_cached(
                 "UPDATE enrichment SET todo_chunks = ?2, todo_tokens = ?3 WHERE id = ?1",
             )?

@@ -20,6 +20,16 @@ fn identity(fp: &str, dim: usize) -> IndexIdentity {
     }
 }
 
+/// What a `--no-chunk` run writes with: no model.
+fn no_model() -> IndexIdentity {
+    IndexIdentity {
+        model: None,
+        pipeline_fingerprint: "extract-v1".into(),
+        defer_embed: false,
+        priority: crate::lifecycle::Priority::Fresh,
+    }
+}
+
 fn parent(id: &str, hash: &str, children: u32) -> Document {
     let mut d = Document::new(id, format!("text of {id}"));
     d.content_hash = Some(hash.into());
@@ -143,16 +153,7 @@ fn bad_items_fail_alone() {
     assert_eq!(reader.unembedded().unwrap(), (1, 1));
 
     // An index without a model takes no chunk at all: its vectors could never be computed.
-    let plain = SqliteFactory::open(
-        &dir.path().join("plain.db"),
-        IndexIdentity {
-            model: None,
-            pipeline_fingerprint: "extract-v1".into(),
-            defer_embed: false,
-            priority: crate::lifecycle::Priority::Fresh,
-        },
-    )
-    .unwrap();
+    let plain = SqliteFactory::open(&dir.path().join("plain.db"), no_model()).unwrap();
     let r = plain
         .connect()
         .unwrap()
@@ -304,16 +305,7 @@ fn stored_vectors_are_found_by_input_key_only() {
     assert_eq!(stored.vector_for(&key_of("alpha one")).unwrap(), None);
 
     // An index opened without a model has no vectors to give.
-    let f = SqliteFactory::open(
-        &dir.path().join("plain.db"),
-        IndexIdentity {
-            model: None,
-            pipeline_fingerprint: "extract-v1".into(),
-            defer_embed: false,
-            priority: crate::lifecycle::Priority::Fresh,
-        },
-    )
-    .unwrap();
+    let f = SqliteFactory::open(&dir.path().join("plain.db"), no_model()).unwrap();
     assert!(f.stored_vectors().unwrap().is_none());
 }
 
