@@ -7,7 +7,9 @@
 #
 # PYTHON must have sentence-transformers (pip install sentence-transformers). The texts are
 # 2,000 passages cut from ../shared/data (react-docs and MDN paragraphs), built once into
-# target/bench-peers/passages.jsonl. DEVICE is cpu (default) or cuda.
+# target/bench-peers/passages.jsonl. DEVICE is cpu (default) or cuda. DTYPE=bf16|int8 runs
+# ragline in that precision (sentence-transformers stays f32 on the CPU); RAGLINE_CPU_KERNELS
+# forces ragline's CPU kernel path (avx512, avx2, portable).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -44,9 +46,9 @@ PY
 fi
 
 export RAYON_NUM_THREADS=$THREADS OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
-"$PYTHON" - "$OUT/passages.jsonl" "$MODEL" "$RAGLINE" "$THREADS" "$RUNS" "$DEVICE" <<'PY'
-import json, platform, statistics, subprocess, sys, time
-path, model_dir, ragline, threads, runs, device = sys.argv[1:7]
+"$PYTHON" - "$OUT/passages.jsonl" "$MODEL" "$RAGLINE" "$THREADS" "$RUNS" "$DEVICE" "${DTYPE:-auto}" <<'PY'
+import json, os, platform, statistics, subprocess, sys, time
+path, model_dir, ragline, threads, runs, device, dtype = sys.argv[1:8]
 threads, runs = int(threads), int(runs)
 import torch
 from sentence_transformers import SentenceTransformer
@@ -66,6 +68,7 @@ def run_st():
 def run_ragline():
     t = time.perf_counter()
     subprocess.run([ragline, "embed", "--model", model_dir, "--device", device,
+                    "--dtype", dtype,
                     "--input", path, "--output", "/tmp/bench-peers-ragline.npy"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t
@@ -78,8 +81,29 @@ for i in range(runs):
         order.reverse()
     for name, fn in order:
         times[name].append(fn())
+def cpu_model():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+flags = set()
+try:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+except OSError:
+    pass
+simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16") if f in flags]
+kernels = os.environ.get("RAGLINE_CPU_KERNELS", "auto")
 print(f"{len(texts)} passages, {tokens} tokens (truncated at {st.max_seq_length}), "
-      f"{threads} threads, device {device}, {platform.processor() or platform.machine()}")
+      f"{threads} threads, device {device}, CPU {cpu_model()} ({' '.join(simd) or 'no AVX'}), "
+      f"ragline dtype {dtype}, kernels {kernels}; torch {torch.__version__} "
+      f"({torch.backends.cpu.get_cpu_capability()})")
 rate = {}
 for name, ts in times.items():
     med = statistics.median(ts)

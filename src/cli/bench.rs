@@ -47,6 +47,13 @@ struct Report {
     model: String,
     device: String,
     dtype: String,
+    /// Which encoder and kernels ran ("fused CPU encoder, f32 on the avx512 kernels").
+    encoder: String,
+    /// The CPU kernel path (avx512, avx2, portable), when the fused CPU encoder ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu_kernels: Option<String>,
+    /// The CPU's model name, as the OS reports it.
+    cpu: String,
     threads: usize,
     batch_tokens: usize,
     corpus_bytes: usize,
@@ -64,6 +71,13 @@ struct Report {
     peak_rss_mb: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     device_memory_used_mb: Option<f64>,
+    /// The encoder's achieved GFLOP/s (fused CPU encoder only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gflops: Option<f64>,
+    /// This machine's f32 FMA peak on the kernel path's vector width, measured by a probe
+    /// on every thread (the roofline's roof).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peak_gflops: Option<f64>,
 }
 
 pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
@@ -144,10 +158,18 @@ pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     }
     let secs = started.elapsed().as_secs_f64();
     let tokens: usize = lengths.iter().sum();
+    let gflops = model.cpu_flops(&lengths).map(|f| f / secs / 1e9);
+    let peak_gflops = model
+        .cpu_kernels()
+        .and_then(|(path, _)| ragline::embed::cpu::kernels::peak_flops(path, 1.0))
+        .map(|f| f / 1e9);
     let report = Report {
         model: files.name.clone(),
         device: device.label.clone(),
-        dtype: format!("{:?}", model.dtype()).to_lowercase(),
+        dtype: model.precision_name(),
+        encoder: model.encoder_kind(),
+        cpu_kernels: model.cpu_kernels().map(|(path, _)| path.name().to_string()),
+        cpu: cpu_model(),
         threads,
         batch_tokens,
         corpus_bytes: bytes,
@@ -164,19 +186,22 @@ pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         chunks_per_s: seqs.len() as f64 / secs,
         peak_rss_mb: peak_rss_mb(),
         device_memory_used_mb: device_memory_mb(&device.device),
+        gflops,
+        peak_gflops,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "model {} on {} ({}), {} threads, batches of <= {} tokens\n\
+            "model {} on {} ({}; {}), {} threads, batches of <= {} tokens\n\
              chunker: {:.1} MB/s ({:.1} MB/s per core) over {:.1} MB\n\
              embedder: {} chunks, {} tokens in {:.2}s: {:.0} tokens/s, {:.1} chunks/s\n\
              padding {:.1}%, {} batches of {:.1} chunks on average\n\
-             peak RSS {:.0} MB{}",
+             peak RSS {:.0} MB{}{}",
             report.model,
             report.device,
-            report.dtype,
+            report.encoder,
+            report.cpu,
             report.threads,
             report.batch_tokens,
             report.chunker_mb_per_s,
@@ -194,7 +219,15 @@ pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             report
                 .device_memory_used_mb
                 .map(|m| format!(", device memory in use {m:.0} MB"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            match (report.gflops, report.peak_gflops) {
+                (Some(g), Some(p)) => format!(
+                    "\nroofline: encoder {g:.0} GFLOP/s of a {p:.0} GFLOP/s FMA peak ({:.0}%)",
+                    100.0 * g / p
+                ),
+                (Some(g), None) => format!("\nencoder {g:.0} GFLOP/s"),
+                _ => String::new(),
+            }
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -257,4 +290,17 @@ fn device_memory_mb(device: &candle_core::Device) -> Option<f64> {
 #[cfg(not(feature = "cuda"))]
 fn device_memory_mb(_device: &candle_core::Device) -> Option<f64> {
     None
+}
+
+/// The CPU's model name ("Intel(R) Xeon(R) Processor"), from /proc/cpuinfo where there is one.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }

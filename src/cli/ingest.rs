@@ -239,7 +239,7 @@ pub(super) fn print_summary(
         writeln!(
             out,
             "chunks: {} created, {} embedded, {} reused, {} indexed, {} failed, {} dropped; \
-             {} tokens embedded ({:.0} tokens/s, {:.1}% padding)",
+             {} tokens embedded ({:.0} tokens/s, {:.1}% padding{})",
             c.children_created,
             s.chunks_embedded,
             s.chunks_reused,
@@ -248,7 +248,11 @@ pub(super) fn print_summary(
             c.children_dropped,
             s.tokens_embedded,
             s.tokens_per_sec,
-            s.padding_ratio * 100.0
+            s.padding_ratio * 100.0,
+            s.encoder
+                .as_deref()
+                .map(|e| format!("; {e}"))
+                .unwrap_or_default()
         )?;
     }
     if !s.missing_from_source.is_empty() {

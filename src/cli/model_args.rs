@@ -21,7 +21,9 @@ pub struct ModelArgs {
     #[arg(long, env = "RAGLINE_DEVICE", value_parser = Parsed::<DeviceChoice>::parse)]
     pub device: Option<Parsed<DeviceChoice>>,
 
-    /// Number format of the model: auto (f32 on the CPU, f16 on a GPU), f32, f16, bf16.
+    /// Number format of the model: auto (f32 on the CPU, f16 on a GPU), f32, f16, bf16, int8.
+    /// On the CPU, bf16 needs AVX512-BF16 and int8 AVX512-VNNI (and the avx512 kernels);
+    /// both are opt-in, lossy, and measured in BENCHMARKS.md.
     #[arg(long, value_parser = Parsed::<DTypeChoice>::parse)]
     pub dtype: Option<Parsed<DTypeChoice>>,
 

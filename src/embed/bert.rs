@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
+use super::cpu::kernels::{KernelPath, Precision};
 use super::cpu::{Activation, CpuBert, LayerWeights};
 use super::gelu::bias_gelu;
 
@@ -182,7 +183,7 @@ impl Bert {
             vb
         };
         let h = config.hidden_size;
-        if h % config.num_attention_heads != 0 {
+        if !h.is_multiple_of(config.num_attention_heads) {
             candle_core::bail!(
                 "hidden_size {h} is not a multiple of num_attention_heads {}",
                 config.num_attention_heads
@@ -253,8 +254,9 @@ impl Bert {
         })
     }
 
-    /// The same encoder as a [`CpuBert`]: f32, unpadded, fused (the fast CPU path).
-    pub fn to_cpu(&self) -> Result<CpuBert> {
+    /// The same encoder as a [`CpuBert`]: unpadded, fused (the fast CPU path), on the kernel
+    /// `path` with its dense layers in `precision`.
+    pub fn to_cpu(&self, path: KernelPath, precision: Precision) -> Result<CpuBert> {
         let act = match self.act {
             HiddenAct::Gelu => Activation::GeluErf,
             HiddenAct::GeluApproximate => Activation::GeluTanh,
@@ -288,6 +290,8 @@ impl Bert {
             weights,
             self.heads,
             act,
+            path,
+            precision,
         )
     }
 
@@ -418,37 +422,56 @@ mod tests {
         (shape.weights(), config)
     }
 
-    /// The fused CPU encoder gives the candle encoder's hidden states, without padding.
+    /// The fused CPU encoder gives the candle encoder's hidden states, without padding, on
+    /// every kernel path this CPU supports (f32 to 1e-4; bf16 and int8 to their rounding).
     #[test]
     fn cpu_path_matches_candle_path() {
         let dev = Device::Cpu;
         let (tensors, config) = tiny(5);
         let bert =
             Bert::load(VarBuilder::from_tensors(tensors, DType::F32, &dev), &config).unwrap();
-        let cpu = bert.to_cpu().unwrap();
         let seqs: Vec<&[u32]> = vec![&[1, 7, 9, 4, 2], &[1, 30, 2], &[1, 3, 3, 3, 3, 3, 3, 2]];
-        let fused = cpu.forward(&seqs).unwrap();
-        let mut row = 0;
-        for s in &seqs {
-            let ids = Tensor::new(*s, &dev).unwrap().unsqueeze(0).unwrap();
-            let mask = Tensor::ones((1, s.len()), DType::F32, &dev).unwrap();
-            let reference = bert
-                .forward(&ids, &mask)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            let ours = &fused[row * 16..(row + s.len()) * 16];
-            let diff = ours
-                .iter()
-                .zip(&reference)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(diff < 1e-4, "sequence {s:?}: max difference {diff}");
-            row += s.len();
+        let mut ran = 0;
+        for path in [KernelPath::Avx512, KernelPath::Avx2, KernelPath::Portable] {
+            for (precision, tolerance) in [
+                (Precision::F32, 1e-4),
+                (Precision::Bf16, 0.1),
+                (Precision::Int8, 0.15),
+            ] {
+                if !path.supported() || precision.check(path).is_err() {
+                    continue;
+                }
+                ran += 1;
+                let what = format!("{} {}", path, precision.name());
+                let cpu = bert.to_cpu(path, precision).unwrap();
+                let fused = cpu.forward(&seqs).unwrap();
+                let mut row = 0;
+                for s in &seqs {
+                    let ids = Tensor::new(*s, &dev).unwrap().unsqueeze(0).unwrap();
+                    let mask = Tensor::ones((1, s.len()), DType::F32, &dev).unwrap();
+                    let reference = bert
+                        .forward(&ids, &mask)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap();
+                    let ours = &fused[row * 16..(row + s.len()) * 16];
+                    let diff = ours
+                        .iter()
+                        .zip(&reference)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(
+                        diff < tolerance,
+                        "{what}, sequence {s:?}: max difference {diff}"
+                    );
+                    row += s.len();
+                }
+                assert_eq!(row * 16, fused.len(), "{what}");
+            }
         }
-        assert_eq!(row * 16, fused.len());
+        assert!(ran >= 1, "the portable path runs everywhere");
     }
 
     /// Our encoder and candle-transformers' agree, padding included.

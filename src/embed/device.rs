@@ -50,6 +50,8 @@ pub enum DTypeChoice {
     F32,
     F16,
     BF16,
+    /// int8 dense layers on the CPU (AVX512-VNNI).
+    Int8,
 }
 
 impl FromStr for DTypeChoice {
@@ -61,7 +63,10 @@ impl FromStr for DTypeChoice {
             "f32" => Ok(DTypeChoice::F32),
             "f16" => Ok(DTypeChoice::F16),
             "bf16" => Ok(DTypeChoice::BF16),
-            _ => Err(format!("unknown dtype `{s}`: use auto, f32, f16 or bf16")),
+            "int8" => Ok(DTypeChoice::Int8),
+            _ => Err(format!(
+                "unknown dtype `{s}`: use auto, f32, f16, bf16 or int8"
+            )),
         }
     }
 }
@@ -74,6 +79,8 @@ impl DTypeChoice {
             DTypeChoice::F32 => DType::F32,
             DTypeChoice::F16 => DType::F16,
             DTypeChoice::BF16 => DType::BF16,
+            // Not a candle dtype: the fused CPU encoder quantises its weights from f32.
+            DTypeChoice::Int8 => DType::F32,
         }
     }
 }

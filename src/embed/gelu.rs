@@ -25,7 +25,7 @@ pub fn erf(x: f32) -> f32 {
 }
 
 #[inline(always)]
-fn gelu(x: f32) -> f32 {
+pub fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 

@@ -4,7 +4,9 @@ use candle_core::{DType, Device, Tensor, D};
 use candle_nn::VarBuilder;
 
 use super::bert::{Bert, BertConfig, SUPPORTED_MODEL_TYPES};
+use super::cpu::kernels::{KernelPath, Precision};
 use super::cpu::CpuBert;
+use super::device::DTypeChoice;
 use super::files::{ModelFiles, Pooling};
 use super::tokenizer::TextTokenizer;
 use super::EmbedError;
@@ -33,13 +35,43 @@ pub struct EmbeddingModel {
 }
 
 impl EmbeddingModel {
-    /// Load the model's weights onto `device` in `dtype`.
+    /// Load the model's weights onto `device` in `dtype` (on the CPU in f32: the fused
+    /// encoder on the kernels `RAGLINE_CPU_KERNELS` names, or the best the CPU has).
     pub fn load(files: &ModelFiles, device: &Device, dtype: DType) -> Result<Self, EmbedError> {
         let mut model = Self::load_candle(files, device, dtype)?;
         if let Encoder::Candle(bert) = &model.encoder {
             if bert.device().is_cpu() && bert.dtype() == DType::F32 {
-                model.encoder = Encoder::Cpu(Box::new(bert.to_cpu()?));
+                model.encoder = Encoder::Cpu(Box::new(bert.to_cpu(cpu_path()?, Precision::F32)?));
             }
+        }
+        Ok(model)
+    }
+
+    /// Load the model for a `--dtype` choice: on the CPU, auto and f32 run the fused f32
+    /// encoder, bf16 and int8 the fused encoder with bf16 or int8 dense layers (where the CPU
+    /// has the instructions for them; a clear error otherwise), f16 the candle encoder; on a
+    /// GPU the candle encoder in the dtype (int8 is refused).
+    pub fn load_for(
+        files: &ModelFiles,
+        device: &Device,
+        choice: DTypeChoice,
+    ) -> Result<Self, EmbedError> {
+        let precision = match (device.is_cpu(), choice) {
+            (true, DTypeChoice::Auto | DTypeChoice::F32) => Precision::F32,
+            (true, DTypeChoice::BF16) => Precision::Bf16,
+            (_, DTypeChoice::Int8) if !device.is_cpu() => {
+                return Err(EmbedError::Unsupported(
+                    "--dtype int8 runs on the CPU only; on a GPU use f16 or bf16".into(),
+                ))
+            }
+            (_, DTypeChoice::Int8) => Precision::Int8,
+            _ => return Self::load(files, device, choice.resolve(device)),
+        };
+        let path = cpu_path()?;
+        precision.check(path).map_err(EmbedError::Unsupported)?;
+        let mut model = Self::load_candle(files, device, DType::F32)?;
+        if let Encoder::Candle(bert) = &model.encoder {
+            model.encoder = Encoder::Cpu(Box::new(bert.to_cpu(path, precision)?));
         }
         Ok(model)
     }
@@ -147,11 +179,33 @@ impl EmbeddingModel {
         }
     }
 
-    /// "fused CPU f32" or "candle".
-    pub fn encoder_kind(&self) -> &'static str {
-        match self.encoder {
-            Encoder::Candle(_) => "candle",
-            Encoder::Cpu(_) => "fused CPU f32",
+    /// Which encoder runs, in words: "fused CPU encoder, f32 on the avx512 kernels" or
+    /// "candle encoder, f16".
+    pub fn encoder_kind(&self) -> String {
+        match &self.encoder {
+            Encoder::Candle(b) => format!("candle encoder, {:?}", b.dtype()).to_lowercase(),
+            Encoder::Cpu(c) => format!(
+                "fused CPU encoder, {} on the {} kernels",
+                c.precision().name(),
+                c.path()
+            ),
+        }
+    }
+
+    /// FLOPs of encoding sequences of these lengths (special tokens and prompt included), for
+    /// the fused CPU encoder; None for the candle one.
+    pub fn cpu_flops(&self, lengths: &[usize]) -> Option<f64> {
+        match &self.encoder {
+            Encoder::Cpu(c) => Some(c.flops(lengths)),
+            Encoder::Candle(_) => None,
+        }
+    }
+
+    /// The fused CPU encoder's kernel path and precision, if that is the encoder.
+    pub fn cpu_kernels(&self) -> Option<(KernelPath, Precision)> {
+        match &self.encoder {
+            Encoder::Cpu(c) => Some((c.path(), c.precision())),
+            Encoder::Candle(_) => None,
         }
     }
 
@@ -161,6 +215,14 @@ impl EmbeddingModel {
 
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    /// The number format the encoder computes in: "f32", "bf16", "int8", "f16".
+    pub fn precision_name(&self) -> String {
+        match &self.encoder {
+            Encoder::Cpu(c) => c.precision().name().to_string(),
+            Encoder::Candle(b) => format!("{:?}", b.dtype()).to_lowercase(),
+        }
     }
 
     /// A string that changes whenever the vectors would: the bytes of the config, tokenizer
@@ -302,9 +364,16 @@ impl EmbeddingModel {
     }
 }
 
+/// The CPU kernel path: `RAGLINE_CPU_KERNELS`, or the best this CPU has.
+fn cpu_path() -> Result<KernelPath, EmbedError> {
+    KernelPath::from_env().map_err(EmbedError::Unsupported)
+}
+
 fn encoder(bert: Bert) -> Result<Encoder, EmbedError> {
     if bert.device().is_cpu() && bert.dtype() == DType::F32 {
-        Ok(Encoder::Cpu(Box::new(bert.to_cpu()?)))
+        Ok(Encoder::Cpu(Box::new(
+            bert.to_cpu(cpu_path()?, Precision::F32)?,
+        )))
     } else {
         Ok(Encoder::Candle(bert))
     }

@@ -160,7 +160,7 @@ pub fn save_random_model(
         vocab: number("vocab_size", 30522),
         hidden,
         layers,
-        heads: if hidden % 4 == 0 { 4 } else { 1 },
+        heads: if hidden.is_multiple_of(4) { 4 } else { 1 },
         intermediate: hidden * 2,
         positions: number("max_position_embeddings", 512),
         seed,

@@ -83,13 +83,13 @@ pub fn load_model(
     device: &SelectedDevice,
     model: &config::ModelConfig,
 ) -> Result<EmbeddingModel, PipelineError> {
-    let dtype = model.dtype.value.resolve(&device.device);
-    let mut m = EmbeddingModel::load(files, &device.device, dtype).map_err(|e| {
-        PipelineError::Setup(format!(
-            "cannot load model `{}` on {}: {e}",
-            files.name, device.label
-        ))
-    })?;
+    let mut m =
+        EmbeddingModel::load_for(files, &device.device, model.dtype.value).map_err(|e| {
+            PipelineError::Setup(format!(
+                "cannot load model `{}` on {}: {e}",
+                files.name, device.label
+            ))
+        })?;
     m.tokenizer.set_prompts(
         model.query_prompt.as_deref(),
         model.passage_prompt.as_deref(),
@@ -178,6 +178,7 @@ pub fn ingest(
     // The model and the chunker, unless whole documents are indexed.
     let mut chunking = None;
     let mut pool = None;
+    let mut encoder = None;
     let mut model_id = None;
     let mut fingerprint = "extract-v1".to_string();
     if config.chunk.enabled {
@@ -191,6 +192,10 @@ pub fn ingest(
             }
         }
         let first = load_model(&files, &devices[0], &config.model)?;
+        if !defer {
+            eprintln!("encoder: {}", first.encoder_kind());
+            encoder = Some(first.encoder_kind());
+        }
         let tokenizer = first.tokenizer.clone();
         let limit = tokenizer.max_content_len() - tokenizer.passage_prompt_ids().len();
         let sizes = ChunkConfig {
@@ -269,6 +274,7 @@ pub fn ingest(
     let result = run::execute(parts, &options, observer);
     observer.finish();
     let mut summary = result?;
+    summary.encoder = encoder;
     // Documents the index holds that this run's source no longer has.
     if let (Some(before), Some(seen)) = (&in_index, &summary.published_ids) {
         let mut missing: Vec<String> = before.difference(seen).cloned().collect();

@@ -32,6 +32,9 @@ pub struct RunSummary {
     pub missing_from_source: Vec<String>,
     /// Of those, how many were deleted (`--prune`).
     pub pruned: u64,
+    /// Which encoder and kernels embedded ("fused CPU encoder, f32 on the avx512 kernels").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encoder: Option<String>,
     /// What else the run has to say (a migration switched, a stage is paused...).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -71,6 +74,7 @@ impl RunSummary {
             dropped,
             missing_from_source: Vec::new(),
             pruned: 0,
+            encoder: None,
             notes: Vec::new(),
             published_ids: None,
         }

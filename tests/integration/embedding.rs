@@ -25,22 +25,41 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
     dot / (na * nb)
 }
 
-/// Every fixture text (short, long past 256 tokens, code, non-English, emoji, edge cases)
-/// embeds to within cosine 0.9999 of sentence-transformers' vector.
-#[test]
-fn vectors_match_sentence_transformers() {
-    let model = model_dir();
+/// The CPU kernel paths this machine runs (`RAGLINE_CPU_KERNELS` values), best first.
+fn kernel_paths() -> Vec<&'static str> {
+    use ragline::embed::cpu::kernels::KernelPath;
+    [KernelPath::Avx512, KernelPath::Avx2, KernelPath::Portable]
+        .into_iter()
+        .filter(|p| p.supported())
+        .map(|p| p.name())
+        .collect()
+}
+
+/// `ragline embed` of `input` on the CPU with the kernel path and dtype given.
+fn embed(input: &Path, out: &Path, kernels: &str, dtype: &str) -> std::process::Output {
+    run(crate::util::ragline()
+        .env("RAGLINE_CPU_KERNELS", kernels)
+        .args(["embed", "--device", "cpu", "--dtype", dtype, "--model"])
+        .arg(model_dir())
+        .arg("--input")
+        .arg(input)
+        .arg("--output")
+        .arg(out))
+}
+
+/// The lowest cosine of the parity texts embedded with this path and dtype to
+/// sentence-transformers' vectors, with the text that has it.
+fn parity(kernels: &str, dtype: &str) -> (f64, String) {
     let fixtures = root().join("tests/fixtures/parity");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("v.npy");
-    let o = run(crate::util::ragline()
-        .args(["embed", "--device", "cpu", "--model"])
-        .arg(&model)
-        .arg("--input")
-        .arg(fixtures.join("texts.jsonl"))
-        .arg("--output")
-        .arg(&out));
-    assert_eq!(o.status.code(), Some(0));
+    let o = embed(&fixtures.join("texts.jsonl"), &out, kernels, dtype);
+    assert_eq!(o.status.code(), Some(0), "{kernels} {dtype}");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains(&format!("{dtype} on the {kernels} kernels")),
+        "the run names its kernels: {stderr}"
+    );
     let ours = read_matrix(&out);
     let reference = read_matrix(&fixtures.join("reference.npy"));
     let texts: Vec<serde_json::Value> = crate::util::read_jsonl(&fixtures.join("texts.jsonl"));
@@ -54,16 +73,68 @@ fn vectors_match_sentence_transformers() {
             worst = (c, i);
         }
     }
-    eprintln!("lowest cosine {} for {}", worst.0, texts[worst.1]["id"]);
-    assert!(
-        worst.0 >= 0.9999,
-        "text {} ({:?}) has cosine {} to the reference",
+    let what = format!(
+        "{} ({:?})",
         texts[worst.1]["id"],
         texts[worst.1]["text"]
             .as_str()
-            .map(|t| &t[..t.len().min(80)]),
-        worst.0
+            .map(|t| &t[..t.len().min(80)])
     );
+    eprintln!("{kernels} {dtype}: lowest cosine {} for {what}", worst.0);
+    (worst.0, what)
+}
+
+/// Every fixture text (short, long past 256 tokens, code, non-English, emoji, edge cases)
+/// embeds to within cosine 0.9999 of sentence-transformers' vector, on every CPU kernel path
+/// this machine supports (each forced with RAGLINE_CPU_KERNELS).
+#[test]
+fn vectors_match_sentence_transformers() {
+    let paths = kernel_paths();
+    assert!(paths.contains(&"portable"));
+    for kernels in paths {
+        let (worst, text) = parity(kernels, "f32");
+        assert!(
+            worst >= 0.9999,
+            "{kernels}: text {text} has cosine {worst} to the reference"
+        );
+    }
+}
+
+/// `--dtype bf16` and `--dtype int8` on the CPU: within cosine 0.999 and 0.995 of
+/// sentence-transformers' f32 vectors where the CPU has AVX512-BF16 / AVX512-VNNI; where it
+/// has not, a clear refusal that names the missing feature and the fix, not a slow emulation.
+#[test]
+fn low_precision_holds_its_bar_or_is_refused() {
+    use ragline::embed::cpu::kernels::{features, KernelPath};
+    let f = features();
+    for (dtype, floor, has, needs) in [
+        ("bf16", 0.999, f.avx512_bf16, "AVX512-BF16"),
+        ("int8", 0.995, f.avx512_vnni, "AVX512-VNNI"),
+    ] {
+        if has {
+            let (worst, text) = parity("avx512", dtype);
+            assert!(
+                worst >= floor,
+                "{dtype}: text {text} has cosine {worst} to the reference"
+            );
+        }
+        // On a path without the instructions (every CPU has the portable one), it is refused.
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("t.jsonl");
+        fs::write(&input, "{\"text\": \"hello\"}\n").unwrap();
+        let o = embed(
+            &input,
+            &dir.path().join("v.npy"),
+            KernelPath::Portable.name(),
+            dtype,
+        );
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_ne!(o.status.code(), Some(0), "{dtype} on portable kernels");
+        assert!(
+            stderr.contains(needs) && stderr.contains("--dtype f32"),
+            "{dtype}: {stderr}"
+        );
+    }
 }
 
 /// Ranks with ties given their average rank.
@@ -103,14 +174,14 @@ fn spearman_handles_ties() {
     assert_eq!(ranks(&[5.0, 1.0, 5.0, 2.0]), vec![3.5, 1.0, 3.5, 2.0]);
 }
 
-/// STS Benchmark through `ragline embed`: Spearman within 0.001 (x100: 0.1) of what
-/// sentence-transformers gives (scripts/reference-sts.py, recorded in the fixture).
+/// STS Benchmark through `ragline embed`, on every CPU kernel path: Spearman within 0.001
+/// (x100: 0.1) of what sentence-transformers gives (scripts/reference-sts.py, recorded in the
+/// fixture).
 #[test]
 fn sts_benchmark_matches_sentence_transformers() {
     let Some(sts) = shared_data("stsb/sts-test.tsv") else {
         return;
     };
-    let model = model_dir();
     let reference: serde_json::Value = serde_json::from_slice(
         &fs::read(root().join("tests/fixtures/stsb-reference.json")).unwrap(),
     )
@@ -129,23 +200,22 @@ fn sts_benchmark_matches_sentence_transformers() {
     }
     fs::write(&input, lines).unwrap();
     let out = dir.path().join("v.npy");
-    let o = run(crate::util::ragline()
-        .args(["embed", "--device", "cpu", "--model"])
-        .arg(&model)
-        .arg("--input")
-        .arg(&input)
-        .arg("--output")
-        .arg(&out));
-    assert_eq!(o.status.code(), Some(0));
-    let v = read_matrix(&out);
-    let cos: Vec<f64> = v.chunks(2).map(|p| cosine(&p[0], &p[1])).collect();
-    let ours = spearman(&cos, &gold) * 100.0;
-    let theirs = reference["spearman_x100"].as_f64().unwrap();
-    eprintln!("STS-B Spearman x100: ragline {ours:.4}, sentence-transformers {theirs:.4}");
-    assert!(
-        (ours - theirs).abs() <= 0.1,
-        "ragline {ours} vs sentence-transformers {theirs}"
-    );
+    for kernels in kernel_paths() {
+        let o = embed(&input, &out, kernels, "f32");
+        assert_eq!(o.status.code(), Some(0));
+        let v = read_matrix(&out);
+        let cos: Vec<f64> = v.chunks(2).map(|p| cosine(&p[0], &p[1])).collect();
+        let ours = spearman(&cos, &gold) * 100.0;
+        let theirs = reference["spearman_x100"].as_f64().unwrap();
+        eprintln!(
+            "STS-B Spearman x100 on {kernels}: ragline {ours:.4}, sentence-transformers \
+             {theirs:.4}"
+        );
+        assert!(
+            (ours - theirs).abs() <= 0.1,
+            "{kernels}: ragline {ours} vs sentence-transformers {theirs}"
+        );
+    }
 }
 
 /// The candle encoder (the path GPUs take: padded batches, masks, candle kernels) run on the

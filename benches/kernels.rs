@@ -1,0 +1,118 @@
+//! The CPU GEMM kernels on the encoder's shapes, in FLOP/s (`Throughput::Elements` counts
+//! floating-point operations: 2 x M x K x N): M = 2,048 tokens (the CPU batch budget), the
+//! (K, N) of all-MiniLM-L6-v2's dense layers (QKV, attention output, FFN in, FFN out), per
+//! kernel path and precision this CPU supports. `gemm-crate` is the `gemm` crate (the avx2
+//! path; it picks its own AVX2 kernels).
+//!
+//!     cargo bench --bench kernels
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use ragline::embed::cpu::gemm::{self, Epilogue, Operands};
+use ragline::embed::cpu::kernels::{features, KernelPath};
+use ragline::embed::cpu::pack::{PackedBf16, PackedF32, PackedI8};
+
+const M: usize = 2048;
+const SHAPES: [(&str, usize, usize); 4] = [
+    ("qkv-384x1152", 384, 1152),
+    ("out-384x384", 384, 384),
+    ("ffn-in-384x1536", 384, 1536),
+    ("ffn-out-1536x384", 1536, 384),
+];
+
+fn data(len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+        .collect()
+}
+
+fn kernels(c: &mut Criterion) {
+    let mut group = c.benchmark_group("gemm");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    for (name, k, n) in SHAPES {
+        let a = data(M * k);
+        let b = data(k * n);
+        let mut out = vec![0f32; M * n];
+        group.throughput(Throughput::Elements((2 * M * k * n) as u64));
+        let ops = |out: &mut Vec<f32>| Operands {
+            a: a.as_ptr(),
+            lda: k,
+            m: M,
+            c: out.as_mut_ptr(),
+            ldc: n,
+        };
+        group.bench_function(BenchmarkId::new("gemm-crate", name), |bench| {
+            let threads = gemm_crate_threads();
+            bench.iter(|| unsafe {
+                ::gemm::gemm(
+                    M,
+                    n,
+                    k,
+                    out.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    true,
+                    a.as_ptr(),
+                    1,
+                    k as isize,
+                    b.as_ptr(),
+                    1,
+                    n as isize,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    threads,
+                )
+            })
+        });
+        for path in [KernelPath::Avx512, KernelPath::Portable] {
+            if !path.supported() {
+                continue;
+            }
+            let packed = PackedF32::from_rows(&b, k, n);
+            group.bench_function(BenchmarkId::new(format!("{path}-f32"), name), |bench| {
+                // SAFETY: the operands are the vectors above, of the right sizes.
+                bench.iter(|| unsafe {
+                    gemm::f32_gemm(path, ops(&mut out), packed.view(), Epilogue::NONE, true)
+                })
+            });
+        }
+        #[cfg(target_arch = "x86_64")]
+        if features().avx512_bf16 {
+            let packed = PackedBf16::from_rows(&b, k, n);
+            group.bench_function(BenchmarkId::new("avx512-bf16", name), |bench| {
+                // SAFETY: as above, and the CPU has AVX512-BF16.
+                bench.iter(|| unsafe {
+                    gemm::bf16_gemm(ops(&mut out), &packed, Epilogue::NONE, true)
+                })
+            });
+        }
+        #[cfg(target_arch = "x86_64")]
+        if features().avx512_vnni {
+            let packed = PackedI8::from_rows(&b, k, n);
+            group.bench_function(BenchmarkId::new("avx512-int8", name), |bench| {
+                // SAFETY: as above, and the CPU has AVX512-VNNI.
+                bench.iter(|| unsafe {
+                    gemm::i8_gemm(ops(&mut out), &packed, Epilogue::NONE, false, true)
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn gemm_crate_threads() -> ::gemm::Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => ::gemm::Parallelism::None,
+        t => ::gemm::Parallelism::Rayon(t),
+    }
+}
+
+criterion_group!(benches, kernels);
+criterion_main!(benches);

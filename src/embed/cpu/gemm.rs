@@ -1,0 +1,762 @@
+//! GEMM on packed weights with a fused epilogue:
+//! `C = act(A · B + bias + residual)`, where A is the activations ([m, k], row-major, any row
+//! stride), B weights packed once by [`super::pack`], C the destination (any row stride). The
+//! loops are the BLIS ones without packing A: K in blocks whose weight panel stays in L1, the
+//! micro-kernel holding an `mr` x [`NR`] tile of C in registers and broadcasting straight from
+//! `mr` rows of A (the L1 prefetcher follows the row streams; a packing copy of A cost more
+//! than it saved). bf16 and int8 first convert A once, row-major, with vector instructions.
+//! Bias, residual and GELU are applied to the tile in registers on the last K block, so C is
+//! written once per K block and never pre-filled. Work is split over the rayon pool by row
+//! blocks (and by column panels when there are fewer row blocks than threads).
+
+use rayon::prelude::*;
+
+use super::kernels::KernelPath;
+use super::pack::{F32Panels, PackedBf16, PackedF32, PackedI8, NR};
+
+/// f32 values of K per block: the weight panel (KC x 32 x 4 bytes = 32 KiB) stays in L1.
+const KC_F32: usize = 256;
+/// bf16 pairs of K per block (the same 32 KiB).
+const KC_PAIRS: usize = 256;
+/// Most rows per task (the rows of A a task reads stay in L2).
+const MC_MAX: usize = 512;
+
+/// What is added to the product, and the activation, before C is stored.
+#[derive(Clone, Copy, Debug)]
+pub struct Epilogue {
+    /// [n], added to every row; null for none.
+    pub bias: *const f32,
+    /// [m, n] at row stride `ldr`, added; null for none.
+    pub residual: *const f32,
+    pub ldr: usize,
+    /// Exact (erf) GELU of the sum.
+    pub gelu: bool,
+}
+
+impl Epilogue {
+    /// `C = A · B`.
+    pub const NONE: Epilogue = Epilogue {
+        bias: std::ptr::null(),
+        residual: std::ptr::null(),
+        ldr: 0,
+        gelu: false,
+    };
+}
+
+/// C [m, n] (row stride ldc) and A [m, k] (row stride lda) as raw pointers, shareable with
+/// the pool: each task writes only its own rows and columns of C.
+#[derive(Clone, Copy)]
+pub struct Operands {
+    pub a: *const f32,
+    pub lda: usize,
+    pub m: usize,
+    pub c: *mut f32,
+    pub ldc: usize,
+}
+
+// SAFETY: tasks read A, the bias and the residual and write disjoint tiles of C (`tiles`).
+unsafe impl Send for Operands {}
+unsafe impl Sync for Operands {}
+unsafe impl Send for Epilogue {}
+unsafe impl Sync for Epilogue {}
+
+/// Where one micro-kernel call stores its tile, and what it adds first.
+#[derive(Clone, Copy)]
+pub struct Store {
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub rows: usize,
+    pub cols: usize,
+    /// C holds nothing of this product yet: write the tile rather than add to it.
+    pub first: bool,
+    /// The K loop ends with this block: add bias and residual, apply the activation.
+    pub last: bool,
+    /// At the tile's first column (null for none).
+    pub bias: *const f32,
+    /// At the tile's first element (null for none), row stride `ldr`.
+    pub residual: *const f32,
+    pub ldr: usize,
+    pub gelu: bool,
+}
+
+/// A rectangle of C one task computes: rows r0..r0+rows, column panels p0..p1.
+#[derive(Clone, Copy, Debug)]
+struct Tile {
+    r0: usize,
+    rows: usize,
+    p0: usize,
+    p1: usize,
+}
+
+/// Column panels per task at most (192 columns: the task's weights, K x 192 x 4 bytes,
+/// stay in L2 while it runs over its rows).
+const PANELS_PER_TASK: usize = 6;
+
+/// Split C into tasks, row blocks (multiples of `mr`, at most MC_MAX rows) by column groups
+/// (at most PANELS_PER_TASK panels), with at least 8 tasks per thread where the shape
+/// allows: on a shared host a thread slowed by a neighbour then holds the others at the join
+/// for one small task, not a quarter of the work.
+fn tiles(m: usize, panels: usize, mr: usize, parallel: bool) -> Vec<Tile> {
+    let threads = if parallel {
+        rayon::current_num_threads().max(1)
+    } else {
+        1
+    };
+    let col_split = if parallel {
+        panels.div_ceil(PANELS_PER_TASK).max(1)
+    } else {
+        1
+    };
+    let wanted_rows = if parallel {
+        (8 * threads).div_ceil(col_split)
+    } else {
+        1
+    };
+    let row_blocks = m
+        .div_ceil(MC_MAX)
+        .max(wanted_rows)
+        .min(m.div_ceil(mr))
+        .max(1);
+    let mc = m.div_ceil(row_blocks).div_ceil(mr) * mr;
+    let row_blocks = m.div_ceil(mc);
+    let per = panels.div_ceil(col_split);
+    let mut out = Vec::with_capacity(row_blocks * col_split);
+    for rb in 0..row_blocks {
+        let r0 = rb * mc;
+        for cs in 0..col_split {
+            let (p0, p1) = (cs * per, ((cs + 1) * per).min(panels));
+            if p0 < p1 {
+                out.push(Tile {
+                    r0,
+                    rows: mc.min(m - r0),
+                    p0,
+                    p1,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// K split into equal blocks of at most `most`.
+fn k_blocks(k: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
+    let n = k.div_ceil(most).max(1);
+    let size = k.div_ceil(n);
+    (0..n).map(move |i| (i * size, size.min(k - i * size)))
+}
+
+/// The loops shared by every format: for each task's K block, column panel and row group of
+/// `mr`, call `micro(k0, kc, row, panel, store)`; `k` and the block size are in the format's
+/// K units (values, pairs, quads).
+///
+/// # Safety
+/// `ops.c` writable for m rows of n values at stride ldc; `epi` valid for those rows.
+#[allow(clippy::too_many_arguments)]
+unsafe fn drive<F>(
+    ops: Operands,
+    n: usize,
+    k: usize,
+    k_most: usize,
+    mr: usize,
+    epi: Epilogue,
+    parallel: bool,
+    micro: F,
+) where
+    F: Fn(usize, usize, usize, usize, &Store) + Sync,
+{
+    let panels = n.div_ceil(NR);
+    let task = |t: Tile| {
+        // Whole-struct copies, so the closure captures the Sync structs, not their fields.
+        let (ops, epi) = (ops, epi);
+        for (k0, kc) in k_blocks(k, k_most) {
+            for p in t.p0..t.p1 {
+                for r in (t.r0..t.r0 + t.rows).step_by(mr) {
+                    // SAFETY: r < m and p * NR < n: inside C, the bias and the residual.
+                    let store = unsafe {
+                        Store {
+                            c: ops.c.add(r * ops.ldc + p * NR),
+                            ldc: ops.ldc,
+                            rows: mr.min(t.r0 + t.rows - r),
+                            cols: NR.min(n - p * NR),
+                            first: k0 == 0,
+                            last: k0 + kc == k,
+                            bias: if epi.bias.is_null() {
+                                epi.bias
+                            } else {
+                                epi.bias.add(p * NR)
+                            },
+                            residual: if epi.residual.is_null() {
+                                epi.residual
+                            } else {
+                                epi.residual.add(r * epi.ldr + p * NR)
+                            },
+                            ldr: epi.ldr,
+                            gelu: epi.gelu,
+                        }
+                    };
+                    micro(k0, kc, r, p, &store);
+                }
+            }
+        }
+    };
+    let work = tiles(ops.m, panels, mr, parallel);
+    if parallel && work.len() > 1 {
+        work.into_par_iter().for_each(task);
+    } else {
+        work.into_iter().for_each(task);
+    }
+}
+
+/// `C = act(A · B + bias + residual)` in f32.
+///
+/// # Safety
+/// A readable for m rows of `b.k` values at stride lda; C writable for m rows of `b.n`
+/// values at stride ldc, not overlapping A; `epi`'s bias [n] and residual [m, n] readable.
+pub unsafe fn f32_gemm(
+    path: KernelPath,
+    ops: Operands,
+    b: F32Panels,
+    epi: Epilogue,
+    parallel: bool,
+) {
+    if ops.m == 0 || b.n == 0 {
+        return;
+    }
+    let (micro, mr): (MicroF32, usize) = match path {
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 => (super::avx512::micro_f32, super::avx512::MR),
+        _ => (micro_f32_portable, MR_PORTABLE),
+    };
+    drive(
+        ops,
+        b.n,
+        b.k,
+        KC_F32,
+        mr,
+        epi,
+        parallel,
+        |k0, kc, r, p, st| {
+            // The whole Operands (Sync), not its raw-pointer fields, is captured.
+            let ops = &ops;
+            // SAFETY: row r and column k0 of A, panel p from row k0 of B: all in bounds.
+            unsafe {
+                micro(
+                    kc,
+                    ops.a.add(r * ops.lda + k0),
+                    ops.lda,
+                    b.panel(p, k0),
+                    b.row_stride,
+                    st,
+                )
+            }
+        },
+    );
+}
+
+/// An f32 micro-kernel: tile = A [rows][lda] (kc columns) · B [kc][32] (rows ldb apart).
+pub type MicroF32 = unsafe fn(usize, *const f32, usize, *const f32, usize, &Store);
+/// A bf16 micro-kernel over `pairs` k-pairs of A rows (u32 pairs at row stride lda).
+pub type MicroBf16 = unsafe fn(usize, *const u32, usize, *const u32, &Store);
+/// An int8 micro-kernel over `quads` k-quads, with the scales and the shift correction.
+pub type MicroI8 = unsafe fn(usize, *const u32, usize, *const u32, &Store, &I8Scales);
+
+/// What turns an int8 tile's i32 sums into f32: row scale x column scale x (sum - row zero
+/// point x column sum of the weights). Pointers at the tile's first row and column.
+#[derive(Clone, Copy)]
+pub struct I8Scales {
+    pub rows: *const f32,
+    /// The rows' zero points.
+    pub zeros: *const i32,
+    pub cols: *const f32,
+    pub sums: *const i32,
+}
+
+/// A converted once for a low-precision kernel: row-major, `stride` 32-bit lanes per row.
+struct Converted {
+    lanes: Vec<u32>,
+    stride: usize,
+    /// Per-row scale and zero point (int8 only).
+    scale: Vec<f32>,
+    zero: Vec<i32>,
+}
+
+/// `C = act(A · B + bias + residual)` with B in bf16 and A rounded to bf16 first.
+///
+/// # Safety
+/// As [`f32_gemm`]; and the CPU has AVX512-BF16.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn bf16_gemm(ops: Operands, b: &PackedBf16, epi: Epilogue, parallel: bool) {
+    if ops.m == 0 || b.n == 0 {
+        return;
+    }
+    let a = convert(ops, b.k, b.pairs, |row, out| {
+        // SAFETY: the caller's contract (the CPU has AVX512-BF16).
+        unsafe { super::avx512::to_bf16_pairs(row, out) };
+        (1.0, 0)
+    });
+    drive(
+        ops,
+        b.n,
+        b.pairs,
+        KC_PAIRS,
+        super::avx512::MR,
+        epi,
+        parallel,
+        |q0, qc, r, p, st| {
+            let ap = a.lanes[r * a.stride + q0..].as_ptr();
+            // SAFETY: rows r.. of the converted A, panel p from pair q0 of B.
+            unsafe { super::avx512::micro_bf16(qc, ap, a.stride, b.panel(p, q0), st) }
+        },
+    );
+}
+
+/// An input channel whose |value| passes this in any row of a batch is an outlier: BERT's
+/// hidden states have a few channels of large magnitude, and one would take the whole int8
+/// range of its token. Those channels are computed in f32 instead (LLM.int8()'s
+/// decomposition; a handful of 384, so about 1% of the work).
+pub const OUTLIER_THRESHOLD: f32 = 6.0;
+
+/// `C = act(A · B + bias + residual)` with B in int8 per output channel and A quantised per
+/// row (token) to u8 with a zero point, as `vpdpbusd` wants its first operand unsigned:
+/// symmetric, or asymmetric for one-signed inputs (GELU's output). Input channels past
+/// [`OUTLIER_THRESHOLD`] in this batch are multiplied in f32, the rest in int8.
+///
+/// # Safety
+/// As [`f32_gemm`]; and the CPU has AVX512-VNNI.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn i8_gemm(
+    ops: Operands,
+    b: &PackedI8,
+    epi: Epilogue,
+    asymmetric: bool,
+    parallel: bool,
+) {
+    if ops.m == 0 || b.n == 0 {
+        return;
+    }
+    let k = b.k;
+    let outliers = outlier_channels(ops, k);
+    let mut epi = epi;
+    let keep: Option<Vec<f32>> = if outliers.is_empty() {
+        None
+    } else {
+        // C = A[:, outliers] · B[outliers, :] + bias + residual in f32 first; the int8 pass
+        // then adds to C (as its residual) and applies the activation.
+        let mut a_out = vec![0f32; ops.m * outliers.len()];
+        for (r, dst) in a_out.chunks_exact_mut(outliers.len()).enumerate() {
+            for (d, &j) in dst.iter_mut().zip(&outliers) {
+                *d = *ops.a.add(r * ops.lda + j);
+            }
+        }
+        let mut w_out = Vec::with_capacity(outliers.len() * b.n);
+        for &j in &outliers {
+            w_out.extend_from_slice(&b.rows[j * b.n..(j + 1) * b.n]);
+        }
+        let w_out = PackedF32::from_rows(&w_out, outliers.len(), b.n);
+        let first = Operands {
+            a: a_out.as_ptr(),
+            lda: outliers.len(),
+            ..ops
+        };
+        f32_gemm(
+            KernelPath::Avx512,
+            first,
+            w_out.view(),
+            Epilogue { gelu: false, ..epi },
+            parallel,
+        );
+        epi = Epilogue {
+            bias: std::ptr::null(),
+            residual: ops.c,
+            ldr: ops.ldc,
+            gelu: epi.gelu,
+        };
+        let mut keep = vec![1f32; k];
+        for &j in &outliers {
+            keep[j] = 0.0;
+        }
+        Some(keep)
+    };
+    let a = convert(ops, k, b.quads, |row, out| {
+        // SAFETY: the caller's contract (the CPU has AVX512-VNNI, hence AVX-512 BW).
+        unsafe { super::avx512::quantize_row(row, keep.as_deref(), asymmetric, out) }
+    });
+    // One K block: the i32 sums of a tile must see all of K before they are scaled.
+    drive(
+        ops,
+        b.n,
+        b.quads,
+        usize::MAX,
+        super::avx512::MR,
+        epi,
+        parallel,
+        |_, qc, r, p, st| {
+            let scales = I8Scales {
+                rows: a.scale[r..].as_ptr(),
+                zeros: a.zero[r..].as_ptr(),
+                cols: b.scale[p * NR..].as_ptr(),
+                sums: b.sums[p * NR..].as_ptr(),
+            };
+            let ap = a.lanes[r * a.stride..].as_ptr();
+            // SAFETY: rows r.. of the quantised A, panel p of B, the scales of both.
+            unsafe { super::avx512::micro_i8(qc, ap, a.stride, b.panel(p), st, &scales) }
+        },
+    );
+}
+
+/// The input channels of A whose |value| passes [`OUTLIER_THRESHOLD`] in some row.
+#[cfg(target_arch = "x86_64")]
+unsafe fn outlier_channels(ops: Operands, k: usize) -> Vec<usize> {
+    let rows: Vec<usize> = (0..ops.m).collect();
+    let max = rows
+        .par_chunks(64)
+        .map(|chunk| {
+            // The whole Operands (Sync), not its raw-pointer fields, is captured.
+            let ops = &ops;
+            let mut max = vec![0f32; k];
+            for &r in chunk {
+                // SAFETY: row r < m of A has k values (the caller's contract).
+                let row = unsafe { std::slice::from_raw_parts(ops.a.add(r * ops.lda), k) };
+                // SAFETY: the CPU has AVX-512 (the caller's contract).
+                unsafe { super::avx512::column_abs_max(row, k, &mut max) };
+            }
+            max
+        })
+        .reduce(
+            || vec![0f32; k],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x = x.max(*y));
+                a
+            },
+        );
+    max.iter()
+        .enumerate()
+        .filter(|(_, &m)| m > OUTLIER_THRESHOLD)
+        .map(|(j, _)| j)
+        .collect()
+}
+
+/// Convert every row of A (k values) into `lanes` 32-bit lanes with `f`, which returns the
+/// row's scale and zero point; rows in parallel.
+unsafe fn convert(
+    ops: Operands,
+    k: usize,
+    lanes: usize,
+    f: impl Fn(&[f32], &mut [u32]) -> (f32, i32) + Sync,
+) -> Converted {
+    let mut out = Converted {
+        lanes: vec![0; ops.m * lanes],
+        stride: lanes,
+        scale: vec![0f32; ops.m],
+        zero: vec![0i32; ops.m],
+    };
+    out.lanes
+        .par_chunks_mut(lanes * 64)
+        .zip(out.scale.par_chunks_mut(64))
+        .zip(out.zero.par_chunks_mut(64))
+        .enumerate()
+        .for_each(|(block, ((dst, scales), zeros))| {
+            // The whole Operands (Sync), not its raw-pointer fields, is captured.
+            let ops = &ops;
+            for (i, ((row_out, s), z)) in dst.chunks_mut(lanes).zip(scales).zip(zeros).enumerate() {
+                let r = block * 64 + i;
+                // SAFETY: r < m (the chunks cover m rows); row r of A has k values.
+                let row = unsafe { std::slice::from_raw_parts(ops.a.add(r * ops.lda), k) };
+                (*s, *z) = f(row, row_out);
+            }
+        });
+    out
+}
+
+/// Rows of the portable micro-kernel.
+pub const MR_PORTABLE: usize = 4;
+
+/// The portable micro-kernel: plain Rust the compiler vectorises for the baseline target.
+///
+/// # Safety
+/// `a` holds `st.rows` rows of kc values at stride lda, `b` kc rows of NR values at stride
+/// ldb; the store's pointers are valid for its rows and columns.
+unsafe fn micro_f32_portable(
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    st: &Store,
+) {
+    let mut acc = [[0f32; NR]; MR_PORTABLE];
+    for (i, acc_row) in acc.iter_mut().enumerate().take(st.rows) {
+        let a_row = std::slice::from_raw_parts(a.add(i * lda), kc);
+        for (kk, &av) in a_row.iter().enumerate() {
+            let bk = std::slice::from_raw_parts(b.add(kk * ldb), NR);
+            for (x, &bv) in acc_row.iter_mut().zip(bk) {
+                *x += av * bv;
+            }
+        }
+    }
+    for (i, acc_row) in acc.iter().enumerate().take(st.rows) {
+        let dst = std::slice::from_raw_parts_mut(st.c.add(i * st.ldc), st.cols);
+        for (j, (d, &x)) in dst.iter_mut().zip(acc_row).enumerate() {
+            let mut v = if st.first { x } else { *d + x };
+            if st.last {
+                if !st.bias.is_null() {
+                    v += *st.bias.add(j);
+                }
+                if !st.residual.is_null() {
+                    v += *st.residual.add(i * st.ldr + j);
+                }
+                if st.gelu {
+                    v = super::super::gelu::gelu(v);
+                }
+            }
+            *d = v;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::embed::cpu::kernels::{features, KernelPath};
+
+    /// A · B + bias + residual, in f64.
+    fn reference(a: &[f32], b: &[f32], bias: &[f32], res: &[f32], k: usize, n: usize) -> Vec<f64> {
+        (0..res.len())
+            .map(|i| {
+                let (r, col) = (i / n, i % n);
+                f64::from(res[i])
+                    + f64::from(bias[col])
+                    + (0..k)
+                        .map(|x| f64::from(a[r * k + x]) * f64::from(b[x * n + col]))
+                        .sum::<f64>()
+            })
+            .collect()
+    }
+
+    fn data(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) % 2001) as f32 / 1000.0
+                    - 1.0
+            })
+            .collect()
+    }
+
+    /// Shapes with every kind of remainder: rows not a multiple of the micro-kernel's, columns
+    /// not a multiple of 32, K over one block and not a multiple of 2 or 4.
+    const SHAPES: [(usize, usize, usize); 6] = [
+        (1, 1, 1),
+        (13, 7, 33),
+        (29, 384, 96),
+        (100, 517, 70),
+        (600, 64, 32),
+        (3, 1537, 40),
+    ];
+
+    type Run<'a> = &'a dyn Fn(Operands, &[f32], usize, usize, Epilogue);
+
+    fn check(run: Run<'_>, tol: f64, what: &str) {
+        for (m, k, n) in SHAPES {
+            let a = data(m * k, 1);
+            let b = data(k * n, 2);
+            let res = data(m * n, 3);
+            let bias = data(n, 4);
+            let mut c = vec![f32::NAN; m * n];
+            let ops = Operands {
+                a: a.as_ptr(),
+                lda: k,
+                m,
+                c: c.as_mut_ptr(),
+                ldc: n,
+            };
+            let epi = Epilogue {
+                bias: bias.as_ptr(),
+                residual: res.as_ptr(),
+                ldr: n,
+                gelu: false,
+            };
+            run(ops, &b, k, n, epi);
+            let want = reference(&a, &b, &bias, &res, k, n);
+            let scale = (k as f64).sqrt();
+            for (i, (&got, &w)) in c.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(got) - w).abs() <= tol * scale,
+                    "{what} {m}x{k}x{n}: element {i} is {got}, expected {w}"
+                );
+            }
+        }
+    }
+
+    fn f32_path(path: KernelPath) {
+        check(
+            &|ops, b, k, n, epi| {
+                let b = PackedF32::from_rows(b, k, n);
+                // SAFETY: the operands are the test's vectors, of the right sizes.
+                unsafe { f32_gemm(path, ops, b.view(), epi, true) };
+            },
+            1e-5,
+            path.name(),
+        );
+    }
+
+    #[test]
+    fn portable_f32_gemm_matches_the_reference() {
+        f32_path(KernelPath::Portable);
+    }
+
+    #[test]
+    fn avx512_f32_gemm_matches_the_reference() {
+        if !KernelPath::Avx512.supported() {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        f32_path(KernelPath::Avx512);
+    }
+
+    #[test]
+    fn fused_gelu_is_gelu_of_the_sum() {
+        for path in [KernelPath::Portable, KernelPath::Avx512] {
+            if !path.supported() {
+                continue;
+            }
+            let (m, k, n) = (31, 300, 45);
+            let (a, bw, bias) = (data(m * k, 5), data(k * n, 6), data(n, 7));
+            let b = PackedF32::from_rows(&bw, k, n);
+            let mut plain = vec![0f32; m * n];
+            let mut fused = plain.clone();
+            let ops = |c: &mut Vec<f32>| Operands {
+                a: a.as_ptr(),
+                lda: k,
+                m,
+                c: c.as_mut_ptr(),
+                ldc: n,
+            };
+            let epi = |gelu| Epilogue {
+                bias: bias.as_ptr(),
+                gelu,
+                ..Epilogue::NONE
+            };
+            // SAFETY: the operands are the vectors above, of the right sizes.
+            unsafe {
+                f32_gemm(path, ops(&mut plain), b.view(), epi(false), false);
+                f32_gemm(path, ops(&mut fused), b.view(), epi(true), false);
+            }
+            for (p, f) in plain.iter().zip(&fused) {
+                let want = crate::embed::gelu::gelu(*p);
+                assert!(
+                    (want - f).abs() < 1e-5,
+                    "{}: gelu({p}) = {want}, fused {f}",
+                    path.name()
+                );
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn bf16_gemm_is_within_bf16_rounding() {
+        if !features().avx512_bf16 {
+            eprintln!("skipped: this CPU has no AVX512-BF16");
+            return;
+        }
+        // Both operands rounded to 8 significant bits: relative error about 2^-8 per product.
+        check(
+            &|ops, b, k, n, epi| {
+                let b = PackedBf16::from_rows(b, k, n);
+                // SAFETY: as above; the CPU has AVX512-BF16.
+                unsafe { bf16_gemm(ops, &b, epi, true) };
+            },
+            1e-2,
+            "bf16",
+        );
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn int8_gemm_is_within_quantisation_error() {
+        if !features().avx512_vnni {
+            eprintln!("skipped: this CPU has no AVX512-VNNI");
+            return;
+        }
+        check(
+            &|ops, b, k, n, epi| {
+                let b = PackedI8::from_rows(b, k, n);
+                // SAFETY: as above; the CPU has AVX512-VNNI.
+                unsafe { i8_gemm(ops, &b, epi, false, true) };
+            },
+            2e-2,
+            "int8",
+        );
+    }
+
+    /// A channel of large values (an outlier) would take the whole int8 range of every row it
+    /// is in; it is computed in f32, so the result stays within the quantisation error of the
+    /// other channels (without that, the error here is about 10x the tolerance).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn int8_gemm_computes_outlier_channels_in_f32() {
+        if !features().avx512_vnni {
+            eprintln!("skipped: this CPU has no AVX512-VNNI");
+            return;
+        }
+        for asymmetric in [false, true] {
+            let (m, k, n) = (37, 100, 40);
+            let mut a = data(m * k, 11);
+            for r in 0..m {
+                a[r * k + 3] *= 60.0;
+            }
+            let b = data(k * n, 12);
+            let res = data(m * n, 13);
+            let bias = data(n, 14);
+            let mut c = vec![f32::NAN; m * n];
+            let ops = Operands {
+                a: a.as_ptr(),
+                lda: k,
+                m,
+                c: c.as_mut_ptr(),
+                ldc: n,
+            };
+            let epi = Epilogue {
+                bias: bias.as_ptr(),
+                residual: res.as_ptr(),
+                ldr: n,
+                gelu: false,
+            };
+            let packed = PackedI8::from_rows(&b, k, n);
+            // SAFETY: the operands are the vectors above; the CPU has AVX512-VNNI.
+            unsafe { i8_gemm(ops, &packed, epi, asymmetric, true) };
+            let want = reference(&a, &b, &bias, &res, k, n);
+            let worst = c
+                .iter()
+                .zip(&want)
+                .map(|(&x, &w)| (f64::from(x) - w).abs())
+                .fold(0f64, f64::max);
+            assert!(
+                worst < 2e-2 * (k as f64).sqrt(),
+                "asymmetric {asymmetric}: off by {worst}"
+            );
+        }
+    }
+
+    #[test]
+    fn tiles_cover_c_exactly_once() {
+        for (m, panels, mr) in [
+            (1, 1, 14),
+            (2048, 36, 14),
+            (15, 12, 14),
+            (700, 1, 4),
+            (3, 48, 14),
+        ] {
+            let mut seen = vec![0u8; m * panels];
+            for t in tiles(m, panels, mr, true) {
+                assert_eq!(t.r0 % mr, 0);
+                for r in t.r0..t.r0 + t.rows {
+                    for p in t.p0..t.p1 {
+                        seen[r * panels + p] += 1;
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{m} rows, {panels} panels");
+        }
+    }
+}

@@ -1,0 +1,690 @@
+//! The BERT encoder on the CPU, without padding and without per-op allocations.
+//!
+//! The sequences of a batch are laid end to end ([total tokens, hidden]) so that the dense
+//! layers, which are most of the work, compute only real tokens; attention runs per sequence
+//! and head, in parallel, straight on the fused QKV buffer through strided GEMMs (no
+//! transposes, no copies, no mask). Bias and residual adds are folded into the GEMMs (the
+//! destination is pre-filled and accumulated into), GELU and layer norm work in place.
+//!
+//! Three kernel paths ([`kernels::KernelPath`]), chosen at run time: `avx512` (our packed
+//! GEMM with AVX-512 micro-kernels, GELU fused into the GEMM, vectorised attention, softmax
+//! and layer norm; bf16 and int8 dense layers on CPUs that have AVX512-BF16 / VNNI), `avx2`
+//! (the `gemm` crate, which candle itself uses), `portable` (our packed GEMM with a plain
+//! Rust micro-kernel). Results match the candle path (see the tests) and sentence-transformers
+//! (tests/integration/embedding.rs).
+
+pub mod gemm;
+pub mod kernels;
+pub mod pack;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+use ::gemm::{gemm as gemm_crate, Parallelism};
+use candle_core::{Result, Tensor};
+use rayon::prelude::*;
+
+use self::gemm::{Epilogue, Operands};
+use self::kernels::{KernelPath, Precision};
+use self::pack::{PackedBf16, PackedF32, PackedI8};
+use super::gelu;
+
+/// A dense layer's weights in the layout its kernel path reads.
+enum Weights {
+    /// [inputs, outputs], row-major, for the `gemm` crate (the avx2 path).
+    Rows(Vec<f32>),
+    F32(PackedF32),
+    Bf16(PackedBf16),
+    Int8(PackedI8),
+}
+
+struct Linear {
+    weights: Weights,
+    bias: Vec<f32>,
+    inputs: usize,
+    outputs: usize,
+    /// Its input is (almost) one-signed, the activation's output: int8 quantises it
+    /// asymmetrically.
+    one_signed_input: bool,
+}
+
+struct Norm {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    eps: f32,
+}
+
+struct Layer {
+    qkv: Linear,
+    attention_out: Linear,
+    attention_norm: Norm,
+    intermediate: Linear,
+    output: Linear,
+    output_norm: Norm,
+}
+
+/// Which activation the feed-forward layer uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    GeluErf,
+    GeluTanh,
+    Relu,
+}
+
+pub struct CpuBert {
+    word_embeddings: Vec<f32>,
+    position_type: Vec<f32>,
+    embedding_norm: Norm,
+    layers: Vec<Layer>,
+    heads: usize,
+    hidden: usize,
+    max_positions: usize,
+    act: Activation,
+    path: KernelPath,
+    precision: Precision,
+}
+
+fn vec1(t: &Tensor) -> Result<Vec<f32>> {
+    t.flatten_all()?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1()
+}
+
+/// The weights of one layer, as the candle encoder holds them.
+pub struct LayerWeights<'a> {
+    pub qkv: (&'a Tensor, &'a Tensor),
+    pub attention_out: (&'a Tensor, &'a Tensor),
+    pub attention_norm: (&'a Tensor, &'a Tensor, f32),
+    pub intermediate: (&'a Tensor, &'a Tensor),
+    pub output: (&'a Tensor, &'a Tensor),
+    pub output_norm: (&'a Tensor, &'a Tensor, f32),
+}
+
+impl CpuBert {
+    /// Copy the weights out of candle tensors (transposed weights [in, out], biases, norms)
+    /// into the layout of the kernel `path` in `precision` (which the caller has checked
+    /// with [`Precision::check`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        word_embeddings: &Tensor,
+        position_type: &Tensor,
+        embedding_norm: (&Tensor, &Tensor, f32),
+        layers: Vec<LayerWeights<'_>>,
+        heads: usize,
+        act: Activation,
+        path: KernelPath,
+        precision: Precision,
+    ) -> Result<Self> {
+        if let Err(why) = precision.check(path) {
+            candle_core::bail!("{why}");
+        }
+        let (_, hidden) = word_embeddings.dims2()?;
+        let linear = |(w, b): (&Tensor, &Tensor)| -> Result<Linear> {
+            let (inputs, outputs) = w.dims2()?;
+            let rows = vec1(w)?;
+            let weights = match (path, precision) {
+                (KernelPath::Avx2, _) => Weights::Rows(rows),
+                (_, Precision::F32) => Weights::F32(PackedF32::from_rows(&rows, inputs, outputs)),
+                (_, Precision::Bf16) => {
+                    Weights::Bf16(PackedBf16::from_rows(&rows, inputs, outputs))
+                }
+                (_, Precision::Int8) => Weights::Int8(PackedI8::from_rows(&rows, inputs, outputs)),
+            };
+            Ok(Linear {
+                weights,
+                bias: vec1(b)?,
+                inputs,
+                outputs,
+                one_signed_input: false,
+            })
+        };
+        let norm = |(w, b, eps): (&Tensor, &Tensor, f32)| -> Result<Norm> {
+            Ok(Norm {
+                weight: vec1(w)?,
+                bias: vec1(b)?,
+                eps,
+            })
+        };
+        Ok(CpuBert {
+            word_embeddings: vec1(word_embeddings)?,
+            max_positions: position_type.dims2()?.0,
+            position_type: vec1(position_type)?,
+            embedding_norm: norm(embedding_norm)?,
+            layers: layers
+                .into_iter()
+                .map(|l| {
+                    Ok(Layer {
+                        qkv: linear(l.qkv)?,
+                        attention_out: linear(l.attention_out)?,
+                        attention_norm: norm(l.attention_norm)?,
+                        intermediate: linear(l.intermediate)?,
+                        output: Linear {
+                            one_signed_input: true,
+                            ..linear(l.output)?
+                        },
+                        output_norm: norm(l.output_norm)?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            heads,
+            hidden,
+            act,
+            path,
+            precision,
+        })
+    }
+
+    /// The kernel path the encoder runs.
+    pub fn path(&self) -> KernelPath {
+        self.path
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Floating-point operations (multiply and add counted apart) of a forward pass over
+    /// sequences of these lengths: the dense layers per token, attention per sequence.
+    pub fn flops(&self, lengths: &[usize]) -> f64 {
+        let tokens: usize = lengths.iter().sum();
+        let squares: f64 = lengths.iter().map(|&l| (l * l) as f64).sum();
+        let h = self.hidden as f64;
+        self.layers
+            .iter()
+            .map(|l| {
+                let dense: f64 = [&l.qkv, &l.attention_out, &l.intermediate, &l.output]
+                    .iter()
+                    .map(|d| 2.0 * (d.inputs * d.outputs) as f64)
+                    .sum();
+                dense * tokens as f64 + 4.0 * squares * h
+            })
+            .sum()
+    }
+
+    /// Hidden states of every token of every sequence (full token ids, special tokens
+    /// included), laid end to end: [sum of lengths, hidden].
+    pub fn forward(&self, seqs: &[&[u32]]) -> Result<Vec<f32>> {
+        let h = self.hidden;
+        let total: usize = seqs.iter().map(|s| s.len()).sum();
+        let vocab = self.word_embeddings.len() / h;
+        let mut starts = Vec::with_capacity(seqs.len());
+        let mut x = vec![0f32; total * h];
+        let mut row = 0;
+        for s in seqs {
+            if s.len() > self.max_positions {
+                candle_core::bail!(
+                    "sequence of {} tokens exceeds the model's {} positions",
+                    s.len(),
+                    self.max_positions
+                );
+            }
+            starts.push(row);
+            for (pos, &id) in s.iter().enumerate() {
+                let id = id as usize;
+                if id >= vocab {
+                    candle_core::bail!("token id {id} is outside the vocabulary of {vocab}");
+                }
+                let dst = &mut x[(row + pos) * h..(row + pos + 1) * h];
+                let word = &self.word_embeddings[id * h..(id + 1) * h];
+                let place = &self.position_type[pos * h..(pos + 1) * h];
+                for ((d, w), p) in dst.iter_mut().zip(word).zip(place) {
+                    *d = w + p;
+                }
+            }
+            row += s.len();
+        }
+        layer_norm(self.path, &mut x, &self.embedding_norm, h);
+        let lengths: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
+        SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            for layer in &self.layers {
+                self.layer(layer, &mut x, &mut scratch, &starts, &lengths, total);
+            }
+        });
+        Ok(x)
+    }
+
+    /// One encoder layer, x in place; the intermediate results in `s`.
+    fn layer(
+        &self,
+        l: &Layer,
+        x: &mut Vec<f32>,
+        s: &mut Scratch,
+        starts: &[usize],
+        lengths: &[usize],
+        total: usize,
+    ) {
+        let (h, path) = (self.hidden, self.path);
+        linear(path, &l.qkv, x, total, None, None, &mut s.qkv);
+        match path {
+            KernelPath::Avx2 => {
+                attention_gemm_crate(&s.qkv, starts, lengths, self.heads, h, &mut s.context)
+            }
+            _ => attention_packed(path, &s.qkv, starts, lengths, self.heads, h, &mut s.context),
+        }
+        linear(
+            path,
+            &l.attention_out,
+            &s.context,
+            total,
+            Some(x),
+            None,
+            &mut s.attended,
+        );
+        layer_norm(path, &mut s.attended, &l.attention_norm, h);
+        linear(
+            path,
+            &l.intermediate,
+            &s.attended,
+            total,
+            None,
+            Some(self.act),
+            &mut s.inner,
+        );
+        linear(path, &l.output, &s.inner, total, Some(&s.attended), None, x);
+        layer_norm(path, x, &l.output_norm, h);
+    }
+}
+
+/// The encoder's intermediate buffers, kept per thread between layers and batches: every
+/// kernel writes all of its destination, so they are never cleared, and the pages stay
+/// mapped (no fresh zeroed pages from the OS per layer).
+#[derive(Default)]
+struct Scratch {
+    qkv: Vec<f32>,
+    context: Vec<f32>,
+    attended: Vec<f32>,
+    inner: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+fn threads() -> Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => Parallelism::None,
+        n => Parallelism::Rayon(n),
+    }
+}
+
+/// Make `v` hold exactly `len` values, writing only those it did not hold before.
+fn sized(v: &mut Vec<f32>, len: usize) {
+    if v.len() > len {
+        v.truncate(len);
+    } else {
+        v.resize(len, 0.0);
+    }
+}
+
+/// x [rows, inputs] -> act(x W^T + b (+ residual)), [rows, outputs].
+fn linear(
+    path: KernelPath,
+    l: &Linear,
+    x: &[f32],
+    rows: usize,
+    residual: Option<&[f32]>,
+    act: Option<Activation>,
+    dst: &mut Vec<f32>,
+) {
+    let (k, n) = (l.inputs, l.outputs);
+    debug_assert_eq!(x.len(), rows * k);
+    let Weights::Rows(w) = &l.weights else {
+        // The packed kernels add the bias and the residual and apply the exact GELU to the
+        // tile in registers; other activations run after.
+        let fused = act == Some(Activation::GeluErf);
+        sized(dst, rows * n);
+        let ops = Operands {
+            a: x.as_ptr(),
+            lda: k,
+            m: rows,
+            c: dst.as_mut_ptr(),
+            ldc: n,
+        };
+        let epi = Epilogue {
+            bias: l.bias.as_ptr(),
+            residual: residual.map_or(std::ptr::null(), <[f32]>::as_ptr),
+            ldr: n,
+            gelu: fused,
+        };
+        // SAFETY: dst is rows x n, x is rows x k, the residual rows x n, the bias n, all
+        // row-major with the strides given; the bf16 and int8 weights exist only where
+        // `Precision::check` found the CPU features for them.
+        unsafe {
+            match &l.weights {
+                Weights::F32(w) => gemm::f32_gemm(path, ops, w.view(), epi, true),
+                #[cfg(target_arch = "x86_64")]
+                Weights::Bf16(w) => gemm::bf16_gemm(ops, w, epi, true),
+                #[cfg(target_arch = "x86_64")]
+                Weights::Int8(w) => gemm::i8_gemm(ops, w, epi, l.one_signed_input, true),
+                #[cfg(not(target_arch = "x86_64"))]
+                Weights::Bf16(_) | Weights::Int8(_) => {
+                    unreachable!("bf16 and int8 weights exist only on x86-64 (this is a bug)")
+                }
+                Weights::Rows(_) => unreachable!("handled below"),
+            }
+        }
+        if let (Some(act), false) = (act, fused) {
+            activate(path, dst, act);
+        }
+        return;
+    };
+    // The `gemm` crate accumulates into a destination pre-filled with bias and residual.
+    dst.clear();
+    match residual {
+        Some(r) => {
+            for row in r.chunks_exact(n) {
+                dst.extend(row.iter().zip(&l.bias).map(|(a, b)| a + b));
+            }
+        }
+        None => {
+            for _ in 0..rows {
+                dst.extend_from_slice(&l.bias);
+            }
+        }
+    }
+    // SAFETY: dst is rows x n, x is rows x k, w is k x n, all row-major with the strides
+    // given; gemm reads and writes within those bounds.
+    unsafe {
+        gemm_crate(
+            rows,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            true,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            1,
+            n as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            threads(),
+        );
+    }
+    if let Some(act) = act {
+        activate(path, dst, act);
+    }
+}
+/// Self-attention on our packed GEMM (the avx512 and portable paths): per sequence and head,
+/// K^T and V are packed into the thread's buffers, then scores = Q K^T, softmax, P V.
+fn attention_packed(
+    path: KernelPath,
+    qkv: &[f32],
+    starts: &[usize],
+    lengths: &[usize],
+    heads: usize,
+    h: usize,
+    out: &mut Vec<f32>,
+) {
+    let hs = h / heads;
+    let total: usize = lengths.iter().sum();
+    sized(out, total * h);
+    let stride = 3 * h;
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    (0..starts.len() * heads).into_par_iter().for_each_init(
+        || (Vec::new(), PackedF32::new(0, 0), PackedF32::new(0, 0)),
+        |(scores, kt, v), task| {
+            let (seq, head) = (task / heads, task % heads);
+            let (start, len) = (starts[seq], lengths[seq]);
+            sized(scores, len * len);
+            let base = start * stride + head * hs;
+            // K^T [hs, len]: element (d, j) is K[j, d].
+            kt.fill(&qkv[base + h..], hs, len, 1, stride);
+            // V [len, hs]: read in place when the head is whole panels, else packed.
+            let v = if hs.is_multiple_of(pack::NR) {
+                pack::F32Panels {
+                    ptr: qkv[base + 2 * h..].as_ptr(),
+                    k: len,
+                    n: hs,
+                    panel_stride: pack::NR,
+                    row_stride: stride,
+                }
+            } else {
+                v.fill(&qkv[base + 2 * h..], len, hs, stride, 1);
+                v.view()
+            };
+            // SAFETY: each task reads rows start..start+len of qkv at its head's columns and
+            // writes only its own head's columns of those rows of `out`; tasks never overlap.
+            unsafe {
+                let q = Operands {
+                    a: qkv[base..].as_ptr(),
+                    lda: stride,
+                    m: len,
+                    c: scores.as_mut_ptr(),
+                    ldc: len,
+                };
+                gemm::f32_gemm(path, q, kt.view(), Epilogue::NONE, false);
+                for row in scores.chunks_exact_mut(len) {
+                    softmax(path, row);
+                }
+                let p = Operands {
+                    a: scores.as_ptr(),
+                    lda: len,
+                    m: len,
+                    c: out_ptr.get().add(start * h + head * hs),
+                    ldc: h,
+                };
+                gemm::f32_gemm(path, p, v, Epilogue::NONE, false);
+            }
+        },
+    );
+}
+
+/// Self-attention per sequence and head over the fused QKV rows [total, 3h] (the query part
+/// already scaled by 1/sqrt(head size)) with the `gemm` crate (the avx2 path); returns the
+/// context [total, h].
+fn attention_gemm_crate(
+    qkv: &[f32],
+    starts: &[usize],
+    lengths: &[usize],
+    heads: usize,
+    h: usize,
+    out: &mut Vec<f32>,
+) {
+    let hs = h / heads;
+    let total: usize = lengths.iter().sum();
+    sized(out, total * h);
+    let stride = 3 * h;
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    (0..starts.len() * heads)
+        .into_par_iter()
+        .for_each_init(Vec::new, |scores, task| {
+            let (seq, head) = (task / heads, task % heads);
+            let (start, len) = (starts[seq], lengths[seq]);
+            scores.clear();
+            scores.resize(len * len, 0f32);
+            let base = start * stride + head * hs;
+            let q = qkv[base..].as_ptr();
+            let k = qkv[base + h..].as_ptr();
+            let v = qkv[base + 2 * h..].as_ptr();
+            // SAFETY: each task reads rows start..start+len of qkv at its head's columns and
+            // writes only its own head's columns of those rows of `out`; tasks never overlap.
+            unsafe {
+                // scores = Q K^T: [len, hs] x [hs, len].
+                gemm_crate(
+                    len,
+                    len,
+                    hs,
+                    scores.as_mut_ptr(),
+                    1,
+                    len as isize,
+                    false,
+                    q,
+                    1,
+                    stride as isize,
+                    k,
+                    stride as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                );
+                for row in scores.chunks_exact_mut(len) {
+                    softmax(KernelPath::Avx2, row);
+                }
+                // context = P V: [len, len] x [len, hs], into out[start.., head*hs..].
+                let dst = out_ptr.get().add(start * h + head * hs);
+                gemm_crate(
+                    len,
+                    hs,
+                    len,
+                    dst,
+                    1,
+                    h as isize,
+                    false,
+                    scores.as_ptr(),
+                    1,
+                    len as isize,
+                    v,
+                    1,
+                    stride as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                );
+            }
+        });
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: the pointer is only used for disjoint writes (see `attention`).
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// exp(x) for x <= 0 (softmax after subtracting the row's max), relative error below 2e-7:
+/// 2^n by the exponent bits times e^y for |y| <= ln(2)/2 by its Taylor series. Branch-free, so
+/// the loops around it vectorise.
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split in two (Cody-Waite) so that n * LN2_HI is exact.
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Round to nearest by the 1.5 * 2^23 trick (valid for |t| < 2^22).
+    const MAGIC: f32 = 12_582_912.0;
+    let x = x.max(-87.0);
+    let n = (x * LOG2E + MAGIC) - MAGIC;
+    let y = (x - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0
+        + y * (1.0
+            + y * (0.5
+                + y * (1.0 / 6.0
+                    + y * (1.0 / 24.0 + y * (1.0 / 120.0 + y * (1.0 / 720.0 + y / 5040.0))))));
+    f32::from_bits(((n as i32 + 127) as u32) << 23) * p
+}
+
+#[inline(always)]
+fn softmax_generic(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in row.iter_mut() {
+        *v = exp_nonpositive(*v - max);
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in row.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Softmax of one row on the baseline instruction set (and the tests' reference).
+#[cfg(test)]
+pub(crate) fn softmax_scalar(row: &mut [f32]) {
+    softmax_generic(row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_avx2(row: &mut [f32]) {
+    softmax_generic(row)
+}
+
+fn softmax(path: KernelPath, row: &mut [f32]) {
+    // SAFETY (all arms): the path was checked against the CPU when the encoder was built.
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 => unsafe { avx512::softmax(row) },
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => unsafe { softmax_avx2(row) },
+        _ => softmax_generic(row),
+    }
+}
+
+/// Layer norm of rows [.., h] on the baseline instruction set (and the tests' reference).
+pub(crate) fn layer_norm_scalar(x: &mut [f32], h: usize, weight: &[f32], bias: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(h) {
+        let mean = row.iter().sum::<f32>() / h as f32;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / h as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        for ((v, w), b) in row.iter_mut().zip(weight).zip(bias) {
+            *v = (*v - mean) * inv * w + b;
+        }
+    }
+}
+
+fn layer_norm(path: KernelPath, x: &mut [f32], n: &Norm, h: usize) {
+    x.par_chunks_mut(h * 64).for_each(|rows| match path {
+        // SAFETY: the path was checked against the CPU when the encoder was built.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 => unsafe {
+            avx512::layer_norm_rows(rows, h, &n.weight, &n.bias, n.eps)
+        },
+        _ => layer_norm_scalar(rows, h, &n.weight, &n.bias, n.eps),
+    });
+}
+
+fn activate(path: KernelPath, x: &mut [f32], act: Activation) {
+    match act {
+        Activation::GeluErf => x.par_chunks_mut(16384).for_each(|c| match path {
+            // SAFETY: the path was checked against the CPU when the encoder was built.
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx512 => unsafe { avx512::gelu_slice(c) },
+            KernelPath::Portable => c.iter_mut().for_each(|v| *v = gelu::gelu(*v)),
+            _ => gelu::gelu_in_place(c),
+        }),
+        Activation::GeluTanh => x.par_chunks_mut(16384).for_each(|c| {
+            for v in c {
+                let u = 0.797_884_6 * (*v + 0.044_715 * *v * *v * *v);
+                *v = 0.5 * *v * (1.0 + u.tanh());
+            }
+        }),
+        Activation::Relu => x.par_chunks_mut(16384).for_each(|c| {
+            for v in c {
+                *v = v.max(0.0);
+            }
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn exp_is_accurate() {
+        let mut worst = 0f64;
+        for i in 0..=87_000 {
+            let x = -(i as f32) / 1000.0;
+            let (a, b) = (f64::from(super::exp_nonpositive(x)), f64::from(x).exp());
+            worst = worst.max(((a - b) / b).abs());
+        }
+        assert!(worst < 5e-7, "max relative error {worst}");
+    }
+}

@@ -1,0 +1,303 @@
+//! Weights packed once, at load time, into the layout the GEMM micro-kernels stream: panels
+//! of [`NR`] output columns, k-major within a panel, zero-padded, 64-byte aligned. In bf16,
+//! two consecutive k share a 32-bit lane (`vdpbf16ps` pairs); in int8, four do (`vpdpbusd`
+//! quads), with a scale and a column sum per output channel.
+
+/// Output columns per panel: two AVX-512 registers of f32.
+pub const NR: usize = 32;
+
+/// A 64-byte aligned buffer of `T` (a cache line, the width of an AVX-512 load).
+pub struct Aligned<T: Copy + Default> {
+    raw: Vec<T>,
+    offset: usize,
+    len: usize,
+}
+
+impl<T: Copy + Default> Aligned<T> {
+    pub fn zeroed(len: usize) -> Self {
+        let pad = 64 / std::mem::size_of::<T>();
+        let raw = vec![T::default(); len + pad];
+        let misalign = raw.as_ptr() as usize % 64;
+        let offset = if misalign == 0 {
+            0
+        } else {
+            (64 - misalign) / std::mem::size_of::<T>()
+        };
+        Aligned { raw, offset, len }
+    }
+
+    pub fn as_slice(&self) -> &[T] {
+        &self.raw[self.offset..self.offset + self.len]
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        &mut self.raw[self.offset..self.offset + self.len]
+    }
+}
+
+/// Round half to even to bf16 (finite inputs; the encoder's weights and activations are).
+#[inline(always)]
+pub fn bf16_bits(x: f32) -> u32 {
+    let b = x.to_bits();
+    (b.wrapping_add(0x7FFF + ((b >> 16) & 1))) >> 16
+}
+
+/// The f32 a bf16 stands for.
+#[inline(always)]
+pub fn bf16_value(bits: u32) -> f32 {
+    f32::from_bits(bits << 16)
+}
+
+/// B [k, n], element (r, c) at `src[r * row_stride + c * col_stride]`, in f32 panels.
+pub struct PackedF32 {
+    pub data: Aligned<f32>,
+    pub k: usize,
+    pub n: usize,
+}
+
+impl PackedF32 {
+    pub fn new(k: usize, n: usize) -> Self {
+        PackedF32 {
+            data: Aligned::zeroed(n.div_ceil(NR) * NR * k),
+            k,
+            n,
+        }
+    }
+
+    /// Pack a row-major [k, n] matrix.
+    pub fn from_rows(b: &[f32], k: usize, n: usize) -> Self {
+        let mut p = PackedF32::new(k, n);
+        p.fill(b, k, n, n, 1);
+        p
+    }
+
+    /// Refill with another matrix of at most the capacity packed so far (attention packs K
+    /// and V of each head into one buffer per thread).
+    pub fn fill(&mut self, src: &[f32], k: usize, n: usize, row_stride: usize, col_stride: usize) {
+        let need = n.div_ceil(NR) * NR * k;
+        if self.data.len < need {
+            self.data = Aligned::zeroed(need);
+        }
+        self.k = k;
+        self.n = n;
+        let data = self.data.as_mut_slice();
+        for p in 0..n.div_ceil(NR) {
+            let panel = &mut data[p * k * NR..(p + 1) * k * NR];
+            let cols = (n - p * NR).min(NR);
+            for r in 0..k {
+                let dst = &mut panel[r * NR..(r + 1) * NR];
+                for (j, d) in dst[..cols].iter_mut().enumerate() {
+                    *d = src[r * row_stride + (p * NR + j) * col_stride];
+                }
+                dst[cols..].fill(0.0);
+            }
+        }
+    }
+
+    pub fn panels(&self) -> usize {
+        self.n.div_ceil(NR)
+    }
+
+    /// The panels as the micro-kernels read them.
+    pub fn view(&self) -> F32Panels {
+        F32Panels {
+            ptr: self.data.as_slice().as_ptr(),
+            k: self.k,
+            n: self.n,
+            panel_stride: self.k * NR,
+            row_stride: NR,
+        }
+    }
+}
+
+/// Where the f32 micro-kernels read B: panels of [`NR`] columns, `panel_stride` values apart,
+/// each k row of a panel `row_stride` values after the previous one. A [`PackedF32`] is one
+/// (row stride NR); so is a head's slice of V in the fused QKV rows when the head size is a
+/// multiple of NR (row stride 3h), which attention then reads without a copy.
+#[derive(Clone, Copy)]
+pub struct F32Panels {
+    pub ptr: *const f32,
+    pub k: usize,
+    pub n: usize,
+    pub panel_stride: usize,
+    pub row_stride: usize,
+}
+
+// SAFETY: a read-only view of data the caller keeps alive for the GEMM.
+unsafe impl Send for F32Panels {}
+unsafe impl Sync for F32Panels {}
+
+impl F32Panels {
+    pub fn panels(&self) -> usize {
+        self.n.div_ceil(NR)
+    }
+
+    /// Panel `p` from row `k0` on.
+    ///
+    /// # Safety
+    /// p < panels, k0 <= k.
+    #[inline(always)]
+    pub unsafe fn panel(&self, p: usize, k0: usize) -> *const f32 {
+        self.ptr.add(p * self.panel_stride + k0 * self.row_stride)
+    }
+}
+
+/// B [k, n] in bf16, two k per 32-bit lane: lane j of pair row q holds (B[2q, j], B[2q+1, j]).
+pub struct PackedBf16 {
+    pub data: Aligned<u32>,
+    /// k rounded up to pairs.
+    pub pairs: usize,
+    pub k: usize,
+    pub n: usize,
+}
+
+impl PackedBf16 {
+    pub fn from_rows(b: &[f32], k: usize, n: usize) -> Self {
+        let pairs = k.div_ceil(2);
+        let panels = n.div_ceil(NR);
+        let mut data = Aligned::zeroed(panels * pairs * NR);
+        let d = data.as_mut_slice();
+        let at = |r: usize, c: usize| if r < k && c < n { b[r * n + c] } else { 0.0 };
+        for p in 0..panels {
+            for q in 0..pairs {
+                for j in 0..NR {
+                    let c = p * NR + j;
+                    d[(p * pairs + q) * NR + j] =
+                        bf16_bits(at(2 * q, c)) | bf16_bits(at(2 * q + 1, c)) << 16;
+                }
+            }
+        }
+        PackedBf16 { data, pairs, k, n }
+    }
+
+    pub fn panels(&self) -> usize {
+        self.n.div_ceil(NR)
+    }
+
+    #[inline(always)]
+    pub fn panel(&self, p: usize, q0: usize) -> *const u32 {
+        self.data.as_slice()[(p * self.pairs + q0) * NR..].as_ptr()
+    }
+}
+
+/// B [k, n] in int8, symmetric per output channel: B[r, c] ~ q[r, c] * scale[c]. Four k per
+/// 32-bit lane; `sums[c]` = sum over r of q[r, c] (to undo the +128 shift of the activations).
+pub struct PackedI8 {
+    pub data: Aligned<u32>,
+    pub quads: usize,
+    pub k: usize,
+    pub n: usize,
+    pub scale: Vec<f32>,
+    pub sums: Vec<i32>,
+    /// The f32 weights [k, n], for the rows that outlier input channels multiply (computed
+    /// in f32, see `gemm::i8_gemm`).
+    pub rows: Vec<f32>,
+}
+
+impl PackedI8 {
+    pub fn from_rows(b: &[f32], k: usize, n: usize) -> Self {
+        let quads = k.div_ceil(4);
+        let panels = n.div_ceil(NR);
+        let padded = panels * NR;
+        let mut scale = vec![0f32; padded];
+        let mut sums = vec![0i32; padded];
+        let mut q = vec![0i8; k * padded];
+        for c in 0..n {
+            let max = (0..k).map(|r| b[r * n + c].abs()).fold(0f32, f32::max);
+            let s = if max > 0.0 { max / 127.0 } else { 1.0 };
+            scale[c] = s;
+            for r in 0..k {
+                let v = (b[r * n + c] / s).round().clamp(-127.0, 127.0) as i8;
+                q[r * padded + c] = v;
+                sums[c] += i32::from(v);
+            }
+        }
+        let mut data = Aligned::zeroed(panels * quads * NR);
+        let d = data.as_mut_slice();
+        for p in 0..panels {
+            for g in 0..quads {
+                for j in 0..NR {
+                    let c = p * NR + j;
+                    let mut lane = 0u32;
+                    for t in 0..4 {
+                        let r = 4 * g + t;
+                        if r < k {
+                            lane |= u32::from(q[r * padded + c] as u8) << (8 * t);
+                        }
+                    }
+                    d[(p * quads + g) * NR + j] = lane;
+                }
+            }
+        }
+        PackedI8 {
+            data,
+            quads,
+            k,
+            n,
+            scale,
+            sums,
+            rows: b.to_vec(),
+        }
+    }
+
+    pub fn panels(&self) -> usize {
+        self.n.div_ceil(NR)
+    }
+
+    #[inline(always)]
+    pub fn panel(&self, p: usize) -> *const u32 {
+        self.data.as_slice()[p * self.quads * NR..].as_ptr()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        for x in [1.0f32, -2.5, 3.25, 1e-3, 65504.0, 0.0] {
+            let back = bf16_value(bf16_bits(x));
+            assert!((back - x).abs() <= x.abs() / 256.0, "{x} -> {back}");
+        }
+        // 1 + 2^-8 is half way between two bf16 values: it rounds to the even one (1.0).
+        assert_eq!(bf16_value(bf16_bits(1.0 + 1.0 / 256.0)), 1.0);
+        assert_eq!(bf16_value(bf16_bits(1.0 + 3.0 / 256.0)), 1.0 + 4.0 / 256.0);
+    }
+
+    #[test]
+    fn panels_hold_every_element_once_and_pad_with_zeros() {
+        let (k, n) = (5, 37);
+        let b: Vec<f32> = (0..k * n).map(|i| i as f32 + 1.0).collect();
+        let p = PackedF32::from_rows(&b, k, n);
+        assert_eq!(p.panels(), 2);
+        assert_eq!(p.data.as_slice().as_ptr() as usize % 64, 0);
+        let d = p.data.as_slice();
+        for r in 0..k {
+            for c in 0..64 {
+                let got = d[((c / NR) * k + r) * NR + c % NR];
+                let want = if c < n { b[r * n + c] } else { 0.0 };
+                assert_eq!(got, want, "({r}, {c})");
+            }
+        }
+    }
+
+    #[test]
+    fn int8_weights_round_trip_within_half_a_step() {
+        let (k, n) = (6, 3);
+        let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let p = PackedI8::from_rows(&b, k, n);
+        let d = p.data.as_slice();
+        for c in 0..n {
+            let mut sum = 0;
+            for r in 0..k {
+                let lane = d[(r / 4) * NR + c];
+                let q = (lane >> (8 * (r % 4))) as u8 as i8;
+                sum += i32::from(q);
+                let err = (f32::from(q) * p.scale[c] - b[r * n + c]).abs();
+                assert!(err <= p.scale[c] / 2.0 + 1e-6, "({r}, {c}) off by {err}");
+            }
+            assert_eq!(sum, p.sums[c]);
+        }
+    }
+}
