@@ -62,6 +62,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     let (_, devices, model) = load_first(&model_config)?;
     let device = &devices[0];
     eprintln!("embedding on {} ({})", device.label, device.reason);
+    eprintln!("encoder: {}", model.encoder_kind());
     let batch_tokens = ragline::pipeline::batch_tokens(&model_config, device);
     let prompt: Vec<u32> = match args.prompt {
         Prompt::None => Vec::new(),
