@@ -206,20 +206,11 @@ fn a_broken_index_path_or_another_model_exits_2_and_leaves_the_file_alone() {
     assert_eq!(fs::read(&db).unwrap(), before);
 }
 
-/// `ragline eval` on a SciFact slice: with --truncate (each document embedded as
-/// sentence-transformers embeds it), vector nDCG@10 within 0.01 of sentence-transformers'
-/// (scripts/reference-beir.py); every mode reports all four metrics.
-#[test]
-fn eval_matches_the_sentence_transformers_reference() {
+/// `ragline eval --truncate --json` of the SciFact slice on the CPU, into an index in `dir`.
+fn eval_scifact_mini(dir: &Path) -> std::process::Command {
     let data = root().join("tests/fixtures/scifact-mini");
-    let reference: Value = serde_json::from_slice(
-        &fs::read(root().join("tests/fixtures/scifact-mini-reference.json")).unwrap(),
-    )
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let report = dir.path().join("eval.json");
-    let o = run(ragline()
-        .args(["eval", "--truncate", "--device", "cpu", "--model"])
+    let mut cmd = ragline();
+    cmd.args(["eval", "--truncate", "--device", "cpu", "--json", "--model"])
         .arg(model_dir())
         .arg("--corpus")
         .arg(data.join("corpus.jsonl"))
@@ -228,10 +219,22 @@ fn eval_matches_the_sentence_transformers_reference() {
         .arg("--qrels")
         .arg(data.join("qrels/test.tsv"))
         .arg("--index")
-        .arg(format!("sqlite://{}", dir.path().join("e.db").display()))
-        .arg("--report")
-        .arg(&report)
-        .arg("--json"));
+        .arg(format!("sqlite://{}", dir.join("e.db").display()));
+    cmd
+}
+
+/// `ragline eval` on a SciFact slice: with --truncate (each document embedded as
+/// sentence-transformers embeds it), vector nDCG@10 within 0.01 of sentence-transformers'
+/// (scripts/reference-beir.py); every mode reports all four metrics.
+#[test]
+fn eval_matches_the_sentence_transformers_reference() {
+    let reference: Value = serde_json::from_slice(
+        &fs::read(root().join("tests/fixtures/scifact-mini-reference.json")).unwrap(),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("eval.json");
+    let o = run(eval_scifact_mini(dir.path()).arg("--report").arg(&report));
     assert_eq!(o.status.code(), Some(0));
     let scores: Vec<Value> = serde_json::from_slice(&fs::read(&report).unwrap()).unwrap();
     // It ingested the corpus first, and still printed the scores alone on stdout.
@@ -262,7 +265,6 @@ fn eval_matches_the_sentence_transformers_reference() {
 #[test]
 fn eval_in_bf16_and_int8_stays_near_f32() {
     use ragline::embed::cpu::kernels::features;
-    let data = root().join("tests/fixtures/scifact-mini");
     let reference: Value = serde_json::from_slice(
         &fs::read(root().join("tests/fixtures/scifact-mini-reference.json")).unwrap(),
     )
@@ -279,28 +281,7 @@ fn eval_in_bf16_and_int8_stays_near_f32() {
         }
         ran += 1;
         let dir = tempfile::tempdir().unwrap();
-        let o = run(ragline()
-            .args([
-                "eval",
-                "--truncate",
-                "--device",
-                "cpu",
-                "--modes",
-                "vector",
-                "--dtype",
-                dtype,
-            ])
-            .arg("--model")
-            .arg(model_dir())
-            .arg("--corpus")
-            .arg(data.join("corpus.jsonl"))
-            .arg("--queries")
-            .arg(data.join("queries.jsonl"))
-            .arg("--qrels")
-            .arg(data.join("qrels/test.tsv"))
-            .arg("--index")
-            .arg(format!("sqlite://{}", dir.path().join("e.db").display()))
-            .arg("--json"));
+        let o = run(eval_scifact_mini(dir.path()).args(["--modes", "vector", "--dtype", dtype]));
         assert_eq!(
             o.status.code(),
             Some(0),

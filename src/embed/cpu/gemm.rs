@@ -555,35 +555,46 @@ mod tests {
 
     type Run<'a> = &'a dyn Fn(Operands, &[f32], usize, usize, Epilogue);
 
+    /// The largest error of `run`'s C = A · B + bias + residual against the f64 reference.
+    fn worst_error(run: Run<'_>, a: &[f32], m: usize, k: usize, n: usize) -> f64 {
+        let b = data(k * n, 2);
+        let res = data(m * n, 3);
+        let bias = data(n, 4);
+        let mut c = vec![f32::NAN; m * n];
+        let ops = Operands {
+            a: a.as_ptr(),
+            lda: k,
+            m,
+            c: c.as_mut_ptr(),
+            ldc: n,
+        };
+        let epi = Epilogue {
+            bias: bias.as_ptr(),
+            residual: res.as_ptr(),
+            ldr: n,
+            gelu: false,
+        };
+        run(ops, &b, k, n, epi);
+        let want = reference(a, &b, &bias, &res, k, n);
+        c.iter()
+            .zip(&want)
+            .map(|(&x, &w)| (f64::from(x) - w).abs())
+            .fold(0f64, |worst, e| {
+                if e.is_nan() {
+                    f64::INFINITY
+                } else {
+                    worst.max(e)
+                }
+            })
+    }
+
     fn check(run: Run<'_>, tol: f64, what: &str) {
         for (m, k, n) in SHAPES {
-            let a = data(m * k, 1);
-            let b = data(k * n, 2);
-            let res = data(m * n, 3);
-            let bias = data(n, 4);
-            let mut c = vec![f32::NAN; m * n];
-            let ops = Operands {
-                a: a.as_ptr(),
-                lda: k,
-                m,
-                c: c.as_mut_ptr(),
-                ldc: n,
-            };
-            let epi = Epilogue {
-                bias: bias.as_ptr(),
-                residual: res.as_ptr(),
-                ldr: n,
-                gelu: false,
-            };
-            run(ops, &b, k, n, epi);
-            let want = reference(&a, &b, &bias, &res, k, n);
-            let scale = (k as f64).sqrt();
-            for (i, (&got, &w)) in c.iter().zip(&want).enumerate() {
-                assert!(
-                    (f64::from(got) - w).abs() <= tol * scale,
-                    "{what} {m}x{k}x{n}: element {i} is {got}, expected {w}"
-                );
-            }
+            let worst = worst_error(run, &data(m * k, 1), m, k, n);
+            assert!(
+                worst <= tol * (k as f64).sqrt(),
+                "{what} {m}x{k}x{n}: off by {worst}"
+            );
         }
     }
 
@@ -705,32 +716,12 @@ mod tests {
             for r in 0..m {
                 a[r * k + 3] *= 60.0;
             }
-            let b = data(k * n, 12);
-            let res = data(m * n, 13);
-            let bias = data(n, 14);
-            let mut c = vec![f32::NAN; m * n];
-            let ops = Operands {
-                a: a.as_ptr(),
-                lda: k,
-                m,
-                c: c.as_mut_ptr(),
-                ldc: n,
+            let run = |ops, b: &[f32], k, n, epi| {
+                let packed = PackedI8::from_rows(b, k, n);
+                // SAFETY: the test's operands; the CPU has AVX512-VNNI.
+                unsafe { i8_gemm(ops, &packed, epi, asymmetric, true) };
             };
-            let epi = Epilogue {
-                bias: bias.as_ptr(),
-                residual: res.as_ptr(),
-                ldr: n,
-                gelu: false,
-            };
-            let packed = PackedI8::from_rows(&b, k, n);
-            // SAFETY: the operands are the vectors above; the CPU has AVX512-VNNI.
-            unsafe { i8_gemm(ops, &packed, epi, asymmetric, true) };
-            let want = reference(&a, &b, &bias, &res, k, n);
-            let worst = c
-                .iter()
-                .zip(&want)
-                .map(|(&x, &w)| (f64::from(x) - w).abs())
-                .fold(0f64, f64::max);
+            let worst = worst_error(&run, &a, m, k, n);
             assert!(
                 worst < 2e-2 * (k as f64).sqrt(),
                 "asymmetric {asymmetric}: off by {worst}"

@@ -412,6 +412,7 @@ fn linear(
         activate(path, dst, act);
     }
 }
+
 /// Self-attention on our packed GEMM (the avx512 and portable paths): per sequence and head,
 /// K^T and V are packed into the thread's buffers, then scores = Q K^T, softmax, P V.
 fn attention_packed(
