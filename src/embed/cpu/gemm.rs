@@ -407,14 +407,13 @@ pub unsafe fn i8_gemm(
 /// The input channels of A whose |value| passes [`OUTLIER_THRESHOLD`] in some row.
 #[cfg(target_arch = "x86_64")]
 unsafe fn outlier_channels(ops: Operands, k: usize) -> Vec<usize> {
-    let rows: Vec<usize> = (0..ops.m).collect();
-    let max = rows
-        .par_chunks(64)
-        .map(|chunk| {
+    let max = (0..ops.m.div_ceil(64))
+        .into_par_iter()
+        .map(|block| {
             // The whole Operands (Sync), not its raw-pointer fields, is captured.
             let ops = &ops;
             let mut max = vec![0f32; k];
-            for &r in chunk {
+            for r in block * 64..(block * 64 + 64).min(ops.m) {
                 // SAFETY: row r < m of A has k values (the caller's contract).
                 let row = unsafe { std::slice::from_raw_parts(ops.a.add(r * ops.lda), k) };
                 // SAFETY: the CPU has AVX-512 (the caller's contract).
