@@ -64,7 +64,7 @@ fn chunking(c: &mut Criterion) {
         let bytes: usize = docs.iter().map(|d| d.fields.text.len()).sum();
         group.throughput(Throughput::Bytes(bytes as u64));
         group.bench_function(name, |b| {
-            let mut extract = Extract;
+            let mut extract = Extract::default();
             let mut chunk = ChunkStage::new(tokenizer.clone(), sizes);
             b.iter(|| {
                 let mut chunks = 0;

@@ -79,6 +79,7 @@ fn docs(n: usize, seed: u64) -> Vec<Document> {
                 start: 0,
                 end: 600,
                 token_count: 120,
+                pages: None,
                 token_ids: Vec::new(),
                 input_key: Some(Chunk::input_key_of(&[d as u32, i as u32])),
                 vector: Some(rng.unit()),

@@ -56,6 +56,9 @@ pub struct Chunk {
     pub end: usize,
     /// Number of model tokens, special tokens excluded.
     pub token_count: u32,
+    /// The pages of the parent the chunk spans (first, last; from 1), for paged formats.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pages: Option<(u32, u32)>,
     /// The model's token ids for the chunk, special tokens excluded: computed once by the
     /// chunker and reused by the embedder. Not written to the index.
     #[serde(skip)]
@@ -128,6 +131,18 @@ pub struct Document {
     /// code blocks, tables), for the chunker. Empty before extraction.
     #[serde(skip)]
     pub blocks: Vec<Block>,
+    /// The content as read, for formats that are not text (PDF, DOCX): the connector puts the
+    /// file's bytes here and leaves `fields.text` empty; the extract stage consumes them.
+    #[serde(skip)]
+    pub raw: Option<Vec<u8>>,
+    /// Where each page starts in `fields.text` (byte offsets, ascending; page `i + 1` starts
+    /// at `page_starts[i]`), for paged formats. Empty for the others.
+    #[serde(skip)]
+    pub page_starts: Vec<usize>,
+    /// What a stage noticed about the document without stopping it ("page 3 has no text
+    /// layer: needs OCR"), with the stage's name; reported in the run's summary.
+    #[serde(skip)]
+    pub warnings: Vec<(&'static str, String)>,
 }
 
 /// What kind of block of text.
@@ -196,7 +211,29 @@ impl Document {
             unchanged: false,
             content_hash: None,
             blocks: Vec::new(),
+            raw: None,
+            page_starts: Vec::new(),
+            warnings: Vec::new(),
         }
+    }
+
+    /// A parent document whose content is bytes in a format that is not text (PDF, DOCX);
+    /// the extract stage turns them into text.
+    pub fn from_bytes(id: impl Into<String>, raw: Vec<u8>) -> Self {
+        let mut doc = Document::new(id, String::new());
+        doc.raw = Some(raw);
+        doc
+    }
+
+    /// The pages `start..end` of the extracted text spans, 1-based and inclusive, when the
+    /// document has pages.
+    pub fn pages_of(&self, start: usize, end: usize) -> Option<(u32, u32)> {
+        if self.page_starts.is_empty() {
+            return None;
+        }
+        let page_at = |at: usize| self.page_starts.partition_point(|&s| s <= at).max(1) as u32;
+        let last = end.saturating_sub(1).max(start);
+        Some((page_at(start), page_at(last)))
     }
 
     /// A child of this document, with the run id and source carried over.
@@ -220,6 +257,9 @@ impl Document {
             unchanged: false,
             content_hash: self.content_hash.clone(),
             blocks: Vec::new(),
+            raw: None,
+            page_starts: Vec::new(),
+            warnings: Vec::new(),
         }
     }
 
@@ -239,6 +279,7 @@ impl Document {
         });
         self.id.len()
             + self.fields.text.len()
+            + self.raw.as_ref().map_or(0, Vec::len)
             + self.fields.title.as_ref().map_or(0, String::len)
             + self.fields.source.as_ref().map_or(0, String::len)
             + self.fields.metadata.len() * 32
@@ -258,4 +299,25 @@ pub fn child_instance(parent: u64, id: &str) -> u64 {
     first.copy_from_slice(&bytes.as_bytes()[..8]);
     // 0 is never an instance: the publisher counts from 1.
     u64::from_le_bytes(first).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_of_maps_byte_ranges_to_page_spans() {
+        let mut doc = Document::new("a.pdf", "one\ntwo\nthree");
+        assert_eq!(doc.pages_of(0, 3), None, "no pages: no page span");
+        doc.page_starts = vec![0, 4, 8];
+        assert_eq!(doc.pages_of(0, 3), Some((1, 1)));
+        assert_eq!(doc.pages_of(0, 5), Some((1, 2)));
+        assert_eq!(doc.pages_of(4, 8), Some((2, 2)), "the end is exclusive");
+        assert_eq!(doc.pages_of(5, 13), Some((2, 3)));
+        assert_eq!(
+            doc.pages_of(8, 8),
+            Some((3, 3)),
+            "an empty range is on its page"
+        );
+    }
 }

@@ -109,7 +109,12 @@ pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     let chunked: Vec<Vec<u32>> = docs
         .into_par_iter()
         .map_init(
-            || (Extract, ChunkStage::new(tokenizer.clone(), sizes)),
+            || {
+                (
+                    Extract::default(),
+                    ChunkStage::new(tokenizer.clone(), sizes),
+                )
+            },
             |(extract, chunk), mut doc| {
                 extract.process(&mut doc).ok();
                 chunk

@@ -84,6 +84,11 @@ pub struct IngestArgs {
     #[arg(long)]
     pub(super) max_file_bytes: Option<u64>,
 
+    /// Seconds one file (a PDF, a DOCX) may take to extract; past it the file fails with the
+    /// reason and the run goes on. [default: 60]
+    #[arg(long)]
+    pub(super) max_file_seconds: Option<u64>,
+
     /// JSONL: the field holding the document id [default: id, else _id, else FILE:LINE].
     #[arg(long)]
     pub(super) id_field: Option<String>,
@@ -136,6 +141,9 @@ impl IngestArgs {
         }
         if let Some(n) = self.max_file_bytes {
             src.max_file_bytes = n;
+        }
+        if let Some(n) = self.max_file_seconds {
+            src.max_file_seconds = n;
         }
         if self.id_field.is_some() {
             src.id_field = self.id_field.clone();
@@ -282,7 +290,11 @@ pub(super) fn print_summary(
         writeln!(out, "note: {note}")?;
     }
     const SHOWN: usize = 20;
-    for (label, list) in [("failed", &s.failures), ("dropped", &s.dropped)] {
+    for (label, list) in [
+        ("failed", &s.failures),
+        ("dropped", &s.dropped),
+        ("warning", &s.warnings),
+    ] {
         for o in list.iter().take(SHOWN) {
             writeln!(out, "  {label}: {} [{}] {}", o.id, o.stage, o.reason)?;
         }

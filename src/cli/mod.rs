@@ -8,6 +8,7 @@ mod dlq;
 mod embed;
 mod enrich;
 mod eval;
+mod extract;
 mod ingest;
 mod model_args;
 mod pause;
@@ -70,6 +71,9 @@ enum Command {
     Check(check::CheckArgs),
     /// Embed texts from a JSONL file into a .npy or JSONL file of vectors.
     Embed(embed::EmbedArgs),
+    /// Show what ingest would extract from files (text, headings, pages, warnings), without
+    /// a model or an index.
+    Extract(extract::ExtractArgs),
     /// Search an index by meaning, keywords, or both.
     Search(search::SearchArgs),
     /// Measure retrieval quality on a BEIR dataset (nDCG@10, recall, MRR per mode).
@@ -95,6 +99,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::run(args, config),
         Command::Embed(args) => embed::run(args, config),
         Command::Bench(args) => bench::run(args, config),
+        Command::Extract(args) => extract::run(args),
         Command::Search(args) => search::run(args, config),
         Command::Eval(args) => eval::run(args, config),
         Command::RandomModel(args) => random_model::run(args),

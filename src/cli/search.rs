@@ -95,10 +95,15 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
         let c = &h.chunk;
         writeln!(
             out,
-            "{:>3}. {:.4}  {}  [{}]{}",
+            "{:>3}. {:.4}  {}{}  [{}]{}",
             h.rank,
             h.score,
             c.source.as_deref().unwrap_or(&c.document_id),
+            match c.pages {
+                Some((a, b)) if a == b => format!("  p. {a}"),
+                Some((a, b)) => format!("  pp. {a}-{b}"),
+                None => String::new(),
+            },
             c.heading_path,
             if c.superseded {
                 "  (previous version; the new one is not embedded yet)"

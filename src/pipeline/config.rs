@@ -86,6 +86,8 @@ pub struct SourceConfig {
     pub exclude: Vec<String>,
     /// Files larger than this many bytes are reported as failed instead of read.
     pub max_file_bytes: u64,
+    /// Seconds one file (a PDF, a DOCX) may take to extract; past it the file fails.
+    pub max_file_seconds: u64,
     /// JSONL: the field holding the document id (default: id, else _id, else FILE:LINE).
     pub id_field: Option<String>,
     /// JSONL: the field holding the text.
@@ -104,6 +106,7 @@ impl Default for SourceConfig {
             include: Vec::new(),
             exclude: Vec::new(),
             max_file_bytes: default_max_file_bytes(),
+            max_file_seconds: crate::stages::extract::DEFAULT_MAX_FILE_SECONDS,
             id_field: None,
             text_field: "text".into(),
             title_field: "title".into(),
@@ -357,6 +360,9 @@ impl PipelineConfig {
                  = {}; lower it",
                 self.chunk.overlap, self.chunk.tokens
             ));
+        }
+        if self.source.max_file_seconds == 0 {
+            return bad("source.max_file_seconds (--max-file-seconds) must be at least 1".into());
         }
         if self.run.workers == Some(0) {
             return bad("run.workers (--workers) must be at least 1".into());

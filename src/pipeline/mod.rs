@@ -30,7 +30,7 @@ use crate::run::enrich::{EnrichOptions, EnrichWorker, SetModel};
 use crate::run::progress::Observer;
 use crate::run::{self, RunError, RunOptions, RunParts, RunSummary};
 use crate::stages::chunk::{chunk_fingerprint, ChunkConfig, ChunkStage, DEFAULT_CHUNK_TOKENS};
-use crate::stages::extract::Extract;
+use crate::stages::extract::{Extract, ExtractConfig};
 use crate::stages::incremental::Incremental;
 use crate::stages::reuse::ReuseVectors;
 use crate::stages::{Pipeline, Stage, StageError};
@@ -227,6 +227,9 @@ pub fn ingest(
     let in_index = backend.document_ids()?;
     let fingerprint: Arc<str> = fingerprint.into();
     let truncate = config.chunk.truncate;
+    let extract = ExtractConfig {
+        max_file_time: Duration::from_secs(config.source.max_file_seconds),
+    };
     let store = Arc::clone(&backend);
     let pipeline = move || -> Result<Pipeline, StageError> {
         let mut stages: Vec<Box<dyn Stage>> = vec![
@@ -234,7 +237,7 @@ pub fn ingest(
                 Arc::clone(&known),
                 Arc::clone(&fingerprint),
             )),
-            Box::new(Extract),
+            Box::new(Extract::new(extract)),
         ];
         if let Some((tokenizer, sizes)) = &chunking {
             stages.push(Box::new(if truncate {

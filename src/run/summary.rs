@@ -27,6 +27,9 @@ pub struct RunSummary {
     pub failures: Vec<Outcome>,
     /// Every document that was dropped, with the stage and the reason.
     pub dropped: Vec<Outcome>,
+    /// Documents indexed with something to say (`page 3 has no text layer: needs OCR`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<Outcome>,
     /// Documents the index holds that the source no longer has (filled in by the caller).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub missing_from_source: Vec<String>,
@@ -72,6 +75,16 @@ impl RunSummary {
             tokens_per_sec: stats.tokens() as f64 / secs,
             failures,
             dropped,
+            warnings: stats
+                .warnings()
+                .into_iter()
+                .map(|w| Outcome {
+                    id: w.id,
+                    parent_id: None,
+                    stage: w.stage.to_string(),
+                    reason: w.message,
+                })
+                .collect(),
             missing_from_source: Vec::new(),
             pruned: 0,
             encoder: None,

@@ -47,6 +47,9 @@ impl Routes {
                     push_until_stopped(&self.events, Event::drop(&doc, stage, reason), signal)?;
                 }
                 PipelineOutput::Done(doc) => {
+                    for (stage, message) in &doc.warnings {
+                        self.stats.warn(&doc.id, stage, message);
+                    }
                     if doc.chunk.as_ref().is_some_and(|c| c.vector.is_some()) {
                         self.stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
                     }

@@ -24,7 +24,12 @@ impl Incremental {
 
 /// The content hash stored in the index.
 pub fn content_hash(text: &str) -> String {
-    blake3::hash(text.as_bytes()).to_hex()[..32].to_string()
+    bytes_hash(text.as_bytes())
+}
+
+/// The content hash of content read as bytes (PDF, DOCX).
+pub fn bytes_hash(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex()[..32].to_string()
 }
 
 impl Stage for Incremental {
@@ -36,7 +41,10 @@ impl Stage for Incremental {
         if doc.is_child() {
             return Ok(Vec::new());
         }
-        let hash = content_hash(&doc.fields.text);
+        let hash = match &doc.raw {
+            Some(raw) => bytes_hash(raw),
+            None => content_hash(&doc.fields.text),
+        };
         doc.unchanged = self
             .known
             .get(&doc.id)

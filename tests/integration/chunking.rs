@@ -25,7 +25,7 @@ fn chunk(
     doc.fields
         .metadata
         .insert("format".into(), "markdown".into());
-    Extract.process(&mut doc).unwrap();
+    Extract::default().process(&mut doc).unwrap();
     let code: Vec<(usize, usize)> = doc
         .blocks
         .iter()

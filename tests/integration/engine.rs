@@ -185,7 +185,8 @@ fn a_stage_that_panics_fails_that_document_only() {
         .unwrap();
     let backend = JsonlFactory::create(&out).unwrap();
     let pipeline = || -> Result<Pipeline, StageError> {
-        let stages: Vec<Box<dyn Stage>> = vec![Box::new(Extract), Box::new(PanicOn("doc17.md"))];
+        let stages: Vec<Box<dyn Stage>> =
+            vec![Box::new(Extract::default()), Box::new(PanicOn("doc17.md"))];
         Ok(Pipeline::new(stages))
     };
     let parts = RunParts {

@@ -10,7 +10,7 @@ use crate::connectors::ConnectorError;
 
 /// File extensions taken by default (lower case, without the dot).
 pub const DEFAULT_EXTENSIONS: &[&str] = &[
-    "md", "markdown", "mdx", "html", "htm", "txt", "rst", "jsonl", "ndjson",
+    "md", "markdown", "mdx", "html", "htm", "txt", "rst", "jsonl", "ndjson", "pdf", "docx", "doc",
 ];
 
 /// Files larger than this are reported instead of read (100 MiB).

@@ -156,45 +156,59 @@ impl FilesystemConnector {
                 }
             };
         }
-        let size = fs::metadata(&found.path).map(|m| m.len()).unwrap_or(0);
-        if size > self.config.max_file_bytes {
-            let reason = format!(
-                "file is {size} bytes, over --max-file-bytes={}; raise it to ingest this file",
-                self.config.max_file_bytes
-            );
-            publisher.publish_failed(&found.id, Some(&source), "read", &reason);
-            return Ok(());
-        }
-        let bytes = match fs::read(&found.path) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                let reason = format!("cannot read: {e}");
-                publisher.publish_failed(&found.id, Some(&source), "read", &reason);
-                return Ok(());
-            }
-        };
-        match decode(bytes) {
-            Decoded::Text(text) => {
-                let mut doc = Document::new(found.id, text);
-                doc.fields.source = Some(source);
-                doc.fields.metadata.insert("format".into(), format.into());
-                publisher.publish(doc)?;
-            }
-            Decoded::Empty => {
-                publisher.publish_dropped(&found.id, Some(&source), "read", "empty document")
-            }
-            Decoded::Binary => publisher.publish_dropped(
-                &found.id,
-                Some(&source),
-                "read",
-                "binary content (NUL bytes): not a text document",
-            ),
-            Decoded::Invalid(reason) => {
+        match read_document(&found.path, found.id.clone(), self.config.max_file_bytes) {
+            Ok(doc) => publisher.publish(doc)?,
+            Err(Unusable::Failed(reason)) => {
                 publisher.publish_failed(&found.id, Some(&source), "read", &reason)
+            }
+            Err(Unusable::Dropped(reason)) => {
+                publisher.publish_dropped(&found.id, Some(&source), "read", &reason)
             }
         }
         Ok(())
     }
+}
+
+/// Why a file gives no document.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unusable {
+    /// It cannot be read as it is (too large, unreadable, invalid UTF-8): the reason and the fix.
+    Failed(String),
+    /// It holds nothing to index (empty, binary).
+    Dropped(String),
+}
+
+/// Read one file (not JSONL) into a document with id `id`: text formats decoded as UTF-8,
+/// binary formats (PDF, DOCX) as bytes for the extract stage, the format in its metadata.
+pub fn read_document(path: &Path, id: String, max_bytes: u64) -> Result<Document, Unusable> {
+    let size = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    if size > max_bytes {
+        return Err(Unusable::Failed(format!(
+            "file is {size} bytes, over --max-file-bytes={max_bytes}; raise it to ingest this file"
+        )));
+    }
+    let bytes = fs::read(path).map_err(|e| Unusable::Failed(format!("cannot read: {e}")))?;
+    let format = format_of(path);
+    let mut doc = if is_binary_format(format) {
+        if bytes.is_empty() {
+            return Err(Unusable::Dropped("empty file".into()));
+        }
+        Document::from_bytes(id, bytes)
+    } else {
+        match decode(bytes) {
+            Decoded::Text(text) => Document::new(id, text),
+            Decoded::Empty => return Err(Unusable::Dropped("empty document".into())),
+            Decoded::Binary => {
+                return Err(Unusable::Dropped(
+                    "binary content (NUL bytes): not a text document".into(),
+                ))
+            }
+            Decoded::Invalid(reason) => return Err(Unusable::Failed(reason)),
+        }
+    };
+    doc.fields.source = Some(path.display().to_string());
+    doc.fields.metadata.insert("format".into(), format.into());
+    Ok(doc)
 }
 
 impl Connector for FilesystemConnector {
@@ -242,8 +256,16 @@ pub fn format_of(path: &Path) -> &'static str {
         "html" | "htm" | "xhtml" => "html",
         "rst" => "rst",
         "jsonl" | "ndjson" => "jsonl",
+        "pdf" => "pdf",
+        "docx" => "docx",
+        "doc" => "doc",
         _ => "text",
     }
+}
+
+/// Formats read as bytes and turned into text by the extract stage, not decoded as UTF-8.
+pub fn is_binary_format(format: &str) -> bool {
+    matches!(format, "pdf" | "docx" | "doc")
 }
 
 impl ValidFilesystemConfig {

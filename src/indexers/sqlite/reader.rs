@@ -38,6 +38,9 @@ pub struct ChunkRow {
     /// version has vectors (the new text is already in the keyword index).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub superseded: bool,
+    /// The pages of the document the chunk spans (first, last; from 1), for paged formats.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pages: Option<(u32, u32)>,
 }
 
 pub struct SqliteReader {
@@ -240,10 +243,15 @@ impl SqliteReader {
         } else {
             "0"
         };
+        let pages = if self.meta.schema_version >= 4 {
+            "c.page_start, c.page_end"
+        } else {
+            "NULL, NULL"
+        };
         self.conn
             .prepare_cached(&format!(
                 "SELECT c.rowid, c.id, c.document_id, d.source, d.title, c.heading_path,
-                        c.ordinal, c.text, {superseded}
+                        c.ordinal, c.text, {superseded}, {pages}
                  FROM chunks c LEFT JOIN documents d ON d.id = c.document_id
                  WHERE c.rowid = ?1"
             ))
@@ -259,6 +267,10 @@ impl SqliteReader {
                         ordinal: r.get(6)?,
                         text: r.get(7)?,
                         superseded: r.get(8)?,
+                        pages: match (r.get::<_, Option<u32>>(9)?, r.get::<_, Option<u32>>(10)?) {
+                            (Some(a), Some(b)) => Some((a, b)),
+                            _ => None,
+                        },
                     })
                 })
                 .optional()

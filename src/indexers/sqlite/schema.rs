@@ -32,10 +32,14 @@
 //!   `active` (searched), one may be filling by `backfill` (a model migration, with its
 //!   `watermark`), older ones are `retired` until dropped.
 //! - `counters`: the sequences behind FIFO order and claim order.
+//!
+//! Version 4:
+//! - `chunks.page_start`, `chunks.page_end`: the pages of a paged document (PDF) a chunk
+//!   spans, from 1; NULL for documents without pages.
 
 use rusqlite::Connection;
 
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Create or migrate the schema up to [`SCHEMA_VERSION`]. Runs in the caller's transaction.
 /// Version 3's data steps (vector set of an existing index, lifecycle rows of existing
@@ -190,6 +194,12 @@ pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()>
                  name TEXT PRIMARY KEY,
                  value INTEGER NOT NULL
              );",
+        )?;
+    }
+    if from < 4 && to >= 4 {
+        conn.execute_batch(
+            "ALTER TABLE chunks ADD COLUMN page_start INTEGER;
+             ALTER TABLE chunks ADD COLUMN page_end INTEGER;",
         )?;
     }
     conn.execute(

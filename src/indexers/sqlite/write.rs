@@ -238,8 +238,9 @@ fn write_one(tx: &Transaction<'_>, doc: &Document, ctx: &Ctx<'_>) -> rusqlite::R
     };
     tx.prepare_cached(
         "INSERT INTO chunks(rowid, id, document_id, ordinal, version, text, heading_path,
-                            start_byte, end_byte, token_count, input_key, token_ids, embedded)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                            start_byte, end_byte, token_count, input_key, token_ids, embedded,
+                            page_start, page_end)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
     )?
     .execute(params![
         rowid,
@@ -255,6 +256,8 @@ fn write_one(tx: &Transaction<'_>, doc: &Document, ctx: &Ctx<'_>) -> rusqlite::R
         key,
         token_ids,
         embedded,
+        chunk.pages.map(|p| p.0),
+        chunk.pages.map(|p| p.1),
     ])?;
     let rowid = rowid.unwrap_or_else(|| tx.last_insert_rowid());
     tx.prepare_cached("INSERT INTO chunk_fts(rowid, text, heading_path) VALUES (?1, ?2, ?3)")?

@@ -151,6 +151,7 @@ impl<T: Tokenize> Stage for ChunkStage<T> {
                     start: b0,
                     end: b1,
                     token_count: ids.len() as u32,
+                    pages: doc.pages_of(b0, b1),
                     input_key: Some(Chunk::input_key_of(&ids)),
                     token_ids: ids,
                     vector: None,

@@ -54,6 +54,7 @@ pub fn extract(raw: &str) -> Extracted {
         blocks: w.blocks,
         title,
         metadata: Default::default(),
+        ..Extracted::default()
     }
 }
 

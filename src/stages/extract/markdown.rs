@@ -20,6 +20,7 @@ pub fn extract(raw: &str) -> Extracted {
         blocks,
         title,
         metadata,
+        ..Extracted::default()
     }
 }
 

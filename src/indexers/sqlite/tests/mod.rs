@@ -45,6 +45,7 @@ fn chunk(parent: &Document, ordinal: u32, text: &str, v: Vec<f32>) -> Document {
         start: 0,
         end: text.len(),
         token_count: 3,
+        pages: None,
         token_ids: vec![],
         input_key: Some(key_of(text)),
         vector: Some(v),
