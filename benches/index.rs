@@ -4,105 +4,20 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use ragline::document::{Chunk, Document};
-use ragline::indexers::sqlite::{IndexIdentity, ModelIdentity, SqliteFactory, SqliteReader};
+use ragline::document::Document;
+use ragline::indexers::sqlite::{SqliteFactory, SqliteReader};
+use ragline::indexers::synthetic::{self, Rng, WORDS};
 use ragline::indexers::{Backend, BackendFactory};
 
 const DIM: usize = 384;
-const BATCH: usize = ragline::indexers::batch::DEFAULT_MAX_ITEMS;
-
-/// Deterministic pseudo-random numbers (xorshift).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn unit(&mut self) -> Vec<f32> {
-        let v: Vec<f32> = (0..DIM)
-            .map(|_| (self.next() % 2000) as f32 / 1000.0 - 1.0)
-            .collect();
-        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-        v.into_iter().map(|x| x / n).collect()
-    }
-}
-
-const WORDS: &[&str] = &[
-    "render",
-    "effect",
-    "state",
-    "component",
-    "server",
-    "cache",
-    "memo",
-    "ref",
-    "context",
-    "reducer",
-    "transition",
-    "suspense",
-    "hydrate",
-    "portal",
-    "event",
-    "handler",
-    "layout",
-    "stream",
-    "action",
-    "form",
-    "input",
-    "value",
-    "props",
-    "children",
-    "key",
-    "list",
-    "index",
-];
+const BATCH: usize = synthetic::BATCH;
 
 fn docs(n: usize, seed: u64) -> Vec<Document> {
-    let mut rng = Rng(seed | 1);
-    let mut out = Vec::with_capacity(n + n / 10);
-    let per_doc = 10;
-    for d in 0..n.div_ceil(per_doc) {
-        let mut parent = Document::new(format!("doc{d}"), "");
-        parent.content_hash = Some(format!("h{d}"));
-        parent.children = per_doc as u32;
-        out.push(parent.clone());
-        for i in 0..per_doc {
-            let text: Vec<&str> = (0..90)
-                .map(|_| WORDS[(rng.next() % WORDS.len() as u64) as usize])
-                .collect();
-            let mut c = parent.child(format!("doc{d}#{i}"), text.join(" "));
-            c.chunk = Some(Box::new(Chunk {
-                ordinal: i as u32,
-                heading_path: vec!["Guide".into(), format!("Section {i}")],
-                start: 0,
-                end: 600,
-                token_count: 120,
-                pages: None,
-                token_ids: Vec::new(),
-                input_key: Some(Chunk::input_key_of(&[d as u32, i as u32])),
-                vector: Some(rng.unit()),
-            }));
-            out.push(c);
-        }
-    }
-    out
+    synthetic::documents(n, DIM, seed)
 }
 
-fn identity() -> IndexIdentity {
-    IndexIdentity {
-        model: Some(ModelIdentity {
-            name: "bench".into(),
-            dir: "/nonexistent".into(),
-            fingerprint: "bench".into(),
-            dimension: DIM,
-            tokenizer: Some("bench".into()),
-        }),
-        pipeline_fingerprint: "bench".into(),
-        defer_embed: false,
-        priority: ragline::lifecycle::Priority::Fresh,
-    }
+fn identity() -> ragline::indexers::IndexIdentity {
+    synthetic::identity(DIM)
 }
 
 fn write_all(backend: &mut dyn Backend, docs: &[Document]) {
@@ -153,7 +68,7 @@ fn search(c: &mut Criterion) {
         write_all(f.connect().unwrap().as_mut(), &docs(n, 11));
         let reader = SqliteReader::open(&path).unwrap();
         let mut rng = Rng(99);
-        let queries: Vec<Vec<f32>> = (0..200).map(|_| rng.unit()).collect();
+        let queries: Vec<Vec<f32>> = (0..200).map(|_| rng.unit(DIM)).collect();
         // p50 / p99 over 200 queries, printed beside criterion's own statistics.
         for (mode, run) in [
             (

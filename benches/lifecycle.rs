@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use ragline::document::Document;
-use ragline::indexers::sqlite::{IndexIdentity, SqliteFactory, SqliteStore};
+use ragline::indexers::sqlite::{SqliteFactory, SqliteStore};
 use ragline::indexers::BackendFactory;
+use ragline::indexers::IndexIdentity;
 use ragline::lifecycle::{Priority, NOOP};
 use ragline::run::enrich::{self, EnrichOptions, EnrichWorker};
 use ragline::run::progress::Silent;

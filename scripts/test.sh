@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # The whole test suite: fetches the model if needed, then every unit, property and
 # integration test. Tests that read ../shared/data skip with a message where it is absent.
+# Starts the PostgreSQL test server (scripts/postgres.sh) for the Postgres tests.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 [ -f models/all-MiniLM-L6-v2/model.safetensors ] || scripts/fetch-model.sh
+# The PostgreSQL tests run against scripts/postgres.sh's server (PostgreSQL 18 + pgvector from
+# PyPI), started here unless RAGLINE_TEST_POSTGRES already names a server (set it empty to skip
+# them).
+if [ -z "${RAGLINE_TEST_POSTGRES+set}" ]; then
+  RAGLINE_TEST_POSTGRES=$(scripts/postgres.sh start)
+  export RAGLINE_TEST_POSTGRES
+fi
 # `failpoints` compiles in fault injection (FAILPOINTS=...), which the lifecycle tests use to
 # make chosen documents fail; release builds never have it.
 cargo test --all-targets --features failpoints "$@"

@@ -14,3 +14,17 @@ pub trait Tokenize: Clone + Send + 'static {
     /// Token ids of `text` with byte offsets, no special tokens.
     fn tokenize(&self, text: &str) -> Result<Tokens, String>;
 }
+
+/// Token ids as an index stores them (the chunker's ids of a chunk waiting for its vector):
+/// little-endian u32s.
+pub fn ids_to_bytes(ids: &[u32]) -> Vec<u8> {
+    ids.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The ids [`ids_to_bytes`] stored.
+pub fn ids_from_bytes(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+        .collect()
+}

@@ -14,7 +14,7 @@ use super::EXIT_OK;
 
 #[derive(Args, Debug)]
 pub struct BackfillArgs {
-    /// The index to migrate (sqlite://PATH). [default: sqlite://ragline.db]
+    /// The index to migrate (sqlite://PATH or postgres://...). [default: sqlite://ragline.db]
     #[arg(long, env = "RAGLINE_INDEX")]
     index: Option<String>,
 

@@ -1,4 +1,5 @@
-//! `ragline bench`: embedding throughput on this host.
+//! `ragline bench`: embedding throughput on this host; with `--write URI`, how fast an index
+//! takes embedded chunks.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,6 +41,29 @@ pub struct BenchArgs {
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
+
+    /// Measure writing to this index instead of embedding: synthetic chunks of 90 words with
+    /// unit vectors (no model), through --writers connections in indexer-sized batches. The
+    /// index must be new or hold synthetic vectors of --dim dimensions.
+    #[arg(long, value_name = "URI")]
+    write: Option<String>,
+
+    /// With --write: the vectors' dimension.
+    #[arg(long, default_value_t = 384)]
+    dim: usize,
+
+    /// With --write: concurrent writers (the ingest's --indexers).
+    #[arg(long, default_value_t = 2)]
+    writers: usize,
+
+    /// With --write: afterwards, time this many vector and keyword searches (10 results
+    /// each) and report p50/p99.
+    #[arg(long, default_value_t = 0)]
+    queries: usize,
+
+    /// With --write: vary the rows (a second run with another seed rewrites every row).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 #[derive(Serialize)]
@@ -81,6 +105,9 @@ struct Report {
 }
 
 pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    if let Some(uri) = &args.write {
+        return bench_write(&args, uri);
+    }
     let model_config = args.model.resolve(&super::load_config(config_file)?);
     let (files, devices, model) = load_first(&model_config)?;
     let device = &devices[0];
@@ -234,6 +261,62 @@ pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
                 _ => String::new(),
             }
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--write URI`: chunks/s into an index.
+fn bench_write(args: &BenchArgs, uri: &str) -> anyhow::Result<ExitCode> {
+    use ragline::indexers::synthetic::{self, CHUNKS_PER_DOCUMENT};
+    let uri: ragline::indexers::IndexUri = uri.parse().context("bad --write")?;
+    let chunks = args.chunks.unwrap_or(100_000);
+    let factory = ragline::indexers::open(&uri, synthetic::identity(args.dim))?;
+    let report = synthetic::write_throughput(
+        factory.as_ref(),
+        chunks.div_ceil(CHUNKS_PER_DOCUMENT),
+        args.dim,
+        args.writers,
+        synthetic::BATCH,
+        args.seed,
+    )?;
+    let latency = if args.queries > 0 {
+        let reader = ragline::indexers::open_reader(&uri, false)?;
+        Some(synthetic::search_latency(
+            reader.as_ref(),
+            args.queries,
+            10,
+            args.dim,
+        )?)
+    } else {
+        None
+    };
+    if args.json {
+        let mut v = serde_json::to_value(&report)?;
+        if let Some(l) = &latency {
+            v["search"] = serde_json::to_value(l)?;
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        if let Some(l) = &latency {
+            println!(
+                "search over {} queries: vector p50 {:.2} ms, p99 {:.2} ms; keyword p50 {:.2} ms, p99 {:.2} ms",
+                l.queries, l.vector_p50_ms, l.vector_p99_ms, l.keyword_p50_ms, l.keyword_p99_ms
+            );
+        }
+        println!(
+            "{}: {} chunks ({} dimensions) in {:.2}s: {:.0} chunks/s with {} writers; \
+             finishing {:.1}s",
+            report.index,
+            report.chunks,
+            report.dimension,
+            report.seconds,
+            report.chunks_per_s,
+            report.writers,
+            report.finish_seconds
+        );
+        for n in &report.notes {
+            println!("  {n}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -6,13 +6,12 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use clap::{Args, Subcommand};
-use ragline::indexers::sqlite::SqliteStore;
 
 use super::{EXIT_FAILURES, EXIT_OK};
 
 #[derive(Args, Debug)]
 pub struct DlqArgs {
-    /// The index (sqlite://PATH). [default: sqlite://ragline.db]
+    /// The index (sqlite://PATH or postgres://...). [default: sqlite://ragline.db]
     #[arg(long, env = "RAGLINE_INDEX", global = true)]
     index: Option<String>,
 
@@ -54,14 +53,7 @@ enum DlqCommand {
 pub fn run(args: DlqArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut config = super::load_config(config_file)?;
     super::apply_index(&mut config, &args.index)?;
-    let path = ragline::pipeline::sqlite_path(&config)?;
-    if !path.is_file() {
-        bail!(
-            "no index at `{}`: run `ragline ingest` first, or give --index",
-            path.display()
-        );
-    }
-    let mut store = SqliteStore::open(path)?;
+    let mut store = ragline::pipeline::lifecycle_store(&config)?;
     let mut out = std::io::stdout().lock();
     match args.command {
         DlqCommand::List { stage, json } => {
@@ -97,7 +89,7 @@ pub fn run(args: DlqArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode
         }
         DlqCommand::Show { doc_id, json } => {
             let Some(doc) = store.document_lifecycle(&doc_id)? else {
-                eprintln!("no document `{doc_id}` in {}", path.display());
+                eprintln!("no document `{doc_id}` in {}", store.describe());
                 return Ok(ExitCode::from(EXIT_FAILURES));
             };
             if json {

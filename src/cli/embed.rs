@@ -10,6 +10,7 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use ragline::embed::npy::NpyWriter;
 use ragline::embed::texts::embed_texts;
+use ragline::indexers::parquet::{ParquetWriter, Row};
 use serde_json::Value;
 
 use super::model_args::{load_first, ModelArgs};
@@ -35,8 +36,9 @@ pub struct EmbedArgs {
     #[arg(long, short)]
     input: PathBuf,
 
-    /// Output: FILE.npy (float32, one row per input line), FILE.jsonl, or `-` for JSONL on
-    /// standard output.
+    /// Output: FILE.npy (float32, one row per input line), FILE.parquet (id, text and the
+    /// vector as a fixed-size float32 list; zstd), FILE.jsonl, or `-` for JSONL on standard
+    /// output.
     #[arg(long, short)]
     output: PathBuf,
 
@@ -54,6 +56,7 @@ pub struct EmbedArgs {
 
 enum Sink {
     Npy(NpyWriter),
+    Parquet(Box<ParquetWriter>),
     Jsonl(Box<dyn Write>),
 }
 
@@ -83,6 +86,11 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             NpyWriter::create(&args.output, model.dimension())
                 .with_context(|| format!("cannot write --output {out_name}"))?,
         )
+    } else if out_name.ends_with(".parquet") {
+        Sink::Parquet(Box::new(
+            ParquetWriter::create(&args.output, Some(model.dimension()))
+                .with_context(|| format!("cannot write --output {out_name}"))?,
+        ))
     } else if out_name == "-" {
         Sink::Jsonl(Box::new(BufWriter::new(std::io::stdout())))
     } else {
@@ -129,7 +137,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         tokens += stats.tokens;
         for ((line, id, text), vector) in window.into_iter().zip(vectors) {
             total += 1;
-            let error = text.err();
+            let error = text.as_ref().err().cloned();
             if let Some(reason) = &error {
                 bad += 1;
                 eprintln!("line {line}: {reason}");
@@ -142,6 +150,22 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
                         vector
                     };
                     w.write_row(&row)?;
+                }
+                Sink::Parquet(w) => {
+                    let id = match &id {
+                        Some(Value::String(s)) => s.clone(),
+                        Some(v) => v.to_string(),
+                        None => line.to_string(),
+                    };
+                    let row = Row {
+                        id: &id,
+                        kind: "text",
+                        text: text.as_deref().ok(),
+                        error: error.as_deref(),
+                        vector: error.is_none().then_some(vector.as_slice()),
+                        ..Row::default()
+                    };
+                    w.push(&row).map_err(anyhow::Error::msg)?;
                 }
                 Sink::Jsonl(w) => {
                     let mut obj = serde_json::Map::new();
@@ -163,6 +187,9 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         Sink::Npy(w) => {
             w.finish().context("writing --output")?;
         }
+        Sink::Parquet(w) => {
+            w.finish().context("writing --output")?;
+        }
         Sink::Jsonl(mut w) => w.flush().context("writing --output")?,
     }
     bar.finish_and_clear();
@@ -174,7 +201,10 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         tokens as f64 / secs.max(1e-9)
     );
     if bad > 0 {
-        eprintln!("bad lines got NaN rows (npy) or an `error` field (JSONL) so rows stay aligned");
+        eprintln!(
+            "bad lines got NaN rows (npy), a null vector and an `error` (Parquet) or an `error` \
+             field (JSONL), so rows stay aligned"
+        );
         return Ok(ExitCode::from(EXIT_FAILURES));
     }
     Ok(ExitCode::from(EXIT_OK))

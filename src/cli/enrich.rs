@@ -15,7 +15,7 @@ use super::{EXIT_FAILURES, EXIT_OK};
 
 #[derive(Args, Debug)]
 pub struct EnrichArgs {
-    /// The index whose queue to work (sqlite://PATH). [default: sqlite://ragline.db]
+    /// The index whose queue to work (sqlite://PATH or postgres://...). [default: sqlite://ragline.db]
     #[arg(long, env = "RAGLINE_INDEX")]
     pub(super) index: Option<String>,
 

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use ragline::eval::{evaluate, read_qrels, read_queries, Scores};
+use ragline::eval::{ann_recall, evaluate, read_qrels, read_queries, Scores};
 use ragline::indexers::IndexUri;
 use ragline::pipeline::{self, config::SourceConfig};
 use ragline::search::{Mode, Searcher};
@@ -30,7 +30,8 @@ pub struct EvalArgs {
     #[arg(long)]
     qrels: PathBuf,
 
-    /// The index to evaluate [default: sqlite://<dataset>-<corpus>.eval.db]. The corpus is
+    /// The index to evaluate (sqlite:// or postgres://) [default:
+    /// sqlite://<dataset>-<corpus>.eval.db]. The corpus is
     /// ingested into it first (incrementally: a second run reuses it).
     #[arg(long)]
     index: Option<String>,
@@ -55,6 +56,11 @@ pub struct EvalArgs {
     /// (for comparing with references computed that way).
     #[arg(long)]
     truncate: bool,
+
+    /// Vector search compares each query with every vector instead of using the approximate
+    /// (HNSW) index of a postgres:// index.
+    #[arg(long)]
+    exact: bool,
 
     /// Print the scores as JSON instead of a table.
     #[arg(long)]
@@ -87,9 +93,10 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
         let mode = if args.truncate { "-truncated" } else { "" };
         format!("sqlite://{set}-{stem}{mode}.eval.db")
     });
-    let IndexUri::Sqlite(path) = index.parse::<IndexUri>().context("bad --index")? else {
-        bail!("eval needs a sqlite:// index");
-    };
+    let uri = index.parse::<IndexUri>().context("bad --index")?;
+    if !matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
+        bail!("eval needs a searchable index: sqlite:// or postgres://");
+    }
     let mut config = super::load_config(config_file)?;
     let model_config = args.model.resolve(&config);
     if !args.no_ingest {
@@ -119,10 +126,10 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
             bail!("some corpus documents failed to ingest; the scores would be wrong");
         }
     }
-    let reader = Searcher::open(&path)?;
+    let reader = Searcher::open(&uri, args.exact)?;
     let needs_model = args.modes.iter().any(|m| *m != Mode::Keyword);
     let model = if needs_model {
-        let spec = Searcher::model_spec(&reader).context("the index holds no vectors")?;
+        let spec = Searcher::model_spec(reader.as_ref()).context("the index holds no vectors")?;
         let files = pipeline::model_files(&spec)?;
         let devices = pipeline::devices(&model_config)?;
         Some(pipeline::load_model(&files, &devices[0], &model_config)?)
@@ -131,7 +138,14 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
     };
     let searcher = Searcher::new(reader, model);
     let started = std::time::Instant::now();
-    let scores = evaluate(&searcher, &queries, &qrels, &args.modes)?;
+    let mut scores = evaluate(&searcher, &queries, &qrels, &args.modes)?;
+    // An approximate index: how much of the exact answer it finds.
+    if matches!(uri, IndexUri::Postgres(_)) && !args.exact {
+        if let Some(s) = scores.iter_mut().find(|s| s.mode == Mode::Vector.name()) {
+            let exact = Searcher::open(&uri, true)?;
+            s.ann_recall_at_10 = Some(ann_recall(&searcher, exact.as_ref(), &queries, &qrels, 10)?);
+        }
+    }
     let secs = started.elapsed().as_secs_f64();
     let json = serde_json::to_string_pretty(&scores)?;
     if let Some(report) = &args.report {
@@ -158,6 +172,15 @@ fn print_table(scores: &[Scores], secs: f64) -> anyhow::Result<()> {
             "{:<8} {:>8} {:>9.4} {:>10.4} {:>11.4} {:>8.4}",
             s.mode, s.queries, s.ndcg_at_10, s.recall_at_10, s.recall_at_100, s.mrr_at_10
         )?;
+    }
+    for s in scores {
+        if let Some(r) = s.ann_recall_at_10 {
+            writeln!(
+                out,
+                "{}: the approximate (HNSW) index finds {r:.4} of the exact 10 nearest chunks",
+                s.mode
+            )?;
+        }
     }
     writeln!(out, "({secs:.1}s of searching)")?;
     Ok(())

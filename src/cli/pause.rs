@@ -4,14 +4,13 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Args;
-use ragline::indexers::sqlite::SqliteStore;
 
 #[derive(Args, Debug)]
 pub struct PauseArgs {
     /// The stage (embed).
     stage: String,
 
-    /// The index (sqlite://PATH). [default: sqlite://ragline.db]
+    /// The index (sqlite://PATH or postgres://...). [default: sqlite://ragline.db]
     #[arg(long, env = "RAGLINE_INDEX")]
     index: Option<String>,
 }
@@ -19,8 +18,7 @@ pub struct PauseArgs {
 pub fn run(args: PauseArgs, config_file: Option<&Path>, pause: bool) -> anyhow::Result<ExitCode> {
     let mut config = super::load_config(config_file)?;
     super::apply_index(&mut config, &args.index)?;
-    let path = ragline::pipeline::sqlite_path(&config)?;
-    SqliteStore::open(path)?.set_paused(&args.stage, pause)?;
+    ragline::pipeline::lifecycle_store(&config)?.set_paused(&args.stage, pause)?;
     if pause {
         println!(
             "{} paused: workers claim none of its work (what they hold, they finish); \

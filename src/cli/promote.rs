@@ -4,7 +4,6 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Args;
-use ragline::indexers::sqlite::SqliteStore;
 
 #[derive(Args, Debug)]
 pub struct PromoteArgs {
@@ -12,7 +11,7 @@ pub struct PromoteArgs {
     #[arg(required = true)]
     doc_ids: Vec<String>,
 
-    /// The index (sqlite://PATH). [default: sqlite://ragline.db]
+    /// The index (sqlite://PATH or postgres://...). [default: sqlite://ragline.db]
     #[arg(long, env = "RAGLINE_INDEX")]
     index: Option<String>,
 }
@@ -20,8 +19,7 @@ pub struct PromoteArgs {
 pub fn run(args: PromoteArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut config = super::load_config(config_file)?;
     super::apply_index(&mut config, &args.index)?;
-    let path = ragline::pipeline::sqlite_path(&config)?;
-    let n = SqliteStore::open(path)?.promote(&args.doc_ids)?;
+    let n = ragline::pipeline::lifecycle_store(&config)?.promote(&args.doc_ids)?;
     println!(
         "{n} of {} documents moved to interactive priority (the others have nothing pending)",
         args.doc_ids.len()

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use ragline::indexers::sqlite::SqliteStore;
 use ragline::indexers::IndexUri;
 use ragline::pipeline;
 use ragline::search::{Mode, Searcher};
@@ -18,7 +17,7 @@ pub struct SearchArgs {
     /// What to look for.
     query: String,
 
-    /// The index to search (sqlite://PATH). [default: sqlite://ragline.db]
+    /// The index to search (sqlite://PATH or postgres://...). [default: sqlite://ragline.db]
     #[arg(long, env = "RAGLINE_INDEX")]
     index: Option<String>,
 
@@ -34,6 +33,11 @@ pub struct SearchArgs {
     #[arg(long)]
     json: bool,
 
+    /// Vector search compares the query with every vector instead of using the approximate
+    /// (HNSW) index: exact, slower. (sqlite:// indexes are always exact.)
+    #[arg(long)]
+    exact: bool,
+
     /// Do not move documents that match but are not embedded yet to the front of the
     /// embedding queue.
     #[arg(long)]
@@ -46,19 +50,12 @@ pub struct SearchArgs {
 pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut config = super::load_config(config_file)?;
     super::apply_index(&mut config, &args.index)?;
-    let path = match &config.index.uri.value {
-        IndexUri::Sqlite(path) => path.clone(),
-        _ => anyhow::bail!(
-            "search reads sqlite:// indexes; {} cannot be searched",
-            config.index.uri.text
-        ),
-    };
-    let reader = Searcher::open(&path)?;
+    let reader = Searcher::open(&config.index.uri.value, args.exact)?;
     // The query is embedded with the index's own model (not --model's default).
     let model = if args.mode == Mode::Keyword {
         None
     } else {
-        let spec = Searcher::model_spec(&reader).context(
+        let spec = Searcher::model_spec(reader.as_ref()).context(
             "the index holds no vectors (it was built with --no-chunk); use --mode keyword",
         )?;
         let model_config = args.model.resolve(&config);
@@ -78,8 +75,13 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
                 "note: {missing} of {total} chunks not embedded yet (vector search covers the rest; `ragline enrich` embeds them)"
             );
         }
-        if !args.no_promote {
-            promote_matches(&searcher, &path, &args.query)?;
+        if !args.no_promote
+            && matches!(
+                &config.index.uri.value,
+                IndexUri::Sqlite(_) | IndexUri::Postgres(_)
+            )
+        {
+            promote_matches(&searcher, &config.index.uri.value, &args.query)?;
         }
     }
     let mut out = std::io::stdout().lock();
@@ -118,7 +120,7 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
 
 /// Documents whose chunks match the query by keyword and whose embedding is still pending
 /// move to interactive priority. Best effort: a read-only index is searched all the same.
-fn promote_matches(searcher: &Searcher, path: &Path, query: &str) -> anyhow::Result<()> {
+fn promote_matches(searcher: &Searcher, uri: &IndexUri, query: &str) -> anyhow::Result<()> {
     let reader = searcher.reader();
     let mut ids: Vec<String> = Vec::new();
     for (rowid, _) in reader.keyword(query, PROMOTE_DEPTH)? {
@@ -132,7 +134,7 @@ fn promote_matches(searcher: &Searcher, path: &Path, query: &str) -> anyhow::Res
     if pending.is_empty() {
         return Ok(());
     }
-    match SqliteStore::open(path).and_then(|mut s| s.promote(&pending)) {
+    match ragline::indexers::open_store(uri).and_then(|mut s| s.promote(&pending)) {
         Ok(n) if n > 0 => {
             eprintln!("note: {n} matching documents not embedded yet go to the front of the queue")
         }

@@ -5,12 +5,12 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Args;
-use ragline::indexers::sqlite::{StageCounts, StatusReport};
+use ragline::lifecycle::report::{StageCounts, StatusReport};
 use ragline::pipeline;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// The index (sqlite://PATH). [default: sqlite://ragline.db]
+    /// The index (sqlite://PATH or postgres://...). [default: sqlite://ragline.db]
     #[arg(long, env = "RAGLINE_INDEX")]
     index: Option<String>,
 

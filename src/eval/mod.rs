@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::indexers::IndexReader;
 use crate::search::{Mode, SearchError, Searcher};
 
 /// Chunks fetched per query and mode before they are grouped into documents.
@@ -129,6 +130,10 @@ pub struct Scores {
     pub recall_at_10: f64,
     pub recall_at_100: f64,
     pub mrr_at_10: f64,
+    /// Vector mode on an approximate index (HNSW): the share of the exact 10 nearest chunks
+    /// the index returned, averaged over the queries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ann_recall_at_10: Option<f64>,
 }
 
 /// Rank documents for one query: each document scored by its best chunk.
@@ -186,6 +191,36 @@ pub fn evaluate(
         out.push(s);
     }
     Ok(out)
+}
+
+/// How many of the exact `k` nearest chunks an approximate index finds, averaged over the
+/// judged queries: `searcher` reads the approximate index, `exact` the same index by scan.
+pub fn ann_recall(
+    searcher: &Searcher,
+    exact: &dyn IndexReader,
+    queries: &[(String, String)],
+    qrels: &Qrels,
+    k: usize,
+) -> Result<f64, SearchError> {
+    let mut total = 0.0;
+    let mut n = 0usize;
+    for (id, text) in queries.iter().filter(|(id, _)| qrels.contains_key(id)) {
+        let _ = id;
+        let v = searcher.embed_query(text)?;
+        let truth: HashSet<i64> = exact.nearest(&v, k)?.into_iter().map(|x| x.0).collect();
+        if truth.is_empty() {
+            continue;
+        }
+        let found = searcher
+            .reader()
+            .nearest(&v, k)?
+            .into_iter()
+            .filter(|x| truth.contains(&x.0))
+            .count();
+        total += found as f64 / truth.len() as f64;
+        n += 1;
+    }
+    Ok(if n == 0 { 1.0 } else { total / n as f64 })
 }
 
 #[cfg(test)]

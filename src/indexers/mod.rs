@@ -1,15 +1,21 @@
 //! Indexers: threads that take finished documents from the index queue, write them to a
 //! backend in bulk, and report FINISH or FAIL per document.
 //!
-//! A backend is chosen by a URI (`jsonl:out.jsonl`, `null:`, `sqlite://rag.db`). Its bulk
+//! A backend is chosen by a URI (`sqlite://rag.db`, `postgres://...`, `parquet:out.parquet`,
+//! `jsonl:out.jsonl`, `null:`). Its bulk
 //! write returns one result per item: only failed items are retried, only for retryable
 //! causes, with backoff; a document's terminal event and its queue acknowledgement come only
 //! after the backend has accepted it.
 
 pub mod batch;
+mod identity;
 pub mod jsonl;
 pub mod null;
+pub mod parquet;
+pub mod postgres;
 pub mod sqlite;
+pub mod store;
+pub mod synthetic;
 pub mod uri;
 
 use std::collections::{HashMap, HashSet};
@@ -20,6 +26,9 @@ use thiserror::Error;
 use crate::document::Document;
 pub use crate::lifecycle::{KnownDocument, StoredVectors};
 pub use batch::{BatchConfig, Indexer};
+pub use identity::{IndexIdentity, ModelIdentity};
+pub use sqlite::{ChunkRow, IndexMeta};
+pub use store::{open_store, IndexStore, SetState, VectorSet};
 pub use uri::IndexUri;
 
 /// Why one item of a bulk write failed.
@@ -51,7 +60,10 @@ impl ItemError {
 /// A backend that cannot be opened or used at all: the run cannot start (exit code 2).
 #[derive(Debug, Error)]
 pub enum BackendError {
-    #[error("unknown index URI `{0}`: use sqlite://PATH, jsonl:PATH or null:")]
+    #[error(
+        "unknown index URI `{0}`: use sqlite://PATH, postgres://USER@HOST:PORT/DB, \
+         parquet:PATH, jsonl:PATH or null:"
+    )]
     UnknownScheme(String),
     #[error("cannot write `{path}`: {source}; choose a writable location with --index")]
     Unwritable {
@@ -98,6 +110,12 @@ pub trait BackendFactory: Send + Sync {
         Ok(None)
     }
 
+    /// The run's writes are all in: finish what waits for the end (build an index, close a
+    /// file). Returns notes for the summary.
+    fn finish(&self) -> Result<Vec<String>, BackendError> {
+        Ok(Vec::new())
+    }
+
     /// Delete documents and their chunks; how many were deleted.
     fn delete_documents(&self, ids: &[String]) -> Result<usize, BackendError> {
         let _ = ids;
@@ -112,11 +130,75 @@ pub trait BackendFactory: Send + Sync {
 /// run starts.
 pub fn open(
     uri: &IndexUri,
-    identity: sqlite::IndexIdentity,
+    identity: IndexIdentity,
 ) -> Result<Box<dyn BackendFactory>, BackendError> {
     match uri {
         IndexUri::Jsonl(path) => Ok(Box::new(jsonl::JsonlFactory::create(path)?)),
         IndexUri::Null { delay } => Ok(Box::new(null::NullFactory { delay: *delay })),
         IndexUri::Sqlite(path) => Ok(Box::new(sqlite::SqliteFactory::open(path, identity)?)),
+        IndexUri::Postgres(target) => {
+            Ok(Box::new(postgres::PostgresFactory::open(target, identity)?))
+        }
+        IndexUri::Parquet(path) => Ok(Box::new(parquet::ParquetFactory::create(
+            path,
+            identity.model.as_ref().map(|m| m.dimension),
+        )?)),
     }
 }
+
+/// What search reads of an index.
+pub trait IndexReader {
+    fn meta(&self) -> &IndexMeta;
+
+    /// The index, for messages (no password).
+    fn describe(&self) -> String;
+
+    /// (documents, chunks, chunks with a vector) in the index.
+    fn counts(&self) -> Result<(u64, u64, u64), BackendError>;
+
+    /// (chunks without a vector yet, all chunks): what vector search cannot see yet.
+    fn unembedded(&self) -> Result<(u64, u64), BackendError> {
+        Ok((0, 0))
+    }
+
+    /// Documents among `ids` whose embedding is still to do.
+    fn unembedded_documents(&self, ids: &[String]) -> Result<Vec<String>, BackendError> {
+        let _ = ids;
+        Ok(Vec::new())
+    }
+
+    /// The `k` chunks nearest to `query` by cosine distance: (rowid, distance), nearest first.
+    fn nearest(&self, query: &[f32], k: usize) -> Result<Vec<(i64, f64)>, BackendError>;
+
+    /// The `k` best chunks for the words of `query`: (rowid, score), best first.
+    fn keyword(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError>;
+
+    fn chunk(&self, rowid: i64) -> Result<Option<ChunkRow>, BackendError>;
+
+    /// The document a chunk belongs to.
+    fn document_of(&self, rowid: i64) -> Result<Option<String>, BackendError>;
+}
+
+/// Open an index for search. `exact`: vector search compares with every vector, not an
+/// approximate index (sqlite:// is always exact).
+pub fn open_reader(uri: &IndexUri, exact: bool) -> Result<Box<dyn IndexReader>, BackendError> {
+    match uri {
+        IndexUri::Sqlite(path) => Ok(Box::new(sqlite::SqliteReader::open(path)?)),
+        IndexUri::Postgres(target) => Ok(Box::new(postgres::PgReader::open(target, exact)?)),
+        IndexUri::Jsonl(_) | IndexUri::Parquet(_) | IndexUri::Null { .. } => {
+            Err(BackendError::Invalid(format!(
+                "{} is an output file, not a searchable index: search sqlite:// or postgres://",
+                uri
+            )))
+        }
+    }
+}
+
+/// The version stamp shared by a document and the chunks made from that content with that
+/// pipeline.
+pub(crate) fn content_version(content_hash: Option<&str>, fingerprint: &str) -> String {
+    let text = format!("{}|{fingerprint}", content_hash.unwrap_or(""));
+    blake3::hash(text.as_bytes()).to_hex()[..16].to_string()
+}
+#[cfg(test)]
+mod tests;

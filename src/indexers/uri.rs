@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use super::postgres::PgTarget;
 use super::BackendError;
 
 /// Where a run writes its output.
@@ -11,6 +12,10 @@ use super::BackendError;
 pub enum IndexUri {
     /// `sqlite://PATH` (also `sqlite:PATH`): the embedded index.
     Sqlite(PathBuf),
+    /// `postgres://USER[:PASS]@HOST:PORT/DB[?schema=S&...]`: PostgreSQL with pgvector.
+    Postgres(PgTarget),
+    /// `parquet:PATH`: one row per document or chunk, vectors as fixed-size float32 lists.
+    Parquet(PathBuf),
     /// `jsonl:PATH`: one JSON object per document or chunk.
     Jsonl(PathBuf),
     /// `null:` discards everything (for measuring); `null:?delay=5ms` also waits per batch,
@@ -30,6 +35,18 @@ impl FromStr for IndexUri {
                 ));
             }
             return Ok(IndexUri::Sqlite(PathBuf::from(path)));
+        }
+        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            return Ok(IndexUri::Postgres(PgTarget::parse(s)?));
+        }
+        if let Some(path) = s.strip_prefix("parquet:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(BackendError::Invalid(
+                    "`parquet:` needs a path, e.g. parquet:out.parquet".into(),
+                ));
+            }
+            return Ok(IndexUri::Parquet(PathBuf::from(path)));
         }
         if let Some(path) = s.strip_prefix("jsonl:") {
             let path = path.strip_prefix("//").unwrap_or(path);
@@ -57,6 +74,19 @@ impl FromStr for IndexUri {
             return Ok(IndexUri::Null { delay });
         }
         Err(BackendError::UnknownScheme(s.to_string()))
+    }
+}
+
+impl std::fmt::Display for IndexUri {
+    /// The URI as given, without a password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IndexUri::Sqlite(p) => write!(f, "sqlite://{}", p.display()),
+            IndexUri::Postgres(t) => write!(f, "{t}"),
+            IndexUri::Parquet(p) => write!(f, "parquet:{}", p.display()),
+            IndexUri::Jsonl(p) => write!(f, "jsonl:{}", p.display()),
+            IndexUri::Null { .. } => write!(f, "null:"),
+        }
     }
 }
 
@@ -99,6 +129,15 @@ mod tests {
                 delay: Duration::from_millis(5)
             }
         );
+        assert_eq!(
+            "parquet:out/v.parquet".parse::<IndexUri>().unwrap(),
+            IndexUri::Parquet("out/v.parquet".into())
+        );
+        let pg = "postgres://u:pw@127.0.0.1:5432/db?schema=s1"
+            .parse::<IndexUri>()
+            .unwrap();
+        assert!(matches!(&pg, IndexUri::Postgres(t) if t.schema == "s1"));
+        assert_eq!(pg.to_string(), "postgres://u@127.0.0.1:5432/db?schema=s1");
         assert!(matches!(
             "es://x".parse::<IndexUri>(),
             Err(BackendError::UnknownScheme(_))

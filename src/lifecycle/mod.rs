@@ -13,6 +13,7 @@
 
 pub mod backoff;
 pub mod owner;
+pub mod report;
 pub mod store;
 
 use std::fmt;

@@ -1,7 +1,7 @@
 //! What a store must do for the lifecycle: the durable work queue (claim with a lease, renew,
 //! complete, fail with backoff or dead-letter) and the reads the stages need. `indexers/sqlite`
-//! implements it today; a PostgreSQL store (`FOR UPDATE SKIP LOCKED`) implements the same
-//! traits.
+//! implements it (SQLite serialises the claim transactions) and `indexers/postgres` (claims
+//! with `FOR UPDATE SKIP LOCKED`, so many machines share one queue).
 
 use std::time::Duration;
 
@@ -183,4 +183,63 @@ pub trait EnrichStore: LifecycleStore {
         vectors: &[ChunkVector],
         documents: &[String],
     ) -> Result<usize, StoreError>;
+}
+
+/// A boxed store is a store (`open_store` hands them out).
+impl<T: LifecycleStore + ?Sized> LifecycleStore for Box<T> {
+    fn claim(&mut self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        (**self).claim(req)
+    }
+
+    fn renew(&mut self, owner: &str, keys: &[WorkKey], lease: Duration) -> Result<(), StoreError> {
+        (**self).renew(owner, keys, lease)
+    }
+
+    fn fail(
+        &mut self,
+        owner: &str,
+        failures: &[(WorkKey, String)],
+        settings: &StageSettings,
+    ) -> Result<Vec<Status>, StoreError> {
+        (**self).fail(owner, failures, settings)
+    }
+
+    fn complete(&mut self, owner: &str, keys: &[WorkKey]) -> Result<(), StoreError> {
+        (**self).complete(owner, keys)
+    }
+
+    fn release(&mut self, owner: &str, keys: &[WorkKey]) -> Result<(), StoreError> {
+        (**self).release(owner, keys)
+    }
+
+    fn reap_dead_owners(&mut self) -> Result<usize, StoreError> {
+        (**self).reap_dead_owners()
+    }
+
+    fn maintain(&mut self) -> Result<Maintenance, StoreError> {
+        (**self).maintain()
+    }
+}
+
+impl<T: EnrichStore + ?Sized> EnrichStore for Box<T> {
+    fn pending_chunks(&mut self, key: &WorkKey) -> Result<Vec<PendingChunk>, StoreError> {
+        (**self).pending_chunks(key)
+    }
+
+    fn vector_for(
+        &mut self,
+        vector_set: i64,
+        key: &InputKey,
+    ) -> Result<Option<Vec<f32>>, StoreError> {
+        (**self).vector_for(vector_set, key)
+    }
+
+    fn write_vectors(
+        &mut self,
+        vector_set: i64,
+        vectors: &[ChunkVector],
+        documents: &[String],
+    ) -> Result<usize, StoreError> {
+        (**self).write_vectors(vector_set, vectors, documents)
+    }
 }

@@ -181,8 +181,9 @@ impl Default for ChunkConfigFile {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct IndexConfig {
-    /// sqlite://PATH, jsonl:PATH or null:.
-    #[serde(deserialize_with = "parsed", serialize_with = "shown")]
+    /// sqlite://PATH, postgres://USER@HOST:PORT/DB[?schema=S], parquet:PATH, jsonl:PATH or
+    /// null:. Printed without its password.
+    #[serde(deserialize_with = "parsed", serialize_with = "shown_redacted")]
     pub uri: Parsed<IndexUri>,
     /// Delete from the index the documents whose source is gone (and vector sets a finished
     /// migration retired).
@@ -439,6 +440,14 @@ where
 
 fn shown<S: Serializer, T>(v: &Parsed<T>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&v.text)
+}
+
+/// A URI as it parses back, without the password it may hold.
+fn shown_redacted<S: Serializer>(v: &Parsed<IndexUri>, s: S) -> Result<S::Ok, S::Error> {
+    match &v.value {
+        IndexUri::Postgres(_) => s.serialize_str(&v.value.to_string()),
+        _ => s.serialize_str(&v.text),
+    }
 }
 
 /// Durations written as "250ms", "2s", "5m", "1h".

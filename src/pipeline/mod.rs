@@ -21,10 +21,12 @@ use crate::embed::pool::{
     WINDOW_BATCHES,
 };
 use crate::embed::{EmbedError, EmbeddingModel, ModelFiles};
-use crate::indexers::sqlite::{
-    IndexIdentity, ModelIdentity, SqliteReader, SqliteStore, StatusReport, VectorSet,
+use crate::indexers::sqlite::SqliteReader;
+use crate::indexers::{
+    self, BackendError, BackendFactory, BatchConfig, IndexIdentity, IndexReader, IndexStore,
+    IndexUri, ModelIdentity, VectorSet,
 };
-use crate::indexers::{self, BackendError, BackendFactory, BatchConfig, IndexUri};
+use crate::lifecycle::report::StatusReport;
 use crate::lifecycle::{StoreError, EMBED};
 use crate::run::enrich::{EnrichOptions, EnrichWorker, SetModel};
 use crate::run::progress::Observer;
@@ -167,11 +169,11 @@ pub fn ingest(
     })?;
     let defer = config.stages.embed.defer;
     let uri = &config.index.uri.value;
-    if defer && !matches!(uri, IndexUri::Sqlite(_)) {
+    if defer && !matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
         return Err(PipelineError::Setup(format!(
-            "deferred embedding needs an index that keeps the work queue (sqlite://); {} \
-             cannot: drop --defer",
-            config.index.uri.text
+            "deferred embedding needs an index that keeps the work queue (sqlite:// or \
+             postgres://); {} cannot: drop --defer",
+            config.index.uri.value
         )));
     }
 
@@ -278,6 +280,7 @@ pub fn ingest(
     observer.finish();
     let mut summary = result?;
     summary.encoder = encoder;
+    summary.notes.extend(backend.finish()?);
     // Documents the index holds that this run's source no longer has.
     if let (Some(before), Some(seen)) = (&in_index, &summary.published_ids) {
         let mut missing: Vec<String> = before.difference(seen).cloned().collect();
@@ -289,9 +292,9 @@ pub fn ingest(
     } else if config.index.prune {
         eprintln!("warning: --prune does nothing with {}", backend.describe());
     }
-    if config.index.prune {
-        if let IndexUri::Sqlite(path) = uri {
-            let dropped = SqliteStore::open(path)?.drop_retired()?;
+    if config.index.prune && matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
+        {
+            let dropped = indexers::open_store(uri)?.drop_retired()?;
             for model in dropped {
                 summary
                     .notes
@@ -302,16 +305,9 @@ pub fn ingest(
     Ok(summary)
 }
 
-/// The SQLite file a lifecycle command works on.
-pub fn sqlite_path(config: &PipelineConfig) -> Result<&Path, PipelineError> {
-    match &config.index.uri.value {
-        IndexUri::Sqlite(path) => Ok(path),
-        _ => Err(PipelineError::Setup(format!(
-            "{} keeps no lifecycle: enrich, backfill, status, dlq, pause and promote work on \
-             sqlite:// indexes",
-            config.index.uri.text
-        ))),
-    }
+/// The lifecycle store of the index a command works on (sqlite:// or postgres://).
+pub fn lifecycle_store(config: &PipelineConfig) -> Result<Box<dyn IndexStore>, PipelineError> {
+    Ok(indexers::open_store(&config.index.uri.value)?)
 }
 
 /// What `enrich` and `backfill` are asked for beyond the config.
@@ -334,10 +330,11 @@ pub fn enrich(
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, PipelineError> {
     config.validate()?;
-    let path = sqlite_path(config)?;
-    let store = SqliteStore::open(path)?;
+    let uri = &config.index.uri.value;
+    let mut store = lifecycle_store(config)?;
     let status = store.status()?;
     let sets = store.sets()?;
+    drop(store);
     let stages = if request.stages.is_empty() {
         vec![EMBED.to_string()]
     } else {
@@ -353,8 +350,7 @@ pub fn enrich(
     }
     if sets.is_empty() {
         return Err(PipelineError::Setup(format!(
-            "index {} has no model: ingest with a model first (not --no-chunk)",
-            path.display()
+            "index {uri} has no model: ingest with a model first (not --no-chunk)"
         )));
     }
     // Check the override names one of the index's models before anything runs.
@@ -381,9 +377,9 @@ pub fn enrich(
     for i in 0..workers {
         let device = devices[i % devices.len()].clone();
         list.push(EnrichWorker {
-            store: SqliteStore::open(path)?,
+            store: lifecycle_store(config)?,
             loader: set_loader(
-                path.to_path_buf(),
+                uri.clone(),
                 config.model.clone(),
                 device,
                 request.model_override.clone(),
@@ -405,27 +401,24 @@ pub fn enrich(
         announced,
         ..EnrichOptions::default()
     };
-    let result = run::enrich::execute(
-        list,
-        &options,
-        format!("sqlite://{}", path.display()),
-        observer,
-    );
+    let result = run::enrich::execute(list, &options, uri.to_string(), observer);
     observer.finish();
-    Ok(result?)
+    let mut summary = result?;
+    summary.notes.extend(lifecycle_store(config)?.finish_run()?);
+    Ok(summary)
 }
 
 /// Loads the model of a vector set for an enrich worker on `device`: from the override when
 /// it is that model, else from the folder the index recorded, else by the recorded name; it
 /// must have the fingerprint the set was made with.
 fn set_loader(
-    path: std::path::PathBuf,
+    uri: IndexUri,
     model: config::ModelConfig,
     device: SelectedDevice,
     override_name: Option<String>,
 ) -> crate::run::enrich::ModelLoader {
     Box::new(move |set_id: i64| -> Result<SetModel, String> {
-        let set = find_set(&path, set_id)?;
+        let set = find_set(&uri, set_id)?;
         let mut tried = Vec::new();
         let mut candidates: Vec<String> = override_name.iter().cloned().collect();
         if Path::new(&set.model_dir).is_dir() {
@@ -465,9 +458,9 @@ fn set_loader(
     })
 }
 
-fn find_set(path: &Path, id: i64) -> Result<VectorSet, String> {
-    let store = SqliteStore::open(path).map_err(|e| e.to_string())?;
-    store
+fn find_set(uri: &IndexUri, id: i64) -> Result<VectorSet, String> {
+    indexers::open_store(uri)
+        .map_err(|e| e.to_string())?
         .sets()
         .map_err(|e| e.to_string())?
         .into_iter()
@@ -492,7 +485,6 @@ pub fn backfill(
     observer: &mut dyn Observer,
 ) -> Result<BackfillOutcome, PipelineError> {
     config.validate()?;
-    let path = sqlite_path(config)?;
     let mut summary = None;
     if let Some(name) = model {
         let files = model_files(name)?;
@@ -500,7 +492,7 @@ pub fn backfill(
         let loaded = load_model(&files, &devices[0], &config.model)?;
         let identity = model_identity(&files, &loaded)?;
         drop(loaded);
-        let set = SqliteStore::open(path)?.start_backfill(&identity)?;
+        let set = lifecycle_store(config)?.start_backfill(&identity)?;
         eprintln!(
             "backfill of vector set {} with `{}` ({} dimensions)",
             set.id, set.model, set.dimension
@@ -511,7 +503,7 @@ pub fn backfill(
         summary = Some(enrich(config, &req, observer)?);
     }
     let dropped = if drop_old {
-        SqliteStore::open(path)?.drop_retired()?
+        lifecycle_store(config)?.drop_retired()?
     } else {
         Vec::new()
     };
@@ -520,14 +512,7 @@ pub fn backfill(
 
 /// The lifecycle status of the index.
 pub fn status(config: &PipelineConfig) -> Result<StatusReport, PipelineError> {
-    let path = sqlite_path(config)?;
-    if !path.is_file() {
-        return Err(PipelineError::Setup(format!(
-            "no index at `{}`: run `ragline ingest` first, or give --index",
-            path.display()
-        )));
-    }
-    Ok(SqliteStore::open(path)?.status()?)
+    Ok(lifecycle_store(config)?.status()?)
 }
 
 /// What `ragline check` found.
@@ -548,7 +533,7 @@ pub fn check(config: &PipelineConfig) -> Result<CheckReport, PipelineError> {
             let (docs, chunks, vectors) = reader.counts()?;
             format!(
                 "{}: {docs} documents, {chunks} chunks, {vectors} embedded{}",
-                config.index.uri.text,
+                config.index.uri.value,
                 reader
                     .meta()
                     .model
@@ -565,16 +550,37 @@ pub fn check(config: &PipelineConfig) -> Result<CheckReport, PipelineError> {
             if !dir.is_dir() {
                 return Err(PipelineError::Setup(format!(
                     "index {}: folder `{}` does not exist",
-                    config.index.uri.text,
+                    config.index.uri.value,
                     dir.display()
                 )));
             }
             format!(
                 "{}: new (created by the first ingest)",
-                config.index.uri.text
+                config.index.uri.value
             )
         }
-        _ => config.index.uri.text.clone(),
+        IndexUri::Postgres(target) => {
+            // Connects, and reads the index if the schema holds one (nothing is created).
+            match indexers::postgres::PgReader::open(target, true) {
+                Ok(reader) => {
+                    let (docs, chunks, vectors) = reader.counts()?;
+                    format!(
+                        "{target}: {docs} documents, {chunks} chunks, {vectors} embedded{}",
+                        reader
+                            .meta()
+                            .model
+                            .as_ref()
+                            .map(|m| format!(", model `{m}`"))
+                            .unwrap_or_default()
+                    )
+                }
+                Err(BackendError::Invalid(msg)) if msg.starts_with("no ragline index") => {
+                    format!("{target}: reachable; new (created by the first ingest)")
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        _ => config.index.uri.value.to_string(),
     };
     let model = if config.chunk.enabled {
         let files = model_files(&config.model.name)?;

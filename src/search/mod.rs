@@ -1,5 +1,5 @@
-//! Searching the embedded index: by vector (sqlite-vec), by keyword (FTS5 BM25), or hybrid by
-//! reciprocal rank fusion of the two.
+//! Searching an index (SQLite or Postgres, through [`IndexReader`]): by vector, by keyword,
+//! or hybrid by reciprocal rank fusion of the two.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -8,8 +8,7 @@ use std::str::FromStr;
 use thiserror::Error;
 
 use crate::embed::{EmbedError, EmbeddingModel};
-use crate::indexers::sqlite::{ChunkRow, SqliteReader};
-use crate::indexers::BackendError;
+use crate::indexers::{BackendError, ChunkRow, IndexReader, IndexUri};
 
 /// The constant of reciprocal rank fusion (Cormack et al.): score = sum of 1 / (K + rank).
 pub const RRF_K: f64 = 60.0;
@@ -67,24 +66,26 @@ pub struct Hit {
 }
 
 pub struct Searcher {
-    reader: SqliteReader,
+    reader: Box<dyn IndexReader>,
     model: Option<EmbeddingModel>,
 }
 
 impl Searcher {
     /// Open the index; `model` embeds queries (it must be the index's own model; see
     /// [`Searcher::model_spec`]). Without one only keyword search works.
-    pub fn new(reader: SqliteReader, model: Option<EmbeddingModel>) -> Self {
+    pub fn new(reader: Box<dyn IndexReader>, model: Option<EmbeddingModel>) -> Self {
         Searcher { reader, model }
     }
 
-    pub fn open(path: &Path) -> Result<SqliteReader, BackendError> {
-        SqliteReader::open(path)
+    /// Open the index a URI names; `exact`: vector search scans every vector (Postgres: no
+    /// HNSW).
+    pub fn open(uri: &IndexUri, exact: bool) -> Result<Box<dyn IndexReader>, BackendError> {
+        crate::indexers::open_reader(uri, exact)
     }
 
     /// Where to load the index's model from: the folder it was built with, when it is still
     /// there, else the name it was given.
-    pub fn model_spec(reader: &SqliteReader) -> Option<String> {
+    pub fn model_spec(reader: &dyn IndexReader) -> Option<String> {
         let meta = reader.meta();
         match (&meta.model_dir, &meta.model) {
             (Some(dir), _) if Path::new(dir).is_dir() => Some(dir.clone()),
@@ -93,8 +94,8 @@ impl Searcher {
         }
     }
 
-    pub fn reader(&self) -> &SqliteReader {
-        &self.reader
+    pub fn reader(&self) -> &dyn IndexReader {
+        self.reader.as_ref()
     }
 
     /// Chunk rowids and scores, best first, `depth` at most.

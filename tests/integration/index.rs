@@ -1,5 +1,6 @@
-//! The embedded SQLite index through the CLI, with the real model: incremental re-runs,
-//! edits, pruning, search, and refusals.
+//! Indexes through the CLI, with the real model: incremental re-runs, edits, pruning, vector
+//! reuse and search on every backend that stores (SQLite, and PostgreSQL with
+//! `RAGLINE_TEST_POSTGRES`; `backend.rs`), and SQLite's refusals and readers.
 
 use std::fs;
 use std::path::Path;
@@ -7,36 +8,40 @@ use std::path::Path;
 use ragline::indexers::sqlite::SqliteReader;
 use serde_json::Value;
 
+use crate::backend::{test_indexes, TestIndex};
 use crate::util::{model_dir, ragline, root, run, stdout_json};
 
 fn ingest(corpus: &Path, db: &Path, extra: &[&str]) -> (Option<i32>, Value) {
-    let report = db.with_extension("report.json");
+    ingest_into(
+        corpus,
+        &format!("sqlite://{}", db.display()),
+        &db.with_extension("report.json"),
+        extra,
+    )
+}
+
+/// `ragline ingest` into any index; (exit code, the JSON report).
+pub fn ingest_into(
+    corpus: &Path,
+    uri: &str,
+    report: &Path,
+    extra: &[&str],
+) -> (Option<i32>, Value) {
+    let _ = fs::remove_file(report);
     let o = run(ragline()
         .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
         .arg(model_dir())
         .arg("--index")
-        .arg(format!("sqlite://{}", db.display()))
+        .arg(uri)
         .arg("--report")
-        .arg(&report)
+        .arg(report)
         .args(extra)
         .arg(corpus));
-    let r = fs::read(&report)
+    let r = fs::read(report)
         .ok()
         .filter(|b| !b.is_empty())
         .map_or(Value::Null, |b| serde_json::from_slice(&b).unwrap());
     (o.status.code(), r)
-}
-
-/// (chunk id, text) of every chunk, sorted.
-fn chunks(db: &Path) -> Vec<(String, String, String)> {
-    let conn = rusqlite::Connection::open(db).unwrap();
-    let mut s = conn
-        .prepare("SELECT document_id, id, text FROM chunks ORDER BY id")
-        .unwrap();
-    s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
 }
 
 fn corpus(dir: &Path) -> std::path::PathBuf {
@@ -70,26 +75,34 @@ fn corpus(dir: &Path) -> std::path::PathBuf {
 #[test]
 fn reruns_are_incremental_edits_redo_one_document_and_prune_deletes() {
     let dir = tempfile::tempdir().unwrap();
-    let c = corpus(dir.path());
-    let db = dir.path().join("rag.db");
+    for index in test_indexes(dir.path(), "reruns") {
+        eprintln!("=== {}", index.name());
+        reruns_on(dir.path(), &index);
+    }
+}
 
-    let (code, first) = ingest(&c, &db, &[]);
+fn reruns_on(dir: &Path, index: &TestIndex) {
+    let c = corpus(&dir.join(index.name()));
+    let uri = index.uri();
+    let report = dir.join("report.json");
+    let ingest = |c: &Path, extra: &[&str]| ingest_into(c, &uri, &report, extra);
+
+    let (code, first) = ingest(&c, &[]);
     assert_eq!(code, Some(0));
     assert_eq!(first["counts"]["indexed"], 4);
     let made = first["counts"]["children_created"].as_u64().unwrap();
     assert!(made > 20);
     assert_eq!(first["chunks_embedded"], made);
-    let reader = SqliteReader::open(&db).unwrap();
-    assert_eq!(reader.counts().unwrap(), (4, made, made));
-    let before = chunks(&db);
+    assert_eq!(index.counts(), (4, made, made));
+    let before = index.chunks();
 
     // Unchanged: nothing chunked or embedded, nothing rewritten.
-    let (code, second) = ingest(&c, &db, &[]);
+    let (code, second) = ingest(&c, &[]);
     assert_eq!(code, Some(0));
     assert_eq!(second["counts"]["unchanged"], 4);
     assert_eq!(second["counts"]["children_created"], 0);
     assert_eq!(second["chunks_embedded"], 0);
-    assert_eq!(chunks(&db), before);
+    assert_eq!(index.chunks(), before);
 
     // One file edited: only its chunks change.
     fs::write(
@@ -97,11 +110,11 @@ fn reruns_are_incremental_edits_redo_one_document_and_prune_deletes() {
         "# Routing\n\nA router maps URLs to pages and back.\n",
     )
     .unwrap();
-    let (code, third) = ingest(&c, &db, &[]);
+    let (code, third) = ingest(&c, &[]);
     assert_eq!(code, Some(0));
     assert_eq!(third["counts"]["unchanged"], 3);
     assert_eq!(third["counts"]["children_created"], 1);
-    let after = chunks(&db);
+    let after = index.chunks();
     let others = |v: &[(String, String, String)]| -> Vec<(String, String, String)> {
         v.iter().filter(|c| c.0 != "routing.md").cloned().collect()
     };
@@ -118,17 +131,17 @@ fn reruns_are_incremental_edits_redo_one_document_and_prune_deletes() {
 
     // A file deleted: reported, and removed only with --prune.
     fs::remove_file(c.join("gone.md")).unwrap();
-    let (_, fourth) = ingest(&c, &db, &[]);
+    let (_, fourth) = ingest(&c, &[]);
     assert_eq!(
         fourth["missing_from_source"],
         serde_json::json!(["gone.md"])
     );
     assert_eq!(fourth["pruned"], 0);
-    assert!(chunks(&db).iter().any(|c| c.0 == "gone.md"));
-    let (_, fifth) = ingest(&c, &db, &["--prune"]);
+    assert!(index.chunks().iter().any(|c| c.0 == "gone.md"));
+    let (_, fifth) = ingest(&c, &["--prune"]);
     assert_eq!(fifth["pruned"], 1);
-    assert!(chunks(&db).iter().all(|c| c.0 != "gone.md"));
-    assert_eq!(SqliteReader::open(&db).unwrap().counts().unwrap().0, 3);
+    assert!(index.chunks().iter().all(|c| c.0 != "gone.md"));
+    assert_eq!(index.counts().0, 3);
 
     // Search by meaning, by keyword and both.
     for mode in ["vector", "keyword", "hybrid"] {
@@ -143,7 +156,7 @@ fn reruns_are_incremental_edits_redo_one_document_and_prune_deletes() {
                 mode,
             ])
             .arg("--index")
-            .arg(format!("sqlite://{}", db.display())));
+            .arg(&uri));
         assert_eq!(o.status.code(), Some(0), "{mode}");
         let hits: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(hits.len(), 3, "{mode}");
@@ -387,37 +400,30 @@ fn readers_work_while_an_ingest_writes() {
     eprintln!("{reads} reads during the ingest; {before} chunks before, {chunks} after");
 }
 
-/// (document id, chunk text, vector bytes) of every chunk.
-fn vectors(db: &Path) -> Vec<(String, String, Vec<u8>)> {
-    ragline::indexers::sqlite::register_sqlite_vec();
-    let conn = rusqlite::Connection::open(db).unwrap();
-    let mut s = conn
-        .prepare(
-            "SELECT c.document_id, c.text, v.embedding FROM chunks c
-             JOIN chunk_vectors v ON v.rowid = c.rowid ORDER BY c.id",
-        )
-        .unwrap();
-    s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
-}
-
 #[test]
 fn edits_and_moves_reuse_the_vectors_of_unchanged_chunks() {
     let dir = tempfile::tempdir().unwrap();
-    let c = dir.path().join("corpus");
+    for index in test_indexes(dir.path(), "reuse") {
+        eprintln!("=== {}", index.name());
+        reuse_on(dir.path(), &index);
+    }
+}
+
+fn reuse_on(dir: &Path, index: &TestIndex) {
+    let uri = index.uri();
+    let report = dir.join("report.json");
+    let ingest = |c: &Path, extra: &[&str]| ingest_into(c, &uri, &report, extra);
+    let c = dir.join(index.name()).join("corpus");
     fs::create_dir_all(&c).unwrap();
     let page = fs::read_to_string(root().join("tests/fixtures/react/useEffect.md")).unwrap();
     fs::write(c.join("useEffect.md"), &page).unwrap();
-    let db = dir.path().join("rag.db");
-    let (code, first) = ingest(&c, &db, &[]);
+    let (code, first) = ingest(&c, &[]);
     assert_eq!(code, Some(0));
     let made = first["counts"]["children_created"].as_u64().unwrap();
     assert!(made > 20);
     assert_eq!(first["chunks_embedded"], made);
     assert_eq!(first["chunks_reused"], 0);
-    let before = vectors(&db);
+    let before = index.vectors();
 
     // Edit one section: only the chunks whose text changed are embedded; the others take
     // their vectors from the index.
@@ -425,9 +431,9 @@ fn edits_and_moves_reuse_the_vectors_of_unchanged_chunks() {
     assert!(page.contains(heading));
     let edited = page.replacen(heading, &format!("{heading} in development"), 1);
     fs::write(c.join("useEffect.md"), edited).unwrap();
-    let (code, second) = ingest(&c, &db, &[]);
+    let (code, second) = ingest(&c, &[]);
     assert_eq!(code, Some(0));
-    let after = vectors(&db);
+    let after = index.vectors();
     let old_texts: std::collections::HashSet<&str> = before.iter().map(|v| v.1.as_str()).collect();
     let new_texts = after
         .iter()
@@ -441,7 +447,7 @@ fn edits_and_moves_reuse_the_vectors_of_unchanged_chunks() {
     assert_eq!(second["chunks_embedded"], new_texts);
     assert_eq!(second["chunks_reused"], created - new_texts);
     // A reused vector is the one the index held for that text.
-    let old_vector: std::collections::HashMap<&str, &Vec<u8>> =
+    let old_vector: std::collections::HashMap<&str, &Vec<f32>> =
         before.iter().map(|v| (v.1.as_str(), &v.2)).collect();
     for (_, text, vector) in &after {
         if let Some(old) = old_vector.get(text.as_str()) {
@@ -451,15 +457,18 @@ fn edits_and_moves_reuse_the_vectors_of_unchanged_chunks() {
 
     // Move the file: a new document, nothing embedded, the same vectors.
     fs::rename(c.join("useEffect.md"), c.join("effects.md")).unwrap();
-    let (code, third) = ingest(&c, &db, &["--prune"]);
+    let (code, third) = ingest(&c, &["--prune"]);
     assert_eq!(code, Some(0));
     assert_eq!(third["pruned"], 1);
     assert_eq!(third["chunks_embedded"], 0);
     assert_eq!(third["chunks_reused"], third["counts"]["children_created"]);
-    let moved = vectors(&db);
+    let moved = index.vectors();
     assert!(moved.iter().all(|v| v.0 == "effects.md"));
-    let strip = |v: &[(String, String, Vec<u8>)]| -> Vec<(String, Vec<u8>)> {
-        let mut x: Vec<_> = v.iter().map(|v| (v.1.clone(), v.2.clone())).collect();
+    let strip = |v: &[(String, String, Vec<f32>)]| -> Vec<(String, Vec<u32>)> {
+        let mut x: Vec<_> = v
+            .iter()
+            .map(|v| (v.1.clone(), v.2.iter().map(|f| f.to_bits()).collect()))
+            .collect();
         x.sort();
         x
     };
@@ -469,7 +478,14 @@ fn edits_and_moves_reuse_the_vectors_of_unchanged_chunks() {
 #[test]
 fn identical_chunks_are_embedded_once_per_run() {
     let dir = tempfile::tempdir().unwrap();
-    let c = dir.path().join("corpus");
+    for index in test_indexes(dir.path(), "identical") {
+        eprintln!("=== {}", index.name());
+        identical_on(dir.path(), &index);
+    }
+}
+
+fn identical_on(dir: &Path, index: &TestIndex) {
+    let c = dir.join(index.name()).join("corpus");
     fs::create_dir_all(&c).unwrap();
     // Two copies of a page, and a page that repeats one section three times.
     let page = fs::read_to_string(root().join("tests/fixtures/react/useEffect.md")).unwrap();
@@ -482,25 +498,19 @@ fn identical_chunks_are_embedded_once_per_run() {
         format!("# Repeats\n\n{}", section.repeat(3)),
     )
     .unwrap();
-    let db = dir.path().join("rag.db");
-    let (code, report) = ingest(&c, &db, &[]);
+    let (code, report) = ingest_into(&c, &index.uri(), &dir.join("report.json"), &[]);
     assert_eq!(code, Some(0));
 
-    let rows = vectors(&db);
+    let rows = index.vectors();
     let created = report["counts"]["children_created"].as_u64().unwrap();
     assert_eq!(rows.len() as u64, created);
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    let distinct: u64 = conn
-        .query_row("SELECT COUNT(DISTINCT input_key) FROM chunks", [], |r| {
-            r.get(0)
-        })
-        .unwrap();
+    let distinct = index.distinct_input_keys();
     // b.md repeats all of a.md, and two of the three sections of repeats.md are alike.
     assert!(distinct <= created / 2 + 1, "{distinct} of {created}");
     assert_eq!(report["chunks_embedded"], distinct);
     assert_eq!(report["chunks_reused"], created - distinct);
     // Every copy carries the vector of its original.
-    let mut by_text: std::collections::HashMap<&str, &Vec<u8>> = Default::default();
+    let mut by_text: std::collections::HashMap<&str, &Vec<f32>> = Default::default();
     for (_, text, vector) in &rows {
         assert_eq!(*by_text.entry(text.as_str()).or_insert(vector), vector);
     }

@@ -12,15 +12,17 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::backend::{backend_kinds, TestIndex};
 use crate::util::{model_dir, ragline, random_model, root, run, stdout_json};
 
-/// `ragline COMMAND --index sqlite://DB ARGS...`.
-fn rag(db: &Path, args: &[&str]) -> Command {
+/// `ragline COMMAND --index URI ARGS...`.
+fn rag(ix: &TestIndex, args: &[&str]) -> Command {
+    rag_uri(&ix.uri(), args)
+}
+
+fn rag_uri(uri: &str, args: &[&str]) -> Command {
     let mut cmd = ragline();
-    cmd.arg(args[0])
-        .arg("--index")
-        .arg(format!("sqlite://{}", db.display()))
-        .args(&args[1..]);
+    cmd.arg(args[0]).arg("--index").arg(uri).args(&args[1..]);
     cmd
 }
 
@@ -30,7 +32,7 @@ fn ok(cmd: &mut Command) -> Output {
     o
 }
 
-fn status(db: &Path) -> Value {
+fn status(db: &TestIndex) -> Value {
     stdout_json(&ok(&mut rag(db, &["status", "--json"])))
 }
 
@@ -48,7 +50,7 @@ fn ingest_args<'a>(model: &'a Path, extra: &[&'a str]) -> Vec<String> {
     a
 }
 
-fn ingest(db: &Path, model: &Path, corpus: &Path, extra: &[&str]) -> Output {
+fn ingest(db: &TestIndex, model: &Path, corpus: &Path, extra: &[&str]) -> Output {
     let args = ingest_args(model, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     ok(rag(db, &args).arg(corpus))
@@ -124,34 +126,11 @@ fn synthetic_corpus(
 }
 
 /// Every (chunk id -> vector) of the active set.
-fn vectors(db: &Path) -> HashMap<String, Vec<f32>> {
-    ragline::indexers::sqlite::register_sqlite_vec();
-    let conn = rusqlite::Connection::open(db).unwrap();
-    let table: String = conn
-        .query_row(
-            "SELECT vec_table FROM vector_sets WHERE state = 'active'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    let mut s = conn
-        .prepare(&format!(
-            "SELECT c.id, v.embedding FROM chunks c JOIN {table} v ON v.rowid = c.rowid
-             WHERE c.replaced_by IS NULL"
-        ))
-        .unwrap();
-    s.query_map([], |r| {
-        let b: Vec<u8> = r.get(1)?;
-        Ok((
-            r.get::<_, String>(0)?,
-            b.chunks_exact(4)
-                .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-                .collect(),
-        ))
-    })
-    .unwrap()
-    .collect::<Result<_, _>>()
-    .unwrap()
+fn vectors(db: &TestIndex) -> HashMap<String, Vec<f32>> {
+    db.vectors_with_ids()
+        .into_iter()
+        .map(|(_, id, _, v)| (id, v))
+        .collect()
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f32 {
@@ -161,7 +140,7 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// The `k` best chunk ids of a vector search.
-fn top(db: &Path, query: &str, k: usize) -> Vec<(String, f64)> {
+fn top(db: &TestIndex, query: &str, k: usize) -> Vec<(String, f64)> {
     let o = ok(rag(
         db,
         &[
@@ -193,9 +172,18 @@ const QUERIES: [&str; 3] = [
 /// with little work done twice. The result searches like a plain ingest of the corpus.
 #[test]
 fn enrich_killed_part_way_is_completed_by_the_next_enrich() {
+    for kind in backend_kinds() {
+        enrich_killed_part_way_on(&kind);
+    }
+}
+
+fn enrich_killed_part_way_on(kind: &crate::backend::BackendKind) {
     let dir = tempfile::tempdir().unwrap();
     let corpus = sectioned_corpus(dir.path());
-    let (plain, db) = (dir.path().join("plain.db"), dir.path().join("deferred.db"));
+    let (plain, db) = (
+        kind.index(dir.path(), "killed_plain"),
+        kind.index(dir.path(), "killed_deferred"),
+    );
     let model = model_dir();
     ingest(&plain, &model, &corpus, &[]);
     let o = ingest(&db, &model, &corpus, &["--defer", "embed"]);
@@ -331,9 +319,18 @@ fn enrich_killed_part_way_is_completed_by_the_next_enrich() {
 /// embedded twice, and the vectors are those of a single run.
 #[test]
 fn two_enrich_processes_share_the_work_without_doing_any_twice() {
+    for kind in backend_kinds() {
+        two_enrich_processes_on(&kind);
+    }
+}
+
+fn two_enrich_processes_on(kind: &crate::backend::BackendKind) {
     let dir = tempfile::tempdir().unwrap();
     let corpus = sectioned_corpus(dir.path());
-    let (db, single) = (dir.path().join("two.db"), dir.path().join("one.db"));
+    let (db, single) = (
+        kind.index(dir.path(), "two_enrich"),
+        kind.index(dir.path(), "one_enrich"),
+    );
     let model = model_dir();
     ingest(&db, &model, &corpus, &["--defer", "embed"]);
     ingest(&single, &model, &corpus, &["--defer", "embed"]);
@@ -425,14 +422,14 @@ fn quick_config(dir: &Path, model: &Path, extra: &str) -> PathBuf {
     path
 }
 
-/// `ragline --config FILE COMMAND --index sqlite://DB ARGS...`.
-fn with_config(config: &Path, db: &Path, args: &[&str]) -> Command {
+/// `ragline --config FILE COMMAND --index URI ARGS...`.
+fn with_config(config: &Path, db: &TestIndex, args: &[&str]) -> Command {
     let mut cmd = ragline();
     cmd.arg("--config")
         .arg(config)
         .arg(args[0])
         .arg("--index")
-        .arg(format!("sqlite://{}", db.display()))
+        .arg(db.uri())
         .args(&args[1..]);
     cmd
 }
@@ -443,11 +440,18 @@ fn with_config(config: &Path, db: &Path, args: &[&str]) -> Command {
 #[cfg(feature = "failpoints")]
 #[test]
 fn poison_documents_retry_with_backoff_go_dead_and_come_back_when_requeued() {
+    for kind in backend_kinds() {
+        poison_documents_on(&kind);
+    }
+}
+
+#[cfg(feature = "failpoints")]
+fn poison_documents_on(kind: &crate::backend::BackendKind) {
     let dir = tempfile::tempdir().unwrap();
     let model = random_model(dir.path(), 32, 1);
     let config = quick_config(dir.path(), &model, "");
     let corpus = synthetic_corpus(dir.path(), 12, 3, &[2, 5, 7], "xyzzy");
-    let db = dir.path().join("p.db");
+    let db = kind.index(dir.path(), "poison");
     ok(with_config(&config, &db, &["ingest", "--defer", "embed"]).arg(&corpus));
     let rep = dir.path().join("r.json");
     let o = run(with_config(&config, &db, &["enrich", "--report"])
@@ -530,11 +534,17 @@ fn poison_documents_retry_with_backoff_go_dead_and_come_back_when_requeued() {
 /// their embedding is pending are embedded first.
 #[test]
 fn documents_a_search_hits_while_pending_are_embedded_first() {
+    for kind in backend_kinds() {
+        documents_a_search_hits_on(&kind);
+    }
+}
+
+fn documents_a_search_hits_on(kind: &crate::backend::BackendKind) {
     let dir = tempfile::tempdir().unwrap();
     let model = random_model(dir.path(), 32, 2);
     let config = quick_config(dir.path(), &model, "");
     let corpus = synthetic_corpus(dir.path(), 100, 20, &[71, 83, 95], "zebraquartz");
-    let db = dir.path().join("p.db");
+    let db = kind.index(dir.path(), "priority");
     ok(with_config(
         &config,
         &db,
@@ -589,15 +599,22 @@ fn documents_a_search_hits_while_pending_are_embedded_first() {
     for p in &promoted {
         assert_eq!(p.2, "interactive");
     }
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    let (first_other_seq, first_other_at): (i64, i64) = conn
-        .query_row(
-            "SELECT MIN(claim_seq), MIN(claimed_at) FROM enrichment
-             WHERE stage = 'embed' AND document_id NOT IN ('doc071.md', 'doc083.md', 'doc095.md')",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap();
+    let others = "FROM enrichment
+         WHERE stage = 'embed' AND document_id NOT IN ('doc071.md', 'doc083.md', 'doc095.md')";
+    let first_other_seq = db.count(
+        &format!("SELECT MIN(claim_seq) {others}"),
+        &format!(
+            "SELECT MIN(claim_seq) {}",
+            others.replace("FROM ", "FROM {s}.")
+        ),
+    );
+    let first_other_at = db.count(
+        &format!("SELECT MIN(claimed_at) {others}"),
+        &format!(
+            "SELECT MIN(claimed_at) {}",
+            others.replace("FROM ", "FROM {s}.")
+        ),
+    );
     eprintln!(
         "promoted: {promoted:?}; first other claim: seq {first_other_seq} at {first_other_at}"
     );
@@ -614,11 +631,17 @@ fn documents_a_search_hits_while_pending_are_embedded_first() {
 /// on after; new documents arriving are picked up; every chunk is embedded exactly once.
 #[test]
 fn a_paused_stage_is_not_claimed_by_a_following_worker_until_resumed() {
+    for kind in backend_kinds() {
+        a_paused_stage_on(&kind);
+    }
+}
+
+fn a_paused_stage_on(kind: &crate::backend::BackendKind) {
     let dir = tempfile::tempdir().unwrap();
     let model = random_model(dir.path(), 32, 3);
     let config = quick_config(dir.path(), &model, "");
     let first = synthetic_corpus(&dir.path().join("a"), 10, 4, &[], "");
-    let db = dir.path().join("p.db");
+    let db = kind.index(dir.path(), "paused");
     ok(with_config(&config, &db, &["ingest", "--defer", "embed"]).arg(&first));
     ok(&mut with_config(&config, &db, &["pause", "embed"]));
     assert_eq!(status(&db)["stages"]["embed"]["paused"], true);
@@ -631,15 +654,11 @@ fn a_paused_stage_is_not_claimed_by_a_following_worker_until_resumed() {
         .unwrap();
     // The worker is up and polling: give it time to (wrongly) claim, then look.
     std::thread::sleep(Duration::from_millis(2000));
-    let claimed = |db: &Path| -> i64 {
-        rusqlite::Connection::open(db)
-            .unwrap()
-            .query_row(
-                "SELECT COUNT(*) FROM enrichment WHERE stage = 'embed' AND claimed_at IS NOT NULL",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap()
+    let claimed = |db: &TestIndex| -> i64 {
+        db.count(
+            "SELECT COUNT(*) FROM enrichment WHERE stage = 'embed' AND claimed_at IS NOT NULL",
+            "SELECT count(*) FROM {s}.enrichment WHERE stage = 'embed' AND claimed_at IS NOT NULL",
+        )
     };
     assert_eq!(claimed(&db), 0, "claimed while paused");
     let s = status(&db);
@@ -661,14 +680,10 @@ fn a_paused_stage_is_not_claimed_by_a_following_worker_until_resumed() {
     kill9(&mut follow);
     let s = status(&db);
     assert_eq!(s["vector_sets"][0]["embedded"], s["chunks"]);
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    let twice: i64 = conn
-        .query_row(
-            "SELECT COUNT(*) FROM enrichment WHERE stage = 'embed' AND attempts != 1",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let twice = db.count(
+        "SELECT COUNT(*) FROM enrichment WHERE stage = 'embed' AND attempts != 1",
+        "SELECT count(*) FROM {s}.enrichment WHERE stage = 'embed' AND attempts <> 1",
+    );
     assert_eq!(twice, 0, "every document claimed once");
 }
 
@@ -708,26 +723,12 @@ fn embed_texts(dir: &Path, model: &Path, texts: &[String]) -> Vec<Vec<f32>> {
 /// Every chunk row that has a vector (old versions kept for search included) carries the
 /// vector of its own text.
 #[cfg(feature = "failpoints")]
-fn assert_vectors_match_texts(dir: &Path, db: &Path, model: &Path) -> usize {
-    ragline::indexers::sqlite::register_sqlite_vec();
-    let conn = rusqlite::Connection::open(db).unwrap();
-    let rows: Vec<(String, Vec<u8>)> = conn
-        .prepare(
-            "SELECT c.text, v.embedding FROM chunks c JOIN chunk_vectors v ON v.rowid = c.rowid",
-        )
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+fn assert_vectors_match_texts(dir: &Path, db: &TestIndex, model: &Path) -> usize {
+    let rows = db.texts_and_vectors();
     let texts: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
     let expected = embed_texts(dir, model, &texts);
-    for ((text, bytes), want) in rows.iter().zip(&expected) {
-        let got: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-            .collect();
-        let c = cosine(&got, want);
+    for ((text, got), want) in rows.iter().zip(&expected) {
+        let c = cosine(got, want);
         assert!(
             c > 0.9999,
             "the vector of {text:.60} is not its text's: cosine {c}"
@@ -742,13 +743,20 @@ fn assert_vectors_match_texts(dir: &Path, db: &Path, model: &Path) -> usize {
 #[cfg(feature = "failpoints")]
 #[test]
 fn edits_requeue_the_right_work_and_no_vector_serves_other_text() {
+    for kind in backend_kinds() {
+        edits_requeue_on(&kind);
+    }
+}
+
+#[cfg(feature = "failpoints")]
+fn edits_requeue_on(kind: &crate::backend::BackendKind) {
     let dir = tempfile::tempdir().unwrap();
     let model = random_model(dir.path(), 32, 4);
     let config = quick_config(dir.path(), &model, "");
     let corpus = synthetic_corpus(dir.path(), 6, 3, &[4], "poisonpill");
-    let db = dir.path().join("e.db");
+    let db = kind.index(dir.path(), "edits");
     let defer =
-        |db: &Path| ok(with_config(&config, db, &["ingest", "--defer", "embed"]).arg(&corpus));
+        |db: &TestIndex| ok(with_config(&config, db, &["ingest", "--defer", "embed"]).arg(&corpus));
     let edit = |doc: &str, from: &str, to: &str| {
         let p = corpus.join(doc);
         let t = fs::read_to_string(&p).unwrap();
@@ -855,14 +863,10 @@ fn edits_requeue_the_right_work_and_no_vector_serves_other_text() {
     assert_vectors_match_texts(dir.path(), &db, &model);
     ok(&mut with_config(&config, &db, &["enrich"]));
     assert_vectors_match_texts(dir.path(), &db, &model);
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    let kept: i64 = conn
-        .query_row(
-            "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NOT NULL",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let kept = db.count(
+        "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NOT NULL",
+        "SELECT count(*) FROM {s}.chunks WHERE replaced_by IS NOT NULL",
+    );
     assert_eq!(kept, 0);
 }
 
@@ -876,23 +880,30 @@ fn a_model_migration_never_stops_search_and_survives_a_kill() {
     let Some(docs) = crate::util::shared_data("react-docs") else {
         return;
     };
+    for kind in backend_kinds() {
+        a_model_migration_on(&kind, &docs);
+    }
+}
+
+#[cfg(feature = "failpoints")]
+fn a_model_migration_on(kind: &crate::backend::BackendKind, docs: &Path) {
     let dir = tempfile::tempdir().unwrap();
     let old = random_model(dir.path(), 32, 5);
     let new = random_model(dir.path(), 48, 6);
-    let db = dir.path().join("m.db");
-    ingest(&db, &old, &docs, &[]);
+    let db = kind.index(dir.path(), "migration");
+    ingest(&db, &old, docs, &[]);
     let chunks = status(&db)["chunks"].as_u64().unwrap();
     let total_docs = status(&db)["documents"].as_u64().unwrap();
 
     // A searcher that never stops, checking every answer.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let searcher = {
-        let (stop, db) = (stop.clone(), db.clone());
+        let (stop, uri) = (stop.clone(), db.uri());
         std::thread::spawn(move || {
             let mut n = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let o = rag(
-                    &db,
+                let o = rag_uri(
+                    &uri,
                     &[
                         "search",
                         "cleanup after an effect",
@@ -920,7 +931,7 @@ fn a_model_migration_never_stops_search_and_survives_a_kill() {
             n
         })
     };
-    let backfill = |db: &Path| {
+    let backfill = |db: &TestIndex| {
         let mut cmd = rag(
             db,
             &[
@@ -944,7 +955,7 @@ fn a_model_migration_never_stops_search_and_survives_a_kill() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let progress = |db: &Path| -> Value { status(db)["backfill"].clone() };
+    let progress = |db: &TestIndex| -> Value { status(db)["backfill"].clone() };
     wait_for("a third of the backfill", Duration::from_secs(600), || {
         let b = progress(&db);
         !b.is_null() && b["chunks_embedded"].as_u64().unwrap() * 3 >= chunks
@@ -990,14 +1001,10 @@ fn a_model_migration_never_stops_search_and_survives_a_kill() {
     // Every vector is the new model's: a sample checked against `ragline embed`.
     let v = vectors(&db);
     assert_eq!(v.len() as u64, chunks);
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    let sample: Vec<(String, String)> = conn
-        .prepare("SELECT id, text FROM chunks WHERE replaced_by IS NULL ORDER BY rowid LIMIT 40")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let sample = db.strings(
+        "SELECT id, text FROM chunks WHERE replaced_by IS NULL ORDER BY rowid LIMIT 40",
+        "SELECT id, text FROM {s}.chunks WHERE replaced_by IS NULL ORDER BY rowid LIMIT 40",
+    );
     let texts: Vec<String> = sample.iter().map(|s| s.1.clone()).collect();
     for ((id, _), want) in sample.iter().zip(embed_texts(dir.path(), &new, &texts)) {
         assert_eq!(v[id].len(), 48);
@@ -1084,12 +1091,18 @@ fn check_validates_the_file_the_index_and_the_model() {
 /// A plain ingest records the same lifecycle as a deferred one finishes with.
 #[test]
 fn a_plain_ingest_records_every_stage_done() {
+    for kind in backend_kinds() {
+        a_plain_ingest_on(&kind);
+    }
+}
+
+fn a_plain_ingest_on(kind: &crate::backend::BackendKind) {
     let dir = tempfile::tempdir().unwrap();
     let c = dir.path().join("c");
     fs::create_dir(&c).unwrap();
     fs::write(c.join("a.md"), "# A\n\nAn effect runs after render.\n").unwrap();
     fs::write(c.join("b.md"), "# B\n\nState is kept between renders.\n").unwrap();
-    let db = dir.path().join("p.db");
+    let db = kind.index(dir.path(), "plain_stages");
     ingest(&db, &model_dir(), &c, &[]);
     let s = status(&db);
     assert_eq!(s["documents"], 2);

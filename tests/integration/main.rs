@@ -1,5 +1,6 @@
 //! Integration tests: one binary, one module per area (ripgrep's and qdrant's layout).
 
+mod backend;
 mod chunking;
 mod documents;
 mod embedding;
@@ -7,6 +8,8 @@ mod engine;
 mod index;
 mod layers;
 mod lifecycle;
+mod parquet;
 mod pipeline;
+mod postgres;
 mod tokenizer;
 mod util;

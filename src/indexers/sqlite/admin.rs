@@ -4,120 +4,16 @@
 use std::collections::BTreeMap;
 
 use rusqlite::{params, OptionalExtension};
-use serde::Serialize;
 
 use super::queue::{SqliteStore, TxError};
 use super::schema::next_in;
 use super::sets::{self, SetState, VectorSet};
-use super::ModelIdentity;
+use crate::indexers::ModelIdentity;
+use crate::lifecycle::report::{
+    AttemptError, BackfillProgress, DeadLetter, DocumentLifecycle, StageCounts, StageState,
+    StatusReport, VectorSetStatus,
+};
 use crate::lifecycle::{is_enrichable, now_ms, Priority, StoreError, CHUNK, EMBED};
-
-/// Documents of one stage by status.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct StageCounts {
-    pub pending: u64,
-    pub in_progress: u64,
-    pub failed: u64,
-    pub dead: u64,
-    pub done: u64,
-    pub paused: bool,
-    /// Seconds the oldest pending (or failed) document has waited since it was queued.
-    pub oldest_pending_secs: Option<f64>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct VectorSetStatus {
-    pub id: i64,
-    pub model: String,
-    pub dimension: usize,
-    /// Current chunks with a vector in this set.
-    pub embedded: u64,
-    /// Current chunks.
-    pub total: u64,
-    /// The set search uses.
-    pub active: bool,
-    /// active, backfill or retired.
-    pub state: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct BackfillProgress {
-    pub vector_set: i64,
-    pub model: String,
-    /// The last document id queued: a killed backfill goes on after it.
-    pub watermark: Option<String>,
-    /// Every document has been queued.
-    pub all_queued: bool,
-    pub documents_total: u64,
-    pub documents_queued: u64,
-    pub documents_done: u64,
-    pub chunks_embedded: u64,
-    pub chunks_total: u64,
-    /// Its documents by status.
-    pub stage: StageCounts,
-}
-
-/// `ragline status --json`.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct StatusReport {
-    pub index: String,
-    pub documents: u64,
-    pub chunks: u64,
-    /// Per stage (`embed`: in the active vector set).
-    pub stages: BTreeMap<String, StageCounts>,
-    pub vector_sets: Vec<VectorSetStatus>,
-    pub backfill: Option<BackfillProgress>,
-}
-
-/// A document in the dead-letter queue.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct DeadLetter {
-    pub document_id: String,
-    pub stage: String,
-    pub vector_set: i64,
-    pub attempts: u32,
-    pub last_error: Option<String>,
-    /// When it went dead (ms since the epoch).
-    pub dead_since: i64,
-}
-
-/// One failed attempt.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct AttemptError {
-    pub attempt: u32,
-    /// ms since the epoch.
-    pub at: i64,
-    pub worker: String,
-    pub message: String,
-}
-
-/// A document's state in one stage, with every attempt's error.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct StageState {
-    pub stage: String,
-    pub vector_set: i64,
-    pub status: String,
-    pub priority: String,
-    pub attempts: u32,
-    pub not_before: Option<i64>,
-    pub lease_owner: Option<String>,
-    pub lease_expires: Option<i64>,
-    pub enqueued_at: i64,
-    pub claimed_at: Option<i64>,
-    pub claim_seq: Option<i64>,
-    pub done_at: Option<i64>,
-    pub errors: Vec<AttemptError>,
-}
-
-/// `ragline dlq show DOC_ID`.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct DocumentLifecycle {
-    pub document_id: String,
-    pub source: Option<String>,
-    pub title: Option<String>,
-    pub chunks: u64,
-    pub stages: Vec<StageState>,
-}
 
 impl SqliteStore {
     /// Everything `ragline status` shows.
@@ -535,5 +431,55 @@ impl SqliteStore {
     /// Drop the vector sets a finished migration retired; the models dropped.
     pub fn drop_retired(&mut self) -> Result<Vec<String>, StoreError> {
         self.write(|tx| Ok(sets::drop_retired(tx)?))
+    }
+}
+
+impl crate::indexers::IndexStore for SqliteStore {
+    fn describe(&self) -> String {
+        format!("sqlite://{}", self.path.display())
+    }
+
+    fn sets(&mut self) -> Result<Vec<VectorSet>, StoreError> {
+        SqliteStore::sets(self)
+    }
+
+    fn status(&mut self) -> Result<StatusReport, StoreError> {
+        SqliteStore::status(self)
+    }
+
+    fn dead_letters(&mut self, stage: Option<&str>) -> Result<Vec<DeadLetter>, StoreError> {
+        SqliteStore::dead_letters(self, stage)
+    }
+
+    fn document_lifecycle(&mut self, id: &str) -> Result<Option<DocumentLifecycle>, StoreError> {
+        SqliteStore::document_lifecycle(self, id)
+    }
+
+    fn requeue(&mut self, stage: Option<&str>, ids: Option<&[String]>) -> Result<u64, StoreError> {
+        SqliteStore::requeue(self, stage, ids)
+    }
+
+    fn set_paused(&mut self, stage: &str, paused: bool) -> Result<(), StoreError> {
+        SqliteStore::set_paused(self, stage, paused)
+    }
+
+    fn promote(&mut self, ids: &[String]) -> Result<u64, StoreError> {
+        SqliteStore::promote(self, ids)
+    }
+
+    fn start_backfill(&mut self, model: &ModelIdentity) -> Result<VectorSet, StoreError> {
+        SqliteStore::start_backfill(self, model)
+    }
+
+    fn enqueue_all(&mut self, stage: &str, priority: Priority) -> Result<u64, StoreError> {
+        SqliteStore::enqueue_all(self, stage, priority)
+    }
+
+    fn drop_retired(&mut self) -> Result<Vec<String>, StoreError> {
+        SqliteStore::drop_retired(self)
+    }
+
+    fn unembedded(&mut self) -> Result<(u64, u64), StoreError> {
+        SqliteStore::unembedded(self)
     }
 }

@@ -24,44 +24,17 @@ use std::time::Duration;
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
-pub use admin::{
-    BackfillProgress, DeadLetter, DocumentLifecycle, StageCounts, StatusReport, VectorSetStatus,
-};
 pub use queue::SqliteStore;
 pub use reader::{ChunkRow, IndexMeta, SqliteReader};
 pub use sets::{SetState, VectorSet};
 
-use super::{Backend, BackendError, BackendFactory, KnownDocument, StoredVectors};
+use super::{
+    Backend, BackendError, BackendFactory, IndexIdentity, KnownDocument, ModelIdentity,
+    StoredVectors,
+};
 use crate::document::InputKey;
 use crate::lifecycle::{Priority, StoreError};
 use write::SqliteBackend;
-
-/// What a run writes into the index: the model whose vectors it adds, and the fingerprint of
-/// the chunker (settings and tokenizer) its documents are cut with.
-#[derive(Clone, Debug)]
-pub struct IndexIdentity {
-    pub model: Option<ModelIdentity>,
-    pub pipeline_fingerprint: String,
-    /// The run leaves embedding to `ragline enrich`: a document counts as already indexed
-    /// when its chunks are there, embedded or not. (A run that embeds redoes a document
-    /// whose vectors are missing.)
-    pub defer_embed: bool,
-    /// The priority the run's new work is queued at (`stages.embed.priority`).
-    pub priority: Priority,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ModelIdentity {
-    /// As the user named it (a hub id or a folder).
-    pub name: String,
-    /// The folder it was loaded from, so `ragline search` can find it again.
-    pub dir: String,
-    pub fingerprint: String,
-    pub dimension: usize,
-    /// The fingerprint of its tokenizer: chunk token ids can be reused by a model with the
-    /// same one.
-    pub tokenizer: Option<String>,
-}
 
 /// How long a writer waits for another writer's lock.
 pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -398,12 +371,7 @@ impl StoredVectors for SqliteVectors {
     }
 }
 
-/// The version stamp shared by a document and the chunks made from that content with that
-/// pipeline.
-fn version(content_hash: Option<&str>, fingerprint: &str) -> String {
-    let text = format!("{}|{fingerprint}", content_hash.unwrap_or(""));
-    blake3::hash(text.as_bytes()).to_hex()[..16].to_string()
-}
+use super::content_version as version;
 
 pub fn vector_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()

@@ -10,7 +10,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBe
 
 use super::sets::{self, SetState, VectorSet};
 use super::settle::settle;
-use super::write::{drop_replaced, ids_from_bytes, insert_vector};
+use super::write::{drop_replaced, insert_vector};
 use super::{connect, store_error, upgrade, vector_from_bytes, SqliteReader};
 use crate::document::InputKey;
 use crate::lifecycle::backoff::{jitter_unit, retry_delay};
@@ -19,6 +19,7 @@ use crate::lifecycle::{
     now_ms, ChunkVector, Claim, ClaimRequest, EnrichStore, LifecycleStore, Maintenance,
     PendingChunk, Priority, StageSettings, Status, StoreError, WorkItem, WorkKey, EMBED,
 };
+use crate::tokens::ids_from_bytes;
 
 /// Documents queued per backfill page.
 pub const BACKFILL_PAGE: usize = 512;

@@ -46,6 +46,7 @@ pub struct ChunkRow {
 pub struct SqliteReader {
     conn: Connection,
     meta: IndexMeta,
+    path: std::path::PathBuf,
 }
 
 impl SqliteReader {
@@ -114,7 +115,11 @@ impl SqliteReader {
                 meta.dimension = Some(set.dimension);
             }
         }
-        Ok(SqliteReader { conn, meta })
+        Ok(SqliteReader {
+            conn,
+            meta,
+            path: path.to_path_buf(),
+        })
     }
 
     pub fn meta(&self) -> &IndexMeta {
@@ -284,6 +289,44 @@ impl SqliteReader {
             .prepare_cached("SELECT document_id FROM chunks WHERE rowid = ?1")
             .and_then(|mut s| s.query_row([rowid], |r| r.get(0)).optional())
             .map_err(|e| self.err(e))
+    }
+}
+
+impl crate::indexers::IndexReader for SqliteReader {
+    fn meta(&self) -> &IndexMeta {
+        SqliteReader::meta(self)
+    }
+
+    fn describe(&self) -> String {
+        format!("sqlite://{}", self.path.display())
+    }
+
+    fn counts(&self) -> Result<(u64, u64, u64), BackendError> {
+        SqliteReader::counts(self)
+    }
+
+    fn unembedded(&self) -> Result<(u64, u64), BackendError> {
+        SqliteReader::unembedded(self)
+    }
+
+    fn unembedded_documents(&self, ids: &[String]) -> Result<Vec<String>, BackendError> {
+        SqliteReader::unembedded_documents(self, ids)
+    }
+
+    fn nearest(&self, query: &[f32], k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
+        SqliteReader::nearest(self, query, k)
+    }
+
+    fn keyword(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
+        SqliteReader::keyword(self, query, k)
+    }
+
+    fn chunk(&self, rowid: i64) -> Result<Option<ChunkRow>, BackendError> {
+        SqliteReader::chunk(self, rowid)
+    }
+
+    fn document_of(&self, rowid: i64) -> Result<Option<String>, BackendError> {
+        SqliteReader::document_of(self, rowid)
     }
 }
 

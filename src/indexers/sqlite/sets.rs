@@ -7,67 +7,12 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::schema;
-use super::ModelIdentity;
+pub use crate::indexers::store::{SetState, VectorSet};
+use crate::indexers::ModelIdentity;
 use crate::lifecycle::now_ms;
-
-/// Where a set stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SetState {
-    Active,
-    Backfill,
-    Retired,
-}
-
-impl SetState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SetState::Active => "active",
-            SetState::Backfill => "backfill",
-            SetState::Retired => "retired",
-        }
-    }
-
-    fn parse(s: &str) -> SetState {
-        match s {
-            "active" => SetState::Active,
-            "backfill" => SetState::Backfill,
-            _ => SetState::Retired,
-        }
-    }
-}
 
 /// Sets an index may hold: the `embedded` bits of a chunk are an i64.
 pub const MAX_SETS: i64 = 62;
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct VectorSet {
-    pub id: i64,
-    pub model: String,
-    pub model_dir: String,
-    pub fingerprint: String,
-    /// The fingerprint of the model's tokenizer (None for sets of indexes made before it was
-    /// recorded, until a run with the same model fills it in).
-    pub tokenizer: Option<String>,
-    pub dimension: usize,
-    pub vec_table: String,
-    pub state: SetState,
-    /// Backfill: the last document id queued.
-    pub watermark: Option<String>,
-    /// Backfill: every document has been queued.
-    pub backfill_done: bool,
-}
-
-impl VectorSet {
-    /// The set's bit in `chunks.embedded`.
-    pub fn bit(&self) -> i64 {
-        1i64 << self.id
-    }
-
-    /// Sets that need a vector for every chunk (active and filling).
-    pub fn is_live(&self) -> bool {
-        self.state != SetState::Retired
-    }
-}
 
 const COLUMNS: &str = "id, model, model_dir, fingerprint, tokenizer, dimension, vec_table, \
                        state, watermark, backfill_done";
@@ -171,18 +116,6 @@ pub fn mirror_in_meta(conn: &Connection, model: &ModelIdentity) -> rusqlite::Res
         )?;
     }
     Ok(())
-}
-
-impl VectorSet {
-    pub fn identity(&self) -> ModelIdentity {
-        ModelIdentity {
-            name: self.model.clone(),
-            dir: self.model_dir.clone(),
-            fingerprint: self.fingerprint.clone(),
-            dimension: self.dimension,
-            tokenizer: self.tokenizer.clone(),
-        }
-    }
 }
 
 /// Make `set` the active one and retire the active one, in the caller's transaction.

@@ -18,6 +18,7 @@ use super::{index_error, is_busy, item_error};
 use crate::document::Document;
 use crate::indexers::{Backend, BackendError, ItemError};
 use crate::lifecycle::Priority;
+use crate::tokens::ids_to_bytes;
 
 pub(super) struct SqliteBackend {
     pub(super) conn: Connection,
@@ -234,7 +235,7 @@ fn write_one(tx: &Transaction<'_>, doc: &Document, ctx: &Ctx<'_>) -> rusqlite::R
     }
     let (embedded, token_ids) = match &chunk.vector {
         Some(_) => (active_bit, None),
-        None => (0, Some(ids_bytes(&chunk.token_ids))),
+        None => (0, Some(ids_to_bytes(&chunk.token_ids))),
     };
     tx.prepare_cached(
         "INSERT INTO chunks(rowid, id, document_id, ordinal, version, text, heading_path,
@@ -384,16 +385,4 @@ pub(super) fn delete_documents(conn: &mut Connection, ids: &[String]) -> rusqlit
     }
     tx.commit()?;
     Ok(n)
-}
-
-/// Token ids as stored: little-endian u32s.
-pub fn ids_bytes(ids: &[u32]) -> Vec<u8> {
-    ids.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-pub fn ids_from_bytes(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks_exact(4)
-        .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-        .collect()
 }

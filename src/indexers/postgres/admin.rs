@@ -1,0 +1,440 @@
+//! What operators ask of a Postgres index's lifecycle: `ragline status`, the dead-letter queue
+//! (`ragline dlq list|show|requeue`), `pause`/`resume`, `promote`, setting up a backfill, and
+//! the HNSW index after an enrich run. The same answers as the SQLite index's.
+
+use std::collections::BTreeMap;
+
+use postgres::GenericClient;
+
+use super::queue::{PgStore, TxError};
+use super::{sets, store_error};
+use crate::indexers::{IndexStore, ModelIdentity, SetState, VectorSet};
+use crate::lifecycle::report::{
+    AttemptError, BackfillProgress, DeadLetter, DocumentLifecycle, StageCounts, StageState,
+    StatusReport, VectorSetStatus,
+};
+use crate::lifecycle::{is_enrichable, Priority, StoreError, CHUNK, EMBED};
+
+impl PgStore {
+    fn stage_counts(
+        &mut self,
+        stage: &str,
+        vector_set: i64,
+        now: i64,
+        paused: &[String],
+    ) -> Result<StageCounts, postgres::Error> {
+        let s = self.s.clone();
+        let mut counts = StageCounts {
+            paused: paused.iter().any(|p| p == stage),
+            ..StageCounts::default()
+        };
+        let rows = self.client.query(
+            &format!(
+                "SELECT status, status = 'in_progress' AND lease_expires < $3, count(*),
+                        MIN(enqueued_at)
+                 FROM {s}.enrichment WHERE stage = $1 AND vector_set = $2
+                 GROUP BY 1, 2"
+            ),
+            &[&stage, &(vector_set as i32), &now],
+        )?;
+        let mut oldest: Option<i64> = None;
+        for r in rows {
+            let (status, expired, n, first): (String, bool, i64, Option<i64>) =
+                (r.get(0), r.get(1), r.get(2), r.get(3));
+            let n = n as u64;
+            match (status.as_str(), expired) {
+                ("in_progress", false) => counts.in_progress += n,
+                ("pending", _) | ("in_progress", true) => counts.pending += n,
+                ("failed", _) => counts.failed += n,
+                ("dead", _) => counts.dead += n,
+                _ => counts.done += n,
+            }
+            if matches!(status.as_str(), "pending" | "failed") || expired {
+                oldest = match (oldest, first) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+        }
+        counts.oldest_pending_secs = oldest.map(|t| (now - t).max(0) as f64 / 1000.0);
+        Ok(counts)
+    }
+
+    /// Current chunks with a vector in `set`.
+    fn embedded_in(&mut self, set: &VectorSet) -> Result<u64, postgres::Error> {
+        let s = self.s.clone();
+        let n: i64 = self
+            .client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM {s}.chunks c JOIN {s}.{} v ON v.rowid = c.rowid
+                     WHERE c.replaced_by IS NULL",
+                    set.vec_table
+                ),
+                &[],
+            )?
+            .get(0);
+        Ok(n as u64)
+    }
+
+    fn status_report(&mut self) -> Result<StatusReport, postgres::Error> {
+        let s = self.s.clone();
+        let now = super::server_now(&mut self.client)?;
+        let count = |c: &mut postgres::Client, sql: &str| -> Result<u64, postgres::Error> {
+            Ok(c.query_one(sql, &[])?.get::<_, i64>(0) as u64)
+        };
+        let documents = count(
+            &mut self.client,
+            &format!("SELECT count(*) FROM {s}.documents"),
+        )?;
+        let chunks = count(
+            &mut self.client,
+            &format!("SELECT count(*) FROM {s}.chunks WHERE replaced_by IS NULL"),
+        )?;
+        let all = sets::all(&mut self.client, &s)?;
+        let paused: Vec<String> = self
+            .client
+            .query(
+                &format!("SELECT stage FROM {s}.stage_control WHERE paused"),
+                &[],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let mut stages = BTreeMap::new();
+        stages.insert(
+            CHUNK.to_string(),
+            self.stage_counts(CHUNK, 0, now, &paused)?,
+        );
+        if let Some(set) = all.iter().find(|x| x.state == SetState::Active) {
+            stages.insert(
+                EMBED.to_string(),
+                self.stage_counts(EMBED, set.id, now, &paused)?,
+            );
+        }
+        let mut vector_sets = Vec::new();
+        for set in &all {
+            vector_sets.push(VectorSetStatus {
+                id: set.id,
+                model: set.model.clone(),
+                dimension: set.dimension,
+                embedded: self.embedded_in(set)?,
+                total: chunks,
+                active: set.state == SetState::Active,
+                state: set.state.as_str().to_string(),
+            });
+        }
+        let backfill = match all.iter().find(|x| x.state == SetState::Backfill) {
+            None => None,
+            Some(set) => {
+                let stage = self.stage_counts(EMBED, set.id, now, &paused)?;
+                Some(BackfillProgress {
+                    vector_set: set.id,
+                    model: set.model.clone(),
+                    watermark: set.watermark.clone(),
+                    all_queued: set.backfill_done,
+                    documents_total: documents,
+                    documents_queued: stage.pending
+                        + stage.in_progress
+                        + stage.failed
+                        + stage.dead
+                        + stage.done,
+                    documents_done: stage.done,
+                    chunks_embedded: self.embedded_in(set)?,
+                    chunks_total: chunks,
+                    stage,
+                })
+            }
+        };
+        Ok(StatusReport {
+            index: self.target.to_string(),
+            documents,
+            chunks,
+            stages,
+            vector_sets,
+            backfill,
+        })
+    }
+
+    fn lifecycle_of(&mut self, id: &str) -> Result<Option<DocumentLifecycle>, postgres::Error> {
+        let s = self.s.clone();
+        let Some(doc) = self.client.query_opt(
+            &format!("SELECT source, title FROM {s}.documents WHERE id = $1"),
+            &[&id],
+        )?
+        else {
+            return Ok(None);
+        };
+        let chunks: i64 = self
+            .client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM {s}.chunks WHERE document_id = $1
+                       AND replaced_by IS NULL"
+                ),
+                &[&id],
+            )?
+            .get(0);
+        let mut stages: Vec<StageState> = self
+            .client
+            .query(
+                &format!(
+                    "SELECT stage, vector_set, status, priority, attempts, not_before,
+                            lease_owner, lease_expires, enqueued_at, claimed_at, claim_seq,
+                            done_at
+                     FROM {s}.enrichment WHERE document_id = $1
+                     ORDER BY stage = 'embed', stage, vector_set"
+                ),
+                &[&id],
+            )?
+            .iter()
+            .map(|r| StageState {
+                stage: r.get(0),
+                vector_set: r.get::<_, i32>(1) as i64,
+                status: r.get(2),
+                priority: Priority::from_level(r.get::<_, i32>(3) as i64).to_string(),
+                attempts: r.get::<_, i32>(4).max(0) as u32,
+                not_before: Some(r.get::<_, i64>(5)).filter(|t| *t > 0),
+                lease_owner: r.get(6),
+                lease_expires: r.get(7),
+                enqueued_at: r.get(8),
+                claimed_at: r.get(9),
+                claim_seq: r.get(10),
+                done_at: r.get(11),
+                errors: Vec::new(),
+            })
+            .collect();
+        for st in &mut stages {
+            st.errors = self
+                .client
+                .query(
+                    &format!(
+                        "SELECT attempt, at, worker, message FROM {s}.enrichment_errors
+                         WHERE document_id = $1 AND stage = $2 AND vector_set = $3
+                         ORDER BY at, id"
+                    ),
+                    &[&id, &st.stage, &(st.vector_set as i32)],
+                )?
+                .iter()
+                .map(|r| AttemptError {
+                    attempt: r.get::<_, i32>(0).max(0) as u32,
+                    at: r.get(1),
+                    worker: r.get(2),
+                    message: r.get(3),
+                })
+                .collect();
+        }
+        Ok(Some(DocumentLifecycle {
+            document_id: id.to_string(),
+            source: doc.get(0),
+            title: doc.get(1),
+            chunks: chunks as u64,
+            stages,
+        }))
+    }
+}
+
+impl IndexStore for PgStore {
+    fn describe(&self) -> String {
+        self.target.to_string()
+    }
+
+    fn sets(&mut self) -> Result<Vec<VectorSet>, StoreError> {
+        PgStore::sets(self)
+    }
+
+    fn status(&mut self) -> Result<StatusReport, StoreError> {
+        self.status_report().map_err(|e| self.err(e))
+    }
+
+    fn dead_letters(&mut self, stage: Option<&str>) -> Result<Vec<DeadLetter>, StoreError> {
+        let s = self.s.clone();
+        let rows = self
+            .client
+            .query(
+                &format!(
+                    "SELECT e.document_id, e.stage, e.vector_set, e.attempts, e.updated_at,
+                            (SELECT message FROM {s}.enrichment_errors x
+                             WHERE x.document_id = e.document_id AND x.stage = e.stage
+                               AND x.vector_set = e.vector_set
+                             ORDER BY x.at DESC, x.id DESC LIMIT 1)
+                     FROM {s}.enrichment e
+                     WHERE e.status = 'dead' AND ($1::text IS NULL OR e.stage = $1)
+                     ORDER BY e.updated_at, e.document_id"
+                ),
+                &[&stage],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(rows
+            .iter()
+            .map(|r| DeadLetter {
+                document_id: r.get(0),
+                stage: r.get(1),
+                vector_set: r.get::<_, i32>(2) as i64,
+                attempts: r.get::<_, i32>(3).max(0) as u32,
+                dead_since: r.get(4),
+                last_error: r.get(5),
+            })
+            .collect())
+    }
+
+    fn document_lifecycle(&mut self, id: &str) -> Result<Option<DocumentLifecycle>, StoreError> {
+        self.lifecycle_of(id).map_err(|e| self.err(e))
+    }
+
+    fn requeue(&mut self, stage: Option<&str>, ids: Option<&[String]>) -> Result<u64, StoreError> {
+        self.write(|tx, s, now| {
+            let n = tx.execute(
+                &format!(
+                    "UPDATE {s}.enrichment SET status = 'pending', attempts = 0, not_before = 0,
+                         seq = nextval('{s}.enrichment_seq'), enqueued_at = $3, updated_at = $3
+                     WHERE status = 'dead' AND ($1::text IS NULL OR stage = $1)
+                       AND ($2::text[] IS NULL OR document_id = ANY($2))"
+                ),
+                &[&stage, &ids, &now],
+            )?;
+            Ok(n)
+        })
+    }
+
+    fn set_paused(&mut self, stage: &str, paused: bool) -> Result<(), StoreError> {
+        if !is_enrichable(stage) {
+            return Err(StoreError::Invalid(format!(
+                "`{stage}` is not a stage workers run; stages that can be paused: {EMBED}"
+            )));
+        }
+        self.write(|tx, s, now| {
+            tx.execute(
+                &format!(
+                    "INSERT INTO {s}.stage_control(stage, paused, changed_at) VALUES ($1, $2, $3)
+                     ON CONFLICT (stage) DO UPDATE SET paused = excluded.paused,
+                         changed_at = excluded.changed_at"
+                ),
+                &[&stage, &paused, &now],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn promote(&mut self, ids: &[String]) -> Result<u64, StoreError> {
+        self.write(|tx, s, _| {
+            let n = tx.execute(
+                &format!(
+                    "UPDATE {s}.enrichment SET priority = $2
+                     WHERE document_id = ANY($1::text[]) AND stage = '{EMBED}'
+                       AND priority < $2 AND status IN ('pending', 'failed')"
+                ),
+                &[&ids, &(Priority::Interactive.level() as i32)],
+            )?;
+            Ok(n)
+        })
+    }
+
+    fn start_backfill(&mut self, model: &ModelIdentity) -> Result<VectorSet, StoreError> {
+        let ty = self.vector_type;
+        let target = self.target.clone();
+        self.write(|tx, s, now| {
+            super::lock_schema(tx, &target)?;
+            let all = sets::all(tx, s)?;
+            if let Some(same) = all.iter().find(|x| x.fingerprint == model.fingerprint) {
+                return match same.state {
+                    SetState::Backfill => Ok(same.clone()),
+                    SetState::Active => Err(TxError::invalid(format!(
+                        "the index already searches with model `{}` (fingerprint {}): nothing \
+                         to migrate",
+                        same.model, same.fingerprint
+                    ))),
+                    SetState::Retired => Err(TxError::invalid(format!(
+                        "model `{}` is a retired vector set of this index; drop it first with \
+                         `ragline backfill --drop-old`",
+                        same.model
+                    ))),
+                };
+            }
+            if let Some(other) = all.iter().find(|x| x.state == SetState::Backfill) {
+                return Err(TxError::invalid(format!(
+                    "a backfill to model `{}` is under way; let it finish (ragline backfill \
+                     --model {}) before starting another",
+                    other.model, other.model
+                )));
+            }
+            if !all.iter().any(|x| x.state == SetState::Active) {
+                return Err(TxError::invalid(
+                    "the index has no vectors yet: ingest with the new model instead of migrating"
+                        .into(),
+                ));
+            }
+            Ok(sets::create(tx, s, ty, model, SetState::Backfill, now)?)
+        })
+    }
+
+    fn enqueue_all(&mut self, stage: &str, priority: Priority) -> Result<u64, StoreError> {
+        if !is_enrichable(stage) || stage == EMBED {
+            return Err(StoreError::Invalid(format!(
+                "`{stage}`: only stages without vector sets are queued this way"
+            )));
+        }
+        self.write(|tx, s, now| {
+            let n = tx.execute(
+                &format!(
+                    "INSERT INTO {s}.enrichment AS e (document_id, stage, vector_set, status,
+                                 priority, seq, input_version, enqueued_at, updated_at)
+                     SELECT id, $1, 0, 'pending', $2, nextval('{s}.enrichment_seq'), version,
+                            $3, $3
+                     FROM (SELECT id, version FROM {s}.documents ORDER BY id) d
+                     ON CONFLICT (document_id, stage, vector_set) DO UPDATE SET
+                         status = 'pending', priority = excluded.priority, seq = excluded.seq,
+                         attempts = 0, not_before = 0, lease_owner = NULL,
+                         lease_expires = NULL, input_version = excluded.input_version,
+                         claimed_at = NULL, claim_seq = NULL, done_at = NULL,
+                         enqueued_at = excluded.enqueued_at, updated_at = excluded.updated_at"
+                ),
+                &[&stage, &(priority.level() as i32), &now],
+            )?;
+            Ok(n)
+        })
+    }
+
+    fn drop_retired(&mut self) -> Result<Vec<String>, StoreError> {
+        self.write(|tx, s, _| Ok(sets::drop_retired(tx, s)?))
+    }
+
+    fn unembedded(&mut self) -> Result<(u64, u64), StoreError> {
+        let s = self.s.clone();
+        unembedded(&mut self.client, &s).map_err(|e| store_error(&self.target, e))
+    }
+
+    fn finish_run(&mut self) -> Result<Vec<String>, StoreError> {
+        let ty = self.vector_type;
+        let note = super::ensure_hnsw(&mut self.client, &self.target, ty)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        Ok(note.into_iter().collect())
+    }
+}
+
+/// (chunks of the active set without a vector, current chunks), from the lifecycle rows.
+pub(super) fn unembedded(
+    c: &mut impl GenericClient,
+    s: &str,
+) -> Result<(u64, u64), postgres::Error> {
+    let missing: i64 = c
+        .query_one(
+            &format!(
+                "SELECT COALESCE(sum(e.todo_chunks), 0)::bigint FROM {s}.enrichment e
+                 JOIN {s}.vector_sets v ON v.id = e.vector_set AND v.state = 'active'
+                 WHERE e.stage = '{EMBED}' AND e.status <> 'done'"
+            ),
+            &[],
+        )?
+        .get(0);
+    if missing == 0 {
+        return Ok((0, 0));
+    }
+    let total: i64 = c
+        .query_one(
+            &format!("SELECT count(*) FROM {s}.chunks WHERE replaced_by IS NULL"),
+            &[],
+        )?
+        .get(0);
+    Ok((missing as u64, total as u64))
+}

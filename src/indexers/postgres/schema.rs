@@ -1,0 +1,195 @@
+//! Tables, in the URI's schema (default `ragline`), and their migrations. The same layout as
+//! the SQLite index, in PostgreSQL's terms:
+//!
+//! - `meta(key, value)`: schema version, the active model (name, folder, fingerprint,
+//!   dimension), the vector type (`vector` or `halfvec`), the chunker's tokenizer.
+//! - `documents`: one row per source document: its content hash and pipeline fingerprint
+//!   (incremental runs), `version` (both hashed) and how many chunks that version has.
+//! - `chunks`: one row per chunk, `rowid` an identity the search results carry, and `fts`, a
+//!   generated `tsvector` of the heading path and text with a GIN index (keyword search).
+//!   `replaced_by`: an old version of a chunk kept for vector search until the new version
+//!   has its vector (its `fts` is NULL, so keyword search has only the new text); the chunk
+//!   id is unique among current rows only.
+//! - `chunk_tokens`: the chunker's token ids of chunks still waiting for vectors (a deferred
+//!   ingest), so `enrich` never tokenizes again; a row goes when every live set has the
+//!   chunk's vector.
+//! - `vector_sets`: the model, dimension and table of each set of vectors; one `active`
+//!   (searched), one may be filling by `backfill`, older ones `retired` until dropped. Each
+//!   set's vectors are a table `vectors_<id>(rowid, embedding vector(dim))`: a chunk has a
+//!   vector in a set when the set's table has its rowid. Its HNSW index (cosine) is built
+//!   after the first bulk load, then kept up to date by PostgreSQL.
+//! - `enrichment`: per document, stage and vector set: status, priority, FIFO sequence,
+//!   attempts, backoff deadline (`not_before`), lease (`lease_owner`, `lease_expires`), the
+//!   stage fingerprint, the document version it is for, the work left, and when it was
+//!   queued, claimed and done (milliseconds since the epoch, by the server's clock, so that
+//!   the machines sharing a queue agree). `enrichment_errors` keeps every failed attempt;
+//!   `stage_control` pauses stages; the sequences `enrichment_seq` and `claim_seq` give FIFO
+//!   and claim order.
+
+use postgres::GenericClient;
+
+use super::target::VectorType;
+
+/// The schema this ragline writes. Version 1: the tables above.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The steps from version `n - 1` to `n`, at index `n - 1`: each runs in the transaction
+/// that records the new version, so a migration is all or nothing. A new version appends
+/// its step; an index made by an older ragline is brought up to date when it is opened.
+const MIGRATIONS: &[&str] = &[
+    // 1: the layout above.
+    "CREATE TABLE {s}.documents (
+         id text PRIMARY KEY,
+         source text,
+         title text,
+         metadata jsonb NOT NULL DEFAULT '{}',
+         content_hash text NOT NULL,
+         fingerprint text NOT NULL,
+         version text NOT NULL,
+         chunk_count integer NOT NULL,
+         updated_at timestamptz NOT NULL DEFAULT now());
+     CREATE TABLE {s}.chunks (
+         rowid bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+         id text NOT NULL,
+         document_id text NOT NULL,
+         ordinal integer NOT NULL,
+         version text NOT NULL,
+         text text NOT NULL,
+         heading_path text NOT NULL,
+         start_byte bigint NOT NULL,
+         end_byte bigint NOT NULL,
+         token_count integer NOT NULL,
+         input_key bytea,
+         page_start integer,
+         page_end integer,
+         replaced_by text,
+         fts tsvector GENERATED ALWAYS AS (CASE WHEN replaced_by IS NULL
+             THEN to_tsvector('english', heading_path || ' ' || text) END) STORED);
+     CREATE UNIQUE INDEX chunks_current_id ON {s}.chunks (id) WHERE replaced_by IS NULL;
+     CREATE INDEX chunks_document ON {s}.chunks (document_id, ordinal);
+     CREATE INDEX chunks_fts ON {s}.chunks USING gin (fts);
+     CREATE INDEX chunks_input_key ON {s}.chunks (input_key);
+     CREATE INDEX chunks_replaced ON {s}.chunks (document_id, replaced_by)
+         WHERE replaced_by IS NOT NULL;
+     CREATE TABLE {s}.chunk_tokens (
+         rowid bigint PRIMARY KEY,
+         token_ids bytea NOT NULL);
+     CREATE TABLE {s}.vector_sets (
+         id integer PRIMARY KEY,
+         model text NOT NULL,
+         model_dir text NOT NULL,
+         fingerprint text NOT NULL,
+         tokenizer text,
+         dimension integer NOT NULL,
+         vec_table text NOT NULL,
+         state text NOT NULL,
+         watermark text,
+         backfill_done boolean NOT NULL DEFAULT false,
+         created_at bigint NOT NULL,
+         switched_at bigint);
+     CREATE TABLE {s}.enrichment (
+         id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+         document_id text NOT NULL,
+         stage text NOT NULL,
+         vector_set integer NOT NULL DEFAULT 0,
+         status text NOT NULL,
+         priority integer NOT NULL,
+         seq bigint NOT NULL,
+         attempts integer NOT NULL DEFAULT 0,
+         not_before bigint NOT NULL DEFAULT 0,
+         lease_owner text,
+         lease_expires bigint,
+         fingerprint text,
+         input_version text NOT NULL,
+         todo_chunks bigint NOT NULL DEFAULT 0,
+         todo_tokens bigint NOT NULL DEFAULT 0,
+         enqueued_at bigint NOT NULL,
+         claimed_at bigint,
+         claim_seq bigint,
+         done_at bigint,
+         updated_at bigint NOT NULL,
+         UNIQUE (document_id, stage, vector_set));
+     CREATE INDEX enrichment_ready ON {s}.enrichment (stage, priority DESC, seq)
+         WHERE status IN ('pending', 'failed', 'in_progress');
+     CREATE INDEX enrichment_by_status ON {s}.enrichment (stage, vector_set, status);
+     CREATE TABLE {s}.enrichment_errors (
+         id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+         document_id text NOT NULL,
+         stage text NOT NULL,
+         vector_set integer NOT NULL,
+         attempt integer NOT NULL,
+         at bigint NOT NULL,
+         worker text NOT NULL,
+         message text NOT NULL);
+     CREATE INDEX enrichment_errors_by_document
+         ON {s}.enrichment_errors (document_id, stage, vector_set);
+     CREATE TABLE {s}.stage_control (
+         stage text PRIMARY KEY,
+         paused boolean NOT NULL,
+         changed_at bigint NOT NULL);
+     CREATE SEQUENCE {s}.enrichment_seq;
+     CREATE SEQUENCE {s}.claim_seq;",
+];
+
+/// Create the schema or bring it from version `from` (0: nothing there) to
+/// [`SCHEMA_VERSION`], in the caller's transaction.
+pub fn migrate(
+    tx: &mut impl GenericClient,
+    schema: &str,
+    from: i64,
+) -> Result<(), postgres::Error> {
+    if from >= SCHEMA_VERSION {
+        return Ok(());
+    }
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+         CREATE TABLE IF NOT EXISTS {schema}.meta (
+             key text PRIMARY KEY,
+             value text NOT NULL);"
+    ))?;
+    for step in &MIGRATIONS[from.max(0) as usize..SCHEMA_VERSION as usize] {
+        tx.batch_execute(&step.replace("{s}", schema))?;
+    }
+    tx.execute(
+        &format!(
+            "INSERT INTO {schema}.meta(key, value) VALUES ('schema_version', $1)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+        ),
+        &[&SCHEMA_VERSION.to_string()],
+    )?;
+    Ok(())
+}
+
+/// A set's vector table, in the caller's transaction.
+pub fn create_vectors(
+    tx: &mut impl GenericClient,
+    schema: &str,
+    table: &str,
+    ty: VectorType,
+    dimension: usize,
+) -> Result<(), postgres::Error> {
+    tx.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS {schema}.{table} (
+             rowid bigint PRIMARY KEY,
+             embedding {} NOT NULL)",
+        ty.sql(dimension)
+    ))
+}
+
+/// The name of a set table's HNSW index.
+pub fn hnsw_index(table: &str) -> String {
+    format!("{table}_hnsw")
+}
+
+/// Whether a set's table has its HNSW index.
+pub fn has_hnsw(
+    client: &mut impl GenericClient,
+    schema: &str,
+    table: &str,
+) -> Result<bool, postgres::Error> {
+    let row = client.query_opt(
+        "SELECT 1 FROM pg_indexes WHERE schemaname = $1 AND indexname = $2",
+        &[&schema, &hnsw_index(table)],
+    )?;
+    Ok(row.is_some())
+}

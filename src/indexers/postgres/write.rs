@@ -1,0 +1,480 @@
+//! The indexer's bulk writes: each batch is sent with `COPY ... FROM STDIN (FORMAT BINARY)`
+//! into temporary staging tables, then moved into place by a few set-based statements, all in
+//! one transaction: old versions kept for search, chunk upserts with their vectors (active
+//! set) or token ids (a deferred ingest), the removal of chunks a shorter new version no
+//! longer has, and the lifecycle rows of every document the batch touched. A batch that fails
+//! is written again item by item, so only the items PostgreSQL refuses fail; a broken
+//! connection (a server restart) is re-established, waiting up to the URI's
+//! `reconnect_seconds`, and the batch is written again (every write is an idempotent upsert).
+//!
+//! A chunk that arrives without a vector replacing one with a vector and another input is
+//! not overwritten: the old row is kept (`replaced_by`, out of the keyword index) so vector
+//! search serves the old version, never the new text with an old vector, until the new
+//! chunk has its vector. A rewritten chunk keeps the vectors of its sets when its model
+//! input (the input key) is unchanged.
+
+use std::collections::{BTreeSet, HashMap};
+
+use postgres::binary_copy::BinaryCopyInWriter;
+use postgres::types::{ToSql, Type};
+use postgres::{Client, Transaction};
+
+use super::target::{PgTarget, VectorType};
+use super::{is_retryable, pg_error, server_now, sets, settle};
+use crate::document::Document;
+use crate::indexers::{Backend, BackendError, ItemError, SetState, VectorSet};
+use crate::lifecycle::Priority;
+
+pub(super) struct PgBackend {
+    client: Client,
+    target: PgTarget,
+    /// The chunker's fingerprint this run's documents are made with.
+    fingerprint: String,
+    /// The priority new work is queued at.
+    priority: Priority,
+    /// How the index stores vectors.
+    vector_type: VectorType,
+    /// The `vector` type as this connection knows it (an extension type has no fixed OID).
+    vector_oid: Type,
+}
+
+/// Columns of a staged chunk, in COPY order.
+const STAGE_COLUMNS: &str = "id, document_id, ordinal, version, text, heading_path, \
+                             start_byte, end_byte, token_count, input_key, page_start, \
+                             page_end, embedding, token_ids";
+/// Columns of a chunk row taken from the stage.
+const CHUNK_COLUMNS: &str = "id, document_id, ordinal, version, text, heading_path, \
+                             start_byte, end_byte, token_count, input_key, page_start, page_end";
+const DOCUMENT_COLUMNS: &str =
+    "id, source, title, metadata, content_hash, fingerprint, version, chunk_count";
+
+impl PgBackend {
+    pub(super) fn connect(
+        target: PgTarget,
+        fingerprint: String,
+        priority: Priority,
+        vector_type: VectorType,
+    ) -> Result<Self, BackendError> {
+        let mut client = target.connect()?;
+        let vector_oid = prepare_session(&mut client).map_err(|e| pg_error(&target, e))?;
+        Ok(PgBackend {
+            client,
+            target,
+            fingerprint,
+            priority,
+            vector_type,
+            vector_oid,
+        })
+    }
+
+    /// After a connection error: connect again (waiting for a restarting server).
+    fn reconnect(&mut self) -> Result<(), BackendError> {
+        eprintln!(
+            "{}: connection lost; reconnecting (waiting up to {}s for the server)",
+            self.target,
+            self.target.reconnect.as_secs()
+        );
+        self.client = self.target.connect_patiently()?;
+        eprintln!("{}: reconnected; writing the batch again", self.target);
+        self.vector_oid =
+            prepare_session(&mut self.client).map_err(|e| pg_error(&self.target, e))?;
+        Ok(())
+    }
+
+    /// Write these items (already checked, no two with one id) in one transaction.
+    fn write_items(&mut self, items: &[&Document]) -> Result<(), postgres::Error> {
+        let s = self.target.schema_sql();
+        let fingerprint = self.fingerprint.clone();
+        let version_of = |doc: &Document| {
+            crate::indexers::content_version(doc.content_hash.as_deref(), &fingerprint)
+        };
+        let (chunks, parents): (Vec<&Document>, Vec<&Document>) =
+            items.iter().partition(|d| d.chunk.is_some());
+        let mut tx = self.client.transaction()?;
+        let now = server_now(&mut tx)?;
+        let all = sets::all(&mut tx, &s)?;
+        let active = all.iter().find(|x| x.state == SetState::Active).cloned();
+        if !chunks.is_empty() {
+            let active = active.as_ref().expect(
+                "chunks are refused before writing when the index has no vectors; this is a bug",
+            );
+            copy_chunks(&mut tx, &self.vector_oid, &chunks, &version_of)?;
+            write_chunks(&mut tx, &s, &all, active, self.vector_type)?;
+        }
+        if !parents.is_empty() {
+            copy_documents(&mut tx, &parents, &self.fingerprint, &version_of)?;
+            write_documents(&mut tx, &s, &all, active.as_ref())?;
+        }
+        let touched: BTreeSet<String> = items
+            .iter()
+            .map(|d| d.parent_id.clone().unwrap_or_else(|| d.id.clone()))
+            .collect();
+        let touched: Vec<String> = touched.into_iter().collect();
+        settle::settle(&mut tx, &s, &touched, &all, self.priority, now)?;
+        tx.commit()
+    }
+}
+
+/// The staging tables (temporary: this connection's own, emptied at each commit); returns
+/// the OID of `vector` on this connection.
+fn prepare_session(client: &mut Client) -> Result<Type, postgres::Error> {
+    client.batch_execute(
+        "CREATE TEMP TABLE IF NOT EXISTS rl_stage_documents (
+             id text, source text, title text, metadata text, content_hash text,
+             fingerprint text, version text, chunk_count integer) ON COMMIT DELETE ROWS;
+         CREATE TEMP TABLE IF NOT EXISTS rl_stage_chunks (
+             id text, document_id text, ordinal integer, version text, text text,
+             heading_path text, start_byte bigint, end_byte bigint, token_count integer,
+             input_key bytea, page_start integer, page_end integer, embedding vector,
+             token_ids bytea) ON COMMIT DELETE ROWS;",
+    )?;
+    let stmt = client.prepare("SELECT $1::vector")?;
+    Ok(stmt.params()[0].clone())
+}
+
+fn copy_chunks(
+    tx: &mut Transaction<'_>,
+    vector_oid: &Type,
+    chunks: &[&Document],
+    version_of: &dyn Fn(&Document) -> String,
+) -> Result<(), postgres::Error> {
+    let types = [
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT4,
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT8,
+        Type::INT8,
+        Type::INT4,
+        Type::BYTEA,
+        Type::INT4,
+        Type::INT4,
+        vector_oid.clone(),
+        Type::BYTEA,
+    ];
+    let sink = tx.copy_in(&format!(
+        "COPY rl_stage_chunks ({STAGE_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+    ))?;
+    let mut w = BinaryCopyInWriter::new(sink, &types);
+    for doc in chunks {
+        let c = doc
+            .chunk
+            .as_deref()
+            .expect("partitioned on chunk; this is a bug");
+        let parent = doc.parent_id.as_deref().unwrap_or("");
+        let heading_path = c.heading_path.join(" > ");
+        let key = c.input_key.as_ref().map(|k| k.as_slice());
+        let vector = c.vector.as_ref().map(|v| pgvector::Vector::from(v.clone()));
+        // The chunker's ids travel only with a chunk that still needs its vector.
+        let token_ids = c
+            .vector
+            .is_none()
+            .then(|| crate::tokens::ids_to_bytes(&c.token_ids));
+        let (page_start, page_end) = match c.pages {
+            Some((a, b)) => (Some(a as i32), Some(b as i32)),
+            None => (None, None),
+        };
+        let row: [&(dyn ToSql + Sync); 14] = [
+            &doc.id,
+            &parent,
+            &(c.ordinal as i32),
+            &version_of(doc),
+            &doc.fields.text,
+            &heading_path,
+            &(c.start as i64),
+            &(c.end as i64),
+            &(c.token_count as i32),
+            &key,
+            &page_start,
+            &page_end,
+            &vector,
+            &token_ids,
+        ];
+        w.write(&row)?;
+    }
+    w.finish()?;
+    Ok(())
+}
+
+/// Staged chunks into place.
+fn write_chunks(
+    tx: &mut Transaction<'_>,
+    s: &str,
+    all: &[VectorSet],
+    active: &VectorSet,
+    ty: VectorType,
+) -> Result<(), postgres::Error> {
+    let current = "c.id = st.id AND c.replaced_by IS NULL";
+    // A chunk without a vector whose text (input) changed keeps its old version, with its
+    // vector, for search.
+    tx.execute(
+        &format!(
+            "WITH kept AS (
+                 UPDATE {s}.chunks c SET replaced_by = c.id FROM rl_stage_chunks st
+                 WHERE {current} AND st.embedding IS NULL
+                   AND c.input_key IS DISTINCT FROM st.input_key AND {has}
+                 RETURNING c.rowid)
+             DELETE FROM {s}.chunk_tokens WHERE rowid IN (SELECT rowid FROM kept)",
+            has = sets::has_vector(s, active)
+        ),
+        &[],
+    )?;
+    // Vectors of another input than the new one's no longer describe the chunk.
+    for set in all {
+        tx.execute(
+            &format!(
+                "DELETE FROM {s}.{table} v USING {s}.chunks c, rl_stage_chunks st
+                 WHERE {current} AND v.rowid = c.rowid
+                   AND (c.input_key IS NULL OR c.input_key IS DISTINCT FROM st.input_key)",
+                table = set.vec_table
+            ),
+            &[],
+        )?;
+    }
+    let updates = CHUNK_COLUMNS
+        .split(", ")
+        .filter(|c| *c != "id")
+        .map(|c| format!("{c} = excluded.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let cast = match ty {
+        VectorType::Halfvec => format!("::halfvec({})", active.dimension),
+        VectorType::Vector => String::new(),
+    };
+    tx.execute(
+        &format!(
+            "WITH up AS (
+                 INSERT INTO {s}.chunks ({CHUNK_COLUMNS})
+                 SELECT {CHUNK_COLUMNS} FROM rl_stage_chunks ORDER BY id
+                 ON CONFLICT (id) WHERE replaced_by IS NULL DO UPDATE SET {updates}
+                 RETURNING rowid, id),
+             vectors AS (
+                 INSERT INTO {s}.{table} (rowid, embedding)
+                 SELECT up.rowid, st.embedding{cast} FROM up JOIN rl_stage_chunks st USING (id)
+                 WHERE st.embedding IS NOT NULL
+                 ON CONFLICT (rowid) DO UPDATE SET embedding = excluded.embedding),
+             stale AS (
+                 DELETE FROM {s}.chunk_tokens t USING up c JOIN rl_stage_chunks st USING (id)
+                 WHERE t.rowid = c.rowid AND (st.token_ids IS NULL OR {everywhere}))
+             INSERT INTO {s}.chunk_tokens (rowid, token_ids)
+             SELECT c.rowid, st.token_ids FROM up c JOIN rl_stage_chunks st USING (id)
+             WHERE st.token_ids IS NOT NULL AND NOT {everywhere}
+             ON CONFLICT (rowid) DO UPDATE SET token_ids = excluded.token_ids",
+            table = active.vec_table,
+            everywhere = format!("({})", sets::in_every_live_set(s, all)),
+        ),
+        &[],
+    )?;
+    // A chunk that has its vector now: its old versions kept for search go.
+    tx.query_one(
+        &sets::delete_chunks(
+            s,
+            all,
+            "rl_stage_chunks st",
+            "c.document_id = st.document_id AND c.replaced_by = st.id \
+             AND st.embedding IS NOT NULL",
+        ),
+        &[],
+    )?;
+    Ok(())
+}
+
+fn copy_documents(
+    tx: &mut Transaction<'_>,
+    parents: &[&Document],
+    fingerprint: &str,
+    version_of: &dyn Fn(&Document) -> String,
+) -> Result<(), postgres::Error> {
+    let types = [
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT4,
+    ];
+    let sink = tx.copy_in(&format!(
+        "COPY rl_stage_documents ({DOCUMENT_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+    ))?;
+    let mut w = BinaryCopyInWriter::new(sink, &types);
+    for doc in parents {
+        let metadata = serde_json::to_string(&doc.fields.metadata).unwrap_or_else(|_| "{}".into());
+        let row: [&(dyn ToSql + Sync); 8] = [
+            &doc.id,
+            &doc.fields.source,
+            &doc.fields.title,
+            &metadata,
+            &doc.content_hash.as_deref().unwrap_or(""),
+            &fingerprint,
+            &version_of(doc),
+            &(doc.children as i32),
+        ];
+        w.write(&row)?;
+    }
+    w.finish()?;
+    Ok(())
+}
+
+/// Staged documents into place; their chunks past the new count belong to an older
+/// version: those with a vector in the active set stay for vector search until the new
+/// version is embedded, the others go.
+fn write_documents(
+    tx: &mut Transaction<'_>,
+    s: &str,
+    all: &[VectorSet],
+    active: Option<&VectorSet>,
+) -> Result<(), postgres::Error> {
+    let updates = DOCUMENT_COLUMNS
+        .split(", ")
+        .filter(|c| *c != "id")
+        .map(|c| format!("{c} = excluded.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let select = DOCUMENT_COLUMNS.replace("metadata", "metadata::jsonb");
+    tx.execute(
+        &format!(
+            "INSERT INTO {s}.documents ({DOCUMENT_COLUMNS})
+             SELECT {select} FROM rl_stage_documents ORDER BY id
+             ON CONFLICT (id) DO UPDATE SET {updates}, updated_at = now()"
+        ),
+        &[],
+    )?;
+    let tail = "c.document_id = d.id AND c.ordinal >= d.chunk_count AND c.replaced_by IS NULL";
+    if let Some(active) = active {
+        tx.execute(
+            &format!(
+                "WITH kept AS (
+                     UPDATE {s}.chunks c SET replaced_by = '' FROM rl_stage_documents d
+                     WHERE {tail} AND {has} RETURNING c.rowid)
+                 DELETE FROM {s}.chunk_tokens WHERE rowid IN (SELECT rowid FROM kept)",
+                has = sets::has_vector(s, active)
+            ),
+            &[],
+        )?;
+    }
+    tx.query_one(
+        &sets::delete_chunks(s, all, "rl_stage_documents d", tail),
+        &[],
+    )?;
+    Ok(())
+}
+
+impl Backend for PgBackend {
+    fn write(&mut self, batch: &[Document]) -> Vec<Result<(), ItemError>> {
+        let dim = match self.active_dimension() {
+            Ok(d) => d,
+            Err(e) => return vec![Err(item_error(&self.target, &e)); batch.len()],
+        };
+        let mut results: Vec<Result<(), ItemError>> = batch.iter().map(|d| check(d, dim)).collect();
+        // One row per id: a later item of the batch replaces an earlier one with its id.
+        let mut last: HashMap<&str, usize> = HashMap::new();
+        for (i, d) in batch.iter().enumerate() {
+            if results[i].is_ok() && !d.unchanged {
+                last.insert(&d.id, i);
+            }
+        }
+        let mut todo: Vec<usize> = last.into_values().collect();
+        todo.sort_unstable();
+        if todo.is_empty() {
+            return results;
+        }
+        let items: Vec<&Document> = todo.iter().map(|&i| &batch[i]).collect();
+        let mut outcome = self.write_items(&items);
+        if matches!(&outcome, Err(e) if is_retryable(e)) && self.client.is_closed() {
+            // The server went away (a restart, a failover): wait for it, then write again.
+            match self.reconnect() {
+                Ok(()) => outcome = self.write_items(&items),
+                Err(e) => {
+                    let err = ItemError::retryable(e.to_string());
+                    todo.iter().for_each(|&i| results[i] = Err(err.clone()));
+                    return results;
+                }
+            }
+        }
+        match outcome {
+            Ok(()) => results,
+            Err(e) if is_retryable(&e) => {
+                let err = item_error(&self.target, &e);
+                todo.iter().for_each(|&i| results[i] = Err(err.clone()));
+                results
+            }
+            Err(_) => {
+                // Something in the batch is refused: each item on its own, so only it fails.
+                for &i in &todo {
+                    if let Err(e) = self.write_items(&[&batch[i]]) {
+                        results[i] = Err(item_error(&self.target, &e));
+                    }
+                }
+                results
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), BackendError> {
+        // Every batch is committed (durable per the server's synchronous_commit).
+        Ok(())
+    }
+}
+
+impl PgBackend {
+    /// The dimension of the active set now (a migration may switch it during a run).
+    fn active_dimension(&mut self) -> Result<Option<usize>, postgres::Error> {
+        let s = self.target.schema_sql();
+        let row = self.client.query_opt(
+            &format!("SELECT dimension FROM {s}.vector_sets WHERE state = 'active'"),
+            &[],
+        );
+        match row {
+            Ok(r) => Ok(r.map(|r| r.get::<_, i32>(0) as usize)),
+            Err(e) if e.is_closed() => {
+                // Found out below, where the batch is written again after reconnecting.
+                self.reconnect()
+                    .map_err(|_| e)
+                    .and_then(|()| self.active_dimension())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// What the index cannot take, whatever PostgreSQL says.
+fn check(doc: &Document, dimension: Option<usize>) -> Result<(), ItemError> {
+    let Some(chunk) = doc.chunk.as_deref() else {
+        return Ok(());
+    };
+    if doc.unchanged {
+        return Ok(());
+    }
+    let Some(d) = dimension else {
+        return Err(ItemError::permanent(
+            "this index was opened without a model; its chunks could never get vectors: \
+             run with a model (not --no-chunk)",
+        ));
+    };
+    match chunk.vector.as_deref() {
+        None => Ok(()),
+        Some(v) if v.len() != d => Err(ItemError::permanent(format!(
+            "vector of {} dimensions in an index of {d}",
+            v.len()
+        ))),
+        Some(v) if v.iter().any(|x| !x.is_finite()) => Err(ItemError::permanent(
+            "the vector has NaN or infinite values (pgvector refuses them)",
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+fn item_error(target: &PgTarget, e: &postgres::Error) -> ItemError {
+    let why = match e.as_db_error() {
+        Some(d) => format!("{} ({})", d.message(), d.code().code()),
+        None => super::target::root_cause(e),
+    };
+    ItemError {
+        retryable: is_retryable(e),
+        message: format!("{target}: {why}"),
+    }
+}

@@ -1,0 +1,152 @@
+//! The lifecycle store behind an index URI: what `enrich`, `backfill`, `status`, `dlq`,
+//! `pause` and `promote` work on, whichever backend holds it. `sqlite://` and `postgres://`
+//! indexes are stores (the work queue lives beside the documents); output files are not.
+
+use super::{IndexUri, ModelIdentity};
+use crate::lifecycle::report::{DeadLetter, DocumentLifecycle, StatusReport};
+use crate::lifecycle::{EnrichStore, Priority, StoreError};
+
+/// Where a vector set stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetState {
+    /// What search reads and what `ingest` writes.
+    Active,
+    /// Being filled by `backfill` (a model migration).
+    Backfill,
+    /// Replaced by a migration; dropped by `backfill --drop-old` or `ingest --prune`.
+    Retired,
+}
+
+impl SetState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SetState::Active => "active",
+            SetState::Backfill => "backfill",
+            SetState::Retired => "retired",
+        }
+    }
+
+    pub fn parse(s: &str) -> SetState {
+        match s {
+            "active" => SetState::Active,
+            "backfill" => SetState::Backfill,
+            _ => SetState::Retired,
+        }
+    }
+}
+
+/// One model's vectors in an index: each set has a table of its own.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VectorSet {
+    pub id: i64,
+    pub model: String,
+    pub model_dir: String,
+    pub fingerprint: String,
+    /// The fingerprint of the model's tokenizer (None for sets of indexes made before it was
+    /// recorded, until a run with the same model fills it in).
+    pub tokenizer: Option<String>,
+    pub dimension: usize,
+    /// The table holding the set's vectors (unqualified).
+    pub vec_table: String,
+    pub state: SetState,
+    /// Backfill: the last document id queued.
+    pub watermark: Option<String>,
+    /// Backfill: every document has been queued.
+    pub backfill_done: bool,
+}
+
+impl VectorSet {
+    /// The set's bit in SQLite's `chunks.embedded`.
+    pub fn bit(&self) -> i64 {
+        1i64 << self.id
+    }
+
+    /// Sets that need a vector for every chunk (active and filling).
+    pub fn is_live(&self) -> bool {
+        self.state != SetState::Retired
+    }
+
+    pub fn identity(&self) -> ModelIdentity {
+        ModelIdentity {
+            name: self.model.clone(),
+            dir: self.model_dir.clone(),
+            fingerprint: self.fingerprint.clone(),
+            dimension: self.dimension,
+            tokenizer: self.tokenizer.clone(),
+        }
+    }
+}
+
+/// An index's lifecycle: the leased work queue ([`EnrichStore`]) and what operators ask of
+/// it.
+pub trait IndexStore: EnrichStore {
+    /// The index, for messages (no password).
+    fn describe(&self) -> String;
+
+    /// Every vector set, by id.
+    fn sets(&mut self) -> Result<Vec<VectorSet>, StoreError>;
+
+    /// Everything `ragline status` shows.
+    fn status(&mut self) -> Result<StatusReport, StoreError>;
+
+    /// The dead-letter queue, oldest first (of `stage` only, when given).
+    fn dead_letters(&mut self, stage: Option<&str>) -> Result<Vec<DeadLetter>, StoreError>;
+
+    /// A document's lifecycle: every stage with every attempt's error. None when the index
+    /// has no such document.
+    fn document_lifecycle(&mut self, id: &str) -> Result<Option<DocumentLifecycle>, StoreError>;
+
+    /// Put dead documents back in the queue (attempts reset, errors kept): those of `ids`,
+    /// or all when `ids` is None; of `stage` only when given. Returns how many.
+    fn requeue(&mut self, stage: Option<&str>, ids: Option<&[String]>) -> Result<u64, StoreError>;
+
+    /// Pause or resume a stage: workers stop claiming its work within a poll, finish what
+    /// they hold, and go on when it is resumed.
+    fn set_paused(&mut self, stage: &str, paused: bool) -> Result<(), StoreError>;
+
+    /// Move the pending embed work of `ids` to interactive priority. Returns how many
+    /// documents moved.
+    fn promote(&mut self, ids: &[String]) -> Result<u64, StoreError>;
+
+    /// Start (or resume) filling a vector set for `model`; its documents are queued a page at
+    /// a time as workers run dry ([`crate::lifecycle::LifecycleStore::maintain`]).
+    fn start_backfill(&mut self, model: &ModelIdentity) -> Result<VectorSet, StoreError>;
+
+    /// Queue every document for `stage` (a stage without a vector set, such as `noop`) at
+    /// `priority`. Returns how many.
+    fn enqueue_all(&mut self, stage: &str, priority: Priority) -> Result<u64, StoreError>;
+
+    /// Drop the vector sets a finished migration retired; the models dropped.
+    fn drop_retired(&mut self) -> Result<Vec<String>, StoreError>;
+
+    /// Chunks of the active set still without a vector, and all current chunks.
+    fn unembedded(&mut self) -> Result<(u64, u64), StoreError>;
+
+    /// An enrich run is over: finish what waits for the end (an approximate-search index
+    /// over the vectors written). Returns notes for the summary.
+    fn finish_run(&mut self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+/// Open the lifecycle store of an existing index.
+pub fn open_store(uri: &IndexUri) -> Result<Box<dyn IndexStore>, StoreError> {
+    match uri {
+        IndexUri::Sqlite(path) => {
+            if !path.is_file() {
+                return Err(StoreError::Invalid(format!(
+                    "no index at `{}`: run `ragline ingest` first, or give --index",
+                    path.display()
+                )));
+            }
+            Ok(Box::new(super::sqlite::SqliteStore::open(path)?))
+        }
+        IndexUri::Postgres(target) => Ok(Box::new(super::postgres::PgStore::open(target)?)),
+        IndexUri::Jsonl(_) | IndexUri::Parquet(_) | IndexUri::Null { .. } => {
+            Err(StoreError::Invalid(format!(
+                "{uri} keeps no lifecycle: enrich, backfill, status, dlq, pause and promote \
+                 work on sqlite:// and postgres:// indexes"
+            )))
+        }
+    }
+}

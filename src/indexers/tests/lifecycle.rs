@@ -1,0 +1,563 @@
+//! The lifecycle on every store: settle, claims and leases, retries and dead letters,
+//! priority, pause, old versions kept for search, vector sets and the switch.
+
+use std::time::Duration;
+
+use super::*;
+use crate::lifecycle::{
+    ChunkVector, Claim, ClaimRequest, EnrichStore, LifecycleStore, Maintenance, Priority,
+    StageSettings, Status, WorkItem, WorkKey, EMBED,
+};
+
+fn deferred(parent: &Document, ordinal: u32, text: &str) -> Document {
+    let mut c = chunk(parent, ordinal, text, vec![]);
+    let ch = c.chunk.as_mut().unwrap();
+    ch.vector = None;
+    ch.token_ids = text.bytes().map(u32::from).collect();
+    c
+}
+
+fn request(owner: &str) -> ClaimRequest {
+    ClaimRequest {
+        owner: owner.into(),
+        stages: vec![EMBED.into()],
+        vector_sets: vec![],
+        max_items: 100,
+        max_cost: u64::MAX,
+        lease: Duration::from_secs(60),
+        retry_limit: 5,
+    }
+}
+
+fn items(c: Claim) -> Vec<WorkItem> {
+    match c {
+        Claim::Items(items) => items,
+        other => panic!("expected items, got {other:?}"),
+    }
+}
+
+fn ids(items: &[WorkItem]) -> Vec<&str> {
+    items.iter().map(|i| i.key.document_id.as_str()).collect()
+}
+
+/// The index `ix` with documents `docs`, each with `n` chunks written without vectors.
+fn deferred_index(
+    ix: &TestIndex,
+    docs: &[&str],
+    n: u32,
+) -> (Box<dyn BackendFactory>, Box<dyn IndexStore>) {
+    let f = ix.open(identity("a", 4));
+    let mut b = f.connect().unwrap();
+    for d in docs {
+        let p = parent(d, "h1", n);
+        let mut batch = vec![p.clone()];
+        for i in 0..n {
+            batch.push(deferred(&p, i, &format!("{d} chunk {i}")));
+        }
+        all_ok(b.write(&batch));
+    }
+    (f, ix.store())
+}
+
+fn vectors_for(store: &mut dyn IndexStore, key: &WorkKey) -> Vec<ChunkVector> {
+    store
+        .pending_chunks(key)
+        .unwrap()
+        .into_iter()
+        .map(|c| ChunkVector {
+            rowid: c.rowid,
+            guard: c.input_key,
+            vector: unit(c.rowid as usize, 4),
+        })
+        .collect()
+}
+
+#[test]
+fn deferred_chunks_queue_their_embedding_and_a_claim_leases_it() {
+    for ix in backends("defe_chun_queu_thei") {
+        let (_f, mut store) = deferred_index(&ix, &["a"], 2);
+        let status = store.status().unwrap();
+        assert_eq!(status.stages["chunk"].done, 1);
+        assert_eq!(status.stages["embed"].pending, 1);
+        assert_eq!(store.unembedded().unwrap(), (2, 2));
+
+        let mut req = request("A");
+        req.lease = Duration::from_millis(1);
+        let got = items(store.claim(&req).unwrap());
+        assert_eq!(ids(&got), ["a"]);
+        assert_eq!(got[0].attempts, 1);
+        assert_eq!(got[0].priority, Priority::Fresh);
+        // The chunker's ids come with the chunks (the set's tokenizer is the chunker's).
+        let chunks = store.pending_chunks(&got[0].key).unwrap();
+        assert_eq!(chunks.len(), 2);
+        assert_eq!(
+            chunks[0].token_ids.as_deref(),
+            Some(&b"a chunk 0".map(u32::from)[..])
+        );
+        // Leased: nobody else gets it until the lease expires.
+        std::thread::sleep(Duration::from_millis(5));
+        let again = items(store.claim(&request("B")).unwrap());
+        assert_eq!(
+            ids(&again),
+            ["a"],
+            "an expired lease makes the work claimable"
+        );
+        assert!(matches!(
+            store.claim(&request("C")).unwrap(),
+            Claim::Idle {
+                paused: false,
+                next_due: None
+            }
+        ));
+        // A's late results are still right (same inputs), but only B's lease completes it.
+        let v = vectors_for(store.as_mut(), &again[0].key);
+        assert_eq!(store.write_vectors(1, &v, &["a".into()]).unwrap(), 2);
+        let status = store.status().unwrap();
+        assert_eq!(status.stages["embed"].done, 1);
+        assert_eq!(status.vector_sets[0].embedded, 2);
+        assert_eq!(store.unembedded().unwrap(), (0, 0));
+        let doc = store.document_lifecycle("a").unwrap().unwrap();
+        let embed = doc.stages.iter().find(|s| s.stage == "embed").unwrap();
+        assert_eq!(embed.attempts, 2);
+        assert!(
+            embed.errors[0].message.contains("lease of A expired"),
+            "{:?}",
+            embed.errors
+        );
+        // Token ids are dropped once every live set has the vector.
+        let kept = ix.count(
+            "SELECT COUNT(token_ids) FROM chunks",
+            "SELECT count(*) FROM {s}.chunk_tokens",
+        );
+        assert_eq!(kept, 0);
+    }
+}
+
+#[test]
+fn a_vector_is_never_written_for_text_that_changed_meanwhile() {
+    for ix in backends("a_vect_is_neve") {
+        let (f, mut store) = deferred_index(&ix, &["a"], 1);
+        let got = items(store.claim(&request("A")).unwrap());
+        let stale = vectors_for(store.as_mut(), &got[0].key);
+        // The document is edited while its embedding runs.
+        let p = parent("a", "h2", 1);
+        all_ok(
+            f.connect()
+                .unwrap()
+                .write(&[p.clone(), deferred(&p, 0, "new text")]),
+        );
+        assert_eq!(store.write_vectors(1, &stale, &["a".into()]).unwrap(), 0);
+        let status = store.status().unwrap();
+        assert_eq!(
+            status.stages["embed"].pending, 1,
+            "fresh work for the new text"
+        );
+        assert_eq!(status.stages["embed"].done, 0);
+        // The worker's lease is void: its failure report changes nothing.
+        let s = store
+            .fail(
+                "A",
+                &[(got[0].key.clone(), "late".into())],
+                &StageSettings::default(),
+            )
+            .unwrap();
+        assert_eq!(s, vec![Status::InProgress]);
+        assert_eq!(store.status().unwrap().stages["embed"].pending, 1);
+    }
+}
+
+#[test]
+fn failures_back_off_then_go_dead_with_every_error_and_requeue_resets_attempts() {
+    for ix in backends("fail_back_off_then") {
+        let (_f, mut store) = deferred_index(&ix, &["a", "b"], 1);
+        let settings = StageSettings {
+            retry_limit: 3,
+            backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(40),
+            ..StageSettings::default()
+        };
+        let key = WorkKey {
+            document_id: "a".into(),
+            stage: EMBED.into(),
+            vector_set: 1,
+        };
+        let mut req = request("W");
+        req.max_items = 1;
+        for attempt in 1..=3u32 {
+            // Claim until `a` comes up (b may come first).
+            let got = loop {
+                match store.claim(&req).unwrap() {
+                    Claim::Items(i) if i[0].key == key => break i,
+                    Claim::Items(i) => {
+                        let v = vectors_for(store.as_mut(), &i[0].key);
+                        store.write_vectors(1, &v, &["b".into()]).unwrap();
+                    }
+                    Claim::Idle { next_due, .. } => {
+                        let due = next_due.expect("a retry is waiting");
+                        assert!(due > crate::lifecycle::now_ms() - 1000);
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            };
+            assert_eq!(got[0].attempts, attempt);
+            let status = store
+                .fail("W", &[(key.clone(), format!("boom {attempt}"))], &settings)
+                .unwrap();
+            let expected = if attempt < 3 {
+                Status::Failed
+            } else {
+                Status::Dead
+            };
+            assert_eq!(status, vec![expected]);
+            if attempt < 3 {
+                // Backing off: not claimable at once.
+                assert!(matches!(
+                    store.claim(&req).unwrap(),
+                    Claim::Idle { .. } | Claim::Items(_)
+                ));
+            }
+        }
+        let dead = store.dead_letters(None).unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].document_id, "a");
+        assert_eq!(dead[0].attempts, 3);
+        assert_eq!(dead[0].last_error.as_deref(), Some("boom 3"));
+        let doc = store.document_lifecycle("a").unwrap().unwrap();
+        let errors: Vec<&str> = doc
+            .stages
+            .iter()
+            .find(|s| s.stage == "embed")
+            .unwrap()
+            .errors
+            .iter()
+            .map(|e| e.message.as_str())
+            .collect();
+        assert_eq!(errors, ["boom 1", "boom 2", "boom 3"]);
+        // Dead is not claimable.
+        assert!(matches!(store.claim(&req).unwrap(), Claim::Idle { .. }));
+        assert_eq!(store.requeue(None, Some(&["other".into()])).unwrap(), 0);
+        assert_eq!(store.requeue(Some("embed"), None).unwrap(), 1);
+        let got = items(store.claim(&req).unwrap());
+        assert_eq!(got[0].key, key);
+        assert_eq!(got[0].attempts, 1, "attempts start again");
+        let doc = store.document_lifecycle("a").unwrap().unwrap();
+        assert_eq!(
+            doc.stages
+                .iter()
+                .find(|s| s.stage == "embed")
+                .unwrap()
+                .errors
+                .len(),
+            3,
+            "history kept"
+        );
+    }
+}
+
+#[test]
+fn a_document_that_changes_while_dead_is_fresh_work_again() {
+    for ix in backends("a_docu_that_chan") {
+        let (f, mut store) = deferred_index(&ix, &["a"], 1);
+        let settings = StageSettings {
+            retry_limit: 1,
+            ..StageSettings::default()
+        };
+        let got = items(store.claim(&request("W")).unwrap());
+        store
+            .fail("W", &[(got[0].key.clone(), "poison".into())], &settings)
+            .unwrap();
+        assert_eq!(store.status().unwrap().stages["embed"].dead, 1);
+        // The same content written again stays dead...
+        let p = parent("a", "h1", 1);
+        all_ok(
+            f.connect()
+                .unwrap()
+                .write(&[p.clone(), deferred(&p, 0, "a chunk 0")]),
+        );
+        assert_eq!(store.status().unwrap().stages["embed"].dead, 1);
+        // ...new content is fresh work.
+        let p = parent("a", "h2", 1);
+        all_ok(
+            f.connect()
+                .unwrap()
+                .write(&[p.clone(), deferred(&p, 0, "cured text")]),
+        );
+        let s = store.status().unwrap();
+        assert_eq!((s.stages["embed"].dead, s.stages["embed"].pending), (0, 1));
+        let got = items(store.claim(&request("W")).unwrap());
+        assert_eq!(got[0].attempts, 1);
+    }
+}
+
+#[test]
+fn interactive_goes_before_fresh_before_backfill_each_fifo() {
+    for ix in backends("inte_goes_befo_fres") {
+        let (_f, mut store) = deferred_index(&ix, &["d1", "d2", "d3", "d4"], 1);
+        assert_eq!(store.promote(&["d3".into(), "nope".into()]).unwrap(), 1);
+        let mut req = request("W");
+        req.max_items = 1;
+        let mut order = Vec::new();
+        let mut seqs = Vec::new();
+        while let Claim::Items(got) = store.claim(&req).unwrap() {
+            order.push(got[0].key.document_id.clone());
+            seqs.push(got[0].claim_seq);
+            assert_eq!(
+                got[0].priority,
+                if got[0].key.document_id == "d3" {
+                    Priority::Interactive
+                } else {
+                    Priority::Fresh
+                }
+            );
+        }
+        assert_eq!(order, ["d3", "d1", "d2", "d4"]);
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    }
+}
+
+#[test]
+fn a_claim_takes_the_first_item_always_then_as_many_as_fit() {
+    for ix in backends("a_clai_take_the") {
+        let (_f, mut store) = deferred_index(&ix, &["x", "y", "z"], 2);
+        let mut req = request("W");
+        req.max_cost = 12; // each document: 2 chunks of 3 tokens
+        assert_eq!(ids(&items(store.claim(&req).unwrap())), ["x", "y"]);
+        req.max_cost = 1;
+        assert_eq!(ids(&items(store.claim(&req).unwrap())), ["z"]);
+    }
+}
+
+#[test]
+fn a_paused_stage_hands_out_nothing_until_resumed() {
+    for ix in backends("a_paus_stag_hand") {
+        let (_f, mut store) = deferred_index(&ix, &["a"], 1);
+        store.set_paused("embed", true).unwrap();
+        assert_eq!(
+            store.claim(&request("W")).unwrap(),
+            Claim::Idle {
+                paused: true,
+                next_due: None
+            }
+        );
+        assert!(store.status().unwrap().stages["embed"].paused);
+        assert!(
+            store.set_paused("chunk", true).is_err(),
+            "only enrich stages pause"
+        );
+        store.set_paused("embed", false).unwrap();
+        assert_eq!(ids(&items(store.claim(&request("W")).unwrap())), ["a"]);
+    }
+}
+
+#[test]
+fn the_leases_of_a_process_that_is_gone_are_taken_at_once() {
+    for ix in backends("the_leas_of_a") {
+        let (_f, mut store) = deferred_index(&ix, &["a"], 1);
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().replace(':', "_"))
+            .unwrap_or_else(|_| "localhost".into());
+        let ghost = format!("{host}:{pid}:12345:enrich-0");
+        let mut req = request(&ghost);
+        req.lease = Duration::from_secs(3600);
+        items(store.claim(&req).unwrap());
+        assert!(matches!(
+            store.claim(&request("W")).unwrap(),
+            Claim::Idle { .. }
+        ));
+        if std::path::Path::new("/proc/self/stat").exists() {
+            assert_eq!(store.reap_dead_owners().unwrap(), 1);
+            let got = items(store.claim(&request("W")).unwrap());
+            assert_eq!(got[0].attempts, 2, "the dead worker's attempt counts");
+            let doc = store.document_lifecycle("a").unwrap().unwrap();
+            let errors = &doc
+                .stages
+                .iter()
+                .find(|s| s.stage == "embed")
+                .unwrap()
+                .errors;
+            assert!(errors[0].message.contains("process ended"), "{errors:?}");
+        }
+    }
+}
+
+#[test]
+fn an_edited_chunk_keeps_its_old_version_for_vector_search_until_the_new_one_is_embedded() {
+    for ix in backends("an_edit_chun_keep") {
+        let f = ix.open(identity("a", 4));
+        let mut b = f.connect().unwrap();
+        let p = parent("doc", "h1", 3);
+        all_ok(b.write(&[
+            p.clone(),
+            chunk(&p, 0, "same text", unit(0, 4)),
+            chunk(&p, 1, "old words", unit(1, 4)),
+            chunk(&p, 2, "dropped later", unit(2, 4)),
+        ]));
+        // A deferred re-ingest: chunk 0 unchanged (its vector reused), chunk 1 new text without a
+        // vector, chunk 2 gone.
+        let p2 = parent("doc", "h2", 2);
+        all_ok(b.write(&[
+            p2.clone(),
+            chunk(&p2, 0, "same text", unit(0, 4)),
+            deferred(&p2, 1, "new words"),
+        ]));
+        let r = ix.reader();
+        assert_eq!(
+            r.counts().unwrap(),
+            (1, 2, 1),
+            "old versions are not counted"
+        );
+        assert!(
+            r.keyword("old", 5).unwrap().is_empty(),
+            "keyword search has the new text"
+        );
+        assert_eq!(r.keyword("new", 5).unwrap().len(), 1);
+        // Vector search still finds the old versions, with their own text.
+        let near = r.nearest(&unit(1, 4), 1).unwrap();
+        let row = r.chunk(near[0].0).unwrap().unwrap();
+        assert_eq!((row.text.as_str(), row.superseded), ("old words", true));
+        let near = r.nearest(&unit(2, 4), 1).unwrap();
+        assert_eq!(r.chunk(near[0].0).unwrap().unwrap().text, "dropped later");
+
+        // The new chunk gets its vector: every old version goes, in that transaction.
+        let mut store = ix.store();
+        let got = items(store.claim(&request("W")).unwrap());
+        let pending = store.pending_chunks(&got[0].key).unwrap();
+        assert_eq!(pending.len(), 1);
+        let v = vec![ChunkVector {
+            rowid: pending[0].rowid,
+            guard: pending[0].input_key,
+            vector: unit(3, 4),
+        }];
+        assert_eq!(store.write_vectors(1, &v, &["doc".into()]).unwrap(), 1);
+        let r = ix.reader();
+        let near = r.nearest(&unit(1, 4), 5).unwrap();
+        let texts: Vec<String> = near
+            .iter()
+            .map(|(id, _)| r.chunk(*id).unwrap().unwrap().text)
+            .collect();
+        assert_eq!(texts.len(), 2, "{texts:?}");
+        assert!(
+            texts.contains(&"new words".to_string()) && texts.contains(&"same text".to_string())
+        );
+        assert_eq!(store.status().unwrap().stages["embed"].done, 1);
+    }
+}
+
+#[test]
+fn a_backfill_fills_a_second_set_at_backfill_priority_and_switches_when_complete() {
+    for ix in backends("a_back_fill_a") {
+        let f = ix.open(identity("a", 4));
+        let mut b = f.connect().unwrap();
+        for d in ["d1", "d2"] {
+            let p = parent(d, "h", 1);
+            all_ok(b.write(&[p.clone(), chunk(&p, 0, &format!("{d} text"), unit(0, 4))]));
+        }
+        let mut store = ix.store();
+        let new_model = ModelIdentity {
+            name: "model-b".into(),
+            dir: "/nowhere".into(),
+            fingerprint: "b".into(),
+            dimension: 3,
+            tokenizer: Some("tok".into()),
+        };
+        let set = store.start_backfill(&new_model).unwrap();
+        assert_eq!((set.id, set.dimension), (2, 3));
+        assert_eq!(store.start_backfill(&new_model).unwrap().id, 2, "resumes");
+        assert!(store
+            .start_backfill(&identity("c", 4).model.unwrap())
+            .is_err());
+        // Nothing queued until the queue runs dry; then a page, from the watermark.
+        assert!(matches!(
+            store.claim(&request("W")).unwrap(),
+            Claim::Idle { .. }
+        ));
+        assert_eq!(
+            store.maintain().unwrap(),
+            Maintenance::Queued {
+                set: 2,
+                documents: 2
+            }
+        );
+        // A fresh document arriving meanwhile gets a vector in both sets, and goes first.
+        let p = parent("d0", "h", 1);
+        all_ok(b.write(&[p.clone(), chunk(&p, 0, "d0 text", unit(0, 4))]));
+        let mut req = request("W");
+        req.max_items = 1;
+        let first = items(store.claim(&req).unwrap());
+        assert_eq!(
+            (first[0].key.document_id.as_str(), first[0].priority),
+            ("d0", Priority::Fresh)
+        );
+        let status = store.status().unwrap();
+        let bf = status.backfill.as_ref().unwrap();
+        assert_eq!(bf.watermark.as_deref(), Some("d2"));
+        assert!(bf.all_queued, "a short page is the last");
+        assert_eq!(bf.chunks_total, 3);
+        // Search still uses set 1 while set 2 fills.
+        assert_eq!(ix.reader().meta().dimension, Some(4));
+        let mut keys = vec![first[0].key.clone()];
+        while let Claim::Items(got) = store.claim(&req).unwrap() {
+            assert_eq!(got[0].priority, Priority::Backfill);
+            keys.push(got[0].key.clone());
+        }
+        assert_eq!(keys.len(), 3);
+        for key in &keys {
+            let v: Vec<ChunkVector> = store
+                .pending_chunks(key)
+                .unwrap()
+                .into_iter()
+                .map(|c| ChunkVector {
+                    rowid: c.rowid,
+                    guard: c.input_key,
+                    vector: vec![0.0, 1.0, 0.0],
+                })
+                .collect();
+            store
+                .write_vectors(2, &v, std::slice::from_ref(&key.document_id))
+                .unwrap();
+        }
+        assert_eq!(
+            store.maintain().unwrap(),
+            Maintenance::Switched {
+                set: 2,
+                model: "model-b".into()
+            }
+        );
+        let r = ix.reader();
+        assert_eq!(r.meta().dimension, Some(3));
+        assert_eq!(r.meta().model.as_deref(), Some("model-b"));
+        assert_eq!(r.nearest(&[0.0, 1.0, 0.0], 5).unwrap().len(), 3);
+        let status = store.status().unwrap();
+        assert!(status.backfill.is_none());
+        assert_eq!(
+            status
+                .vector_sets
+                .iter()
+                .map(|s| (s.id, s.active, s.embedded))
+                .collect::<Vec<_>>(),
+            [(1, false, 3), (2, true, 3)]
+        );
+        assert_eq!(store.drop_retired().unwrap(), ["test-model"]);
+        assert_eq!(store.sets().unwrap().len(), 1);
+        // The index now takes the new model's runs, and refuses the old one's.
+        assert!(ix.try_open(identity("a", 4)).is_err());
+    }
+}
+
+#[test]
+fn pruning_a_document_removes_its_queue_entries() {
+    for ix in backends("prun_a_docu_remo") {
+        let (f, mut store) = deferred_index(&ix, &["a", "b"], 1);
+        assert_eq!(store.status().unwrap().stages["embed"].pending, 2);
+        f.delete_documents(&["a".into()]).unwrap();
+        let s = store.status().unwrap();
+        assert_eq!(
+            (s.documents, s.chunks, s.stages["embed"].pending),
+            (1, 1, 1)
+        );
+        assert!(store.document_lifecycle("a").unwrap().is_none());
+    }
+}

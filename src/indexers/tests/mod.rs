@@ -1,0 +1,447 @@
+//! The backend suite: the same tests of writes, incremental runs, pruning, vector reuse and
+//! the whole lifecycle, run against every store: SQLite always, PostgreSQL when
+//! `RAGLINE_TEST_POSTGRES` names a server (`scripts/postgres.sh start` prints its URL;
+//! `scripts/test.sh` and `.ci/run` set it). Synthetic documents and vectors, no model.
+
+mod lifecycle;
+
+use crate::document::{Chunk, Document, InputKey};
+use crate::indexers::{
+    self, BackendFactory, IndexIdentity, IndexReader, IndexStore, IndexUri, ItemError,
+    ModelIdentity,
+};
+
+pub(crate) fn identity(fp: &str, dim: usize) -> IndexIdentity {
+    IndexIdentity {
+        model: Some(ModelIdentity {
+            name: "test-model".into(),
+            dir: "/nonexistent".into(),
+            fingerprint: fp.into(),
+            dimension: dim,
+            tokenizer: Some("tok".into()),
+        }),
+        pipeline_fingerprint: format!("pipe-{fp}"),
+        defer_embed: false,
+        priority: crate::lifecycle::Priority::Fresh,
+    }
+}
+
+/// What a `--no-chunk` run writes with: no model.
+pub(crate) fn no_model() -> IndexIdentity {
+    IndexIdentity {
+        model: None,
+        pipeline_fingerprint: "extract-v1".into(),
+        defer_embed: false,
+        priority: crate::lifecycle::Priority::Fresh,
+    }
+}
+
+pub(crate) fn parent(id: &str, hash: &str, children: u32) -> Document {
+    let mut d = Document::new(id, format!("text of {id}"));
+    d.content_hash = Some(hash.into());
+    d.children = children;
+    d
+}
+
+pub(crate) fn chunk(parent: &Document, ordinal: u32, text: &str, v: Vec<f32>) -> Document {
+    let mut c = parent.child(format!("{}#{ordinal}", parent.id), text);
+    c.chunk = Some(Box::new(Chunk {
+        ordinal,
+        heading_path: vec!["Top".into(), "Sub".into()],
+        start: 0,
+        end: text.len(),
+        token_count: 3,
+        pages: None,
+        token_ids: vec![],
+        input_key: Some(key_of(text)),
+        vector: Some(v),
+    }));
+    c
+}
+
+pub(crate) fn unit(i: usize, dim: usize) -> Vec<f32> {
+    let mut v = vec![0.0; dim];
+    v[i % dim] = 1.0;
+    v
+}
+
+pub(crate) fn all_ok(r: Vec<Result<(), ItemError>>) {
+    for (i, x) in r.iter().enumerate() {
+        assert!(x.is_ok(), "item {i}: {x:?}");
+    }
+}
+
+pub(crate) fn key_of(text: &str) -> InputKey {
+    Chunk::input_key_of(&text.bytes().map(u32::from).collect::<Vec<_>>())
+}
+
+/// A fresh, empty index of one backend for one test.
+pub(crate) struct TestIndex {
+    pub uri: IndexUri,
+    /// The Postgres server and schema (dropped when the test passes).
+    pg: Option<(String, String)>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// The indexes a test named `name` runs against: a fresh SQLite file, and a fresh schema on
+/// the Postgres test server when there is one.
+pub(crate) fn backends(name: &str) -> Vec<TestIndex> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut v = vec![TestIndex {
+        uri: IndexUri::Sqlite(dir.path().join("i.db")),
+        pg: None,
+        _dir: Some(dir),
+    }];
+    match std::env::var("RAGLINE_TEST_POSTGRES") {
+        Ok(url) if !url.is_empty() => {
+            let schema = format!("u_{name}_{}", std::process::id());
+            let mut c = postgres::Client::connect(&url, postgres::NoTls)
+                .expect("connect to the RAGLINE_TEST_POSTGRES server");
+            c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                .unwrap();
+            let sep = if url.contains('?') { '&' } else { '?' };
+            v.push(TestIndex {
+                uri: format!("{url}{sep}schema={schema}").parse().unwrap(),
+                pg: Some((url, schema)),
+                _dir: None,
+            });
+        }
+        _ => eprintln!(
+            "SKIPPED (postgres): RAGLINE_TEST_POSTGRES is not set; run \
+             `export RAGLINE_TEST_POSTGRES=$(scripts/postgres.sh start)` to include PostgreSQL"
+        ),
+    }
+    v
+}
+
+impl TestIndex {
+    pub fn name(&self) -> &'static str {
+        if self.pg.is_some() {
+            "postgres"
+        } else {
+            "sqlite"
+        }
+    }
+
+    /// Open it for a run with `identity` (creating it the first time).
+    pub fn open(&self, identity: IndexIdentity) -> Box<dyn BackendFactory> {
+        self.try_open(identity).unwrap()
+    }
+
+    pub fn try_open(
+        &self,
+        identity: IndexIdentity,
+    ) -> Result<Box<dyn BackendFactory>, indexers::BackendError> {
+        indexers::open(&self.uri, identity)
+    }
+
+    pub fn store(&self) -> Box<dyn IndexStore> {
+        indexers::open_store(&self.uri).unwrap()
+    }
+
+    /// A reader (exact vector search).
+    pub fn reader(&self) -> Box<dyn IndexReader> {
+        indexers::open_reader(&self.uri, true).unwrap()
+    }
+
+    /// Run SQL: `sqlite` on the SQLite file, `postgres` (with `{s}` for the schema) on the
+    /// server.
+    pub fn execute(&self, sqlite: &str, postgres: &str) {
+        match (&self.uri, &self.pg) {
+            (_, Some((url, schema))) => {
+                let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+                c.batch_execute(&postgres.replace("{s}", schema)).unwrap();
+            }
+            (IndexUri::Sqlite(path), None) => rusqlite::Connection::open(path)
+                .unwrap()
+                .execute_batch(sqlite)
+                .unwrap(),
+            _ => unreachable!("test indexes are sqlite or postgres"),
+        }
+    }
+
+    /// A number a query gives (as for [`TestIndex::execute`]).
+    pub fn count(&self, sqlite: &str, postgres: &str) -> i64 {
+        match (&self.uri, &self.pg) {
+            (_, Some((url, schema))) => {
+                let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+                c.query_one(&postgres.replace("{s}", schema), &[])
+                    .unwrap()
+                    .get(0)
+            }
+            (IndexUri::Sqlite(path), None) => rusqlite::Connection::open(path)
+                .unwrap()
+                .query_row(sqlite, [], |r| r.get(0))
+                .unwrap(),
+            _ => unreachable!("test indexes are sqlite or postgres"),
+        }
+    }
+}
+
+impl Drop for TestIndex {
+    /// A passing test leaves nothing on the server.
+    fn drop(&mut self) {
+        if let Some((url, schema)) = &self.pg {
+            if !std::thread::panicking() {
+                if let Ok(mut c) = postgres::Client::connect(url, postgres::NoTls) {
+                    let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn upserts_are_idempotent_and_rechunking_removes_stale_chunks() {
+    for ix in backends("upserts") {
+        let f = ix.open(identity("a", 4));
+        let mut b = f.connect().unwrap();
+        let p = parent("doc", "h1", 3);
+        let batch = vec![
+            p.clone(),
+            chunk(&p, 0, "alpha one", unit(0, 4)),
+            chunk(&p, 1, "beta two", unit(1, 4)),
+            chunk(&p, 2, "gamma three", unit(2, 4)),
+        ];
+        all_ok(b.write(&batch));
+        all_ok(b.write(&batch));
+        let r = ix.reader();
+        assert_eq!(
+            r.counts().unwrap(),
+            (1, 3, 3),
+            "{}: writing twice duplicates nothing",
+            ix.name()
+        );
+        assert_eq!(f.known_documents().unwrap()["doc"].content_hash, "h1");
+
+        // New content, two chunks: the third goes, with its vector and full-text entry.
+        let p2 = parent("doc", "h2", 2);
+        all_ok(b.write(&[
+            p2.clone(),
+            chunk(&p2, 0, "alpha again", unit(0, 4)),
+            chunk(&p2, 1, "delta four", unit(3, 4)),
+        ]));
+        let r = ix.reader();
+        assert_eq!(r.counts().unwrap(), (1, 2, 2), "{}", ix.name());
+        assert!(
+            r.keyword("gamma", 10).unwrap().is_empty(),
+            "{}: stale chunk left in the keyword index",
+            ix.name()
+        );
+        let hits = r.keyword("delta", 10).unwrap();
+        assert_eq!(hits.len(), 1, "{}", ix.name());
+        assert_eq!(r.chunk(hits[0].0).unwrap().unwrap().id, "doc#1");
+        let near = r.nearest(&unit(3, 4), 1).unwrap();
+        assert_eq!(r.chunk(near[0].0).unwrap().unwrap().text, "delta four");
+        assert!(
+            near[0].1.abs() < 1e-6,
+            "{}: cosine distance of identical vectors is 0",
+            ix.name()
+        );
+        assert_eq!(
+            ix.count(
+                "SELECT COUNT(*) FROM chunk_vectors",
+                "SELECT count(*) FROM {s}.vectors_1"
+            ),
+            2,
+            "{}: the stale chunk's vector went with it",
+            ix.name()
+        );
+    }
+}
+
+#[test]
+fn a_document_with_missing_chunks_is_not_known() {
+    for ix in backends("missing") {
+        let f = ix.open(identity("a", 4));
+        let mut b = f.connect().unwrap();
+        let p = parent("doc", "h1", 2);
+        // The run stopped after the document and one of its two chunks.
+        all_ok(b.write(&[p.clone(), chunk(&p, 0, "only one", unit(0, 4))]));
+        assert!(
+            !f.known_documents().unwrap().contains_key("doc"),
+            "{}",
+            ix.name()
+        );
+        all_ok(b.write(&[chunk(&p, 1, "and two", unit(1, 4))]));
+        assert!(
+            f.known_documents().unwrap().contains_key("doc"),
+            "{}",
+            ix.name()
+        );
+    }
+}
+
+#[test]
+fn bad_items_fail_alone() {
+    for ix in backends("bad_items") {
+        let f = ix.open(identity("a", 4));
+        let mut b = f.connect().unwrap();
+        let p = parent("doc", "h", 2);
+        let mut no_vector = chunk(&p, 1, "no vector yet", unit(0, 4));
+        no_vector.chunk.as_mut().unwrap().vector = None;
+        let r = b.write(&[
+            p.clone(),
+            chunk(&p, 0, "wrong dimension", vec![1.0; 8]),
+            no_vector,
+            parent("other", "h", 0),
+        ]);
+        assert!(r[0].is_ok() && r[3].is_ok(), "{}: {r:?}", ix.name());
+        let e1 = r[1].clone().unwrap_err();
+        assert!(
+            !e1.retryable && e1.message.contains("8 dimensions in an index of 4"),
+            "{e1}"
+        );
+        // A chunk without a vector is a chunk whose embedding is pending (a deferred ingest).
+        assert!(r[2].is_ok(), "{}: {:?}", ix.name(), r[2]);
+        let reader = ix.reader();
+        assert_eq!(reader.counts().unwrap(), (2, 1, 0), "{}", ix.name());
+        assert_eq!(reader.unembedded().unwrap(), (1, 1), "{}", ix.name());
+    }
+    // An index without a model takes no chunk at all: its vectors could never be computed.
+    for ix in backends("no_model") {
+        let plain = ix.open(no_model());
+        let p = parent("doc", "h", 1);
+        let r = plain
+            .connect()
+            .unwrap()
+            .write(&[chunk(&p, 0, "x", unit(0, 4))]);
+        assert!(
+            r[0].clone()
+                .unwrap_err()
+                .message
+                .contains("without a model"),
+            "{}: {r:?}",
+            ix.name()
+        );
+    }
+}
+
+#[test]
+fn another_model_is_refused_without_touching_the_index() {
+    for ix in backends("another_model") {
+        let f = ix.open(identity("a", 4));
+        let p = parent("doc", "h", 1);
+        all_ok(
+            f.connect()
+                .unwrap()
+                .write(&[p.clone(), chunk(&p, 0, "alpha", unit(0, 4))]),
+        );
+        drop(f);
+        let err = ix.try_open(identity("b", 4)).err().unwrap().to_string();
+        assert!(
+            err.contains("holds vectors of model `test-model`") && err.contains("another --index"),
+            "{}: {err}",
+            ix.name()
+        );
+        let err = ix.try_open(identity("a", 8)).err().unwrap().to_string();
+        assert!(err.contains("4 dimensions"), "{}: {err}", ix.name());
+        assert_eq!(ix.reader().counts().unwrap(), (1, 1, 1), "{}", ix.name());
+        assert_eq!(ix.store().sets().unwrap().len(), 1, "{}", ix.name());
+    }
+}
+
+#[test]
+fn pruning_deletes_documents_and_their_chunks() {
+    for ix in backends("pruning") {
+        let f = ix.open(identity("a", 4));
+        let mut b = f.connect().unwrap();
+        let p = parent("gone", "h", 1);
+        let q = parent("kept", "h", 1);
+        all_ok(b.write(&[
+            p.clone(),
+            chunk(&p, 0, "bye", unit(0, 4)),
+            q.clone(),
+            chunk(&q, 0, "hi", unit(1, 4)),
+        ]));
+        assert_eq!(f.delete_documents(&["gone".to_string()]).unwrap(), 1);
+        let r = ix.reader();
+        assert_eq!(r.counts().unwrap(), (1, 1, 1), "{}", ix.name());
+        assert!(r.keyword("bye", 5).unwrap().is_empty(), "{}", ix.name());
+        assert_eq!(
+            f.document_ids()
+                .unwrap()
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            vec!["kept".to_string()]
+        );
+        assert_eq!(
+            r.nearest(&unit(0, 4), 5).unwrap().len(),
+            1,
+            "{}: the vector went too",
+            ix.name()
+        );
+    }
+}
+
+#[test]
+fn an_item_the_database_rejects_fails_alone() {
+    for ix in backends("rejects") {
+        let f = ix.open(identity("a", 4));
+        ix.execute(
+            "CREATE TRIGGER poison BEFORE INSERT ON documents WHEN NEW.id = 'poison'
+             BEGIN SELECT RAISE(ABORT, 'poisoned row'); END;",
+            "CREATE FUNCTION {s}.poison() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.id = 'poison' THEN RAISE EXCEPTION 'poisoned row'; END IF;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER poison BEFORE INSERT ON {s}.documents
+                 FOR EACH ROW EXECUTE FUNCTION {s}.poison();",
+        );
+        let mut b = f.connect().unwrap();
+        let p = parent("good", "h", 1);
+        let r = b.write(&[
+            p.clone(),
+            parent("poison", "h", 0),
+            chunk(&p, 0, "fine", unit(0, 4)),
+        ]);
+        assert!(r[0].is_ok() && r[2].is_ok(), "{}: {r:?}", ix.name());
+        let e = r[1].clone().unwrap_err();
+        assert!(
+            e.message.contains("poisoned row") && !e.retryable,
+            "{}: {e}",
+            ix.name()
+        );
+        assert_eq!(ix.reader().counts().unwrap(), (1, 1, 1), "{}", ix.name());
+    }
+}
+
+#[test]
+fn stored_vectors_are_found_by_input_key_only() {
+    for ix in backends("stored") {
+        let f = ix.open(identity("a", 4));
+        let mut b = f.connect().unwrap();
+        let p = parent("doc", "h1", 2);
+        let v = vec![0.5, 0.5, 0.5, 0.5];
+        all_ok(b.write(&[
+            p.clone(),
+            chunk(&p, 0, "alpha one", v.clone()),
+            chunk(&p, 1, "beta two", unit(1, 4)),
+        ]));
+        let mut stored = f
+            .stored_vectors()
+            .unwrap()
+            .expect("the index can look vectors up");
+        assert_eq!(stored.vector_for(&key_of("alpha one")).unwrap(), Some(v));
+        assert_eq!(
+            stored.vector_for(&key_of("beta two")).unwrap(),
+            Some(unit(1, 4))
+        );
+        assert_eq!(stored.vector_for(&key_of("alpha two")).unwrap(), None);
+
+        // Gone with its document.
+        f.delete_documents(&["doc".to_string()]).unwrap();
+        assert_eq!(
+            stored.vector_for(&key_of("alpha one")).unwrap(),
+            None,
+            "{}",
+            ix.name()
+        );
+    }
+    // An index opened without a model has no vectors to give.
+    for ix in backends("stored_plain") {
+        assert!(ix.open(no_model()).stored_vectors().unwrap().is_none());
+    }
+}

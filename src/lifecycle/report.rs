@@ -1,0 +1,113 @@
+//! What the lifecycle reports to operators, whatever the store: `ragline status`, the
+//! dead-letter queue, a document's history. Plain data, serialised as the commands' JSON.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// Documents of one stage by status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StageCounts {
+    pub pending: u64,
+    pub in_progress: u64,
+    pub failed: u64,
+    pub dead: u64,
+    pub done: u64,
+    pub paused: bool,
+    /// Seconds the oldest pending (or failed) document has waited since it was queued.
+    pub oldest_pending_secs: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct VectorSetStatus {
+    pub id: i64,
+    pub model: String,
+    pub dimension: usize,
+    /// Current chunks with a vector in this set.
+    pub embedded: u64,
+    /// Current chunks.
+    pub total: u64,
+    /// The set search uses.
+    pub active: bool,
+    /// active, backfill or retired.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BackfillProgress {
+    pub vector_set: i64,
+    pub model: String,
+    /// The last document id queued: a killed backfill goes on after it.
+    pub watermark: Option<String>,
+    /// Every document has been queued.
+    pub all_queued: bool,
+    pub documents_total: u64,
+    pub documents_queued: u64,
+    pub documents_done: u64,
+    pub chunks_embedded: u64,
+    pub chunks_total: u64,
+    /// Its documents by status.
+    pub stage: StageCounts,
+}
+
+/// `ragline status --json`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StatusReport {
+    pub index: String,
+    pub documents: u64,
+    pub chunks: u64,
+    /// Per stage (`embed`: in the active vector set).
+    pub stages: BTreeMap<String, StageCounts>,
+    pub vector_sets: Vec<VectorSetStatus>,
+    pub backfill: Option<BackfillProgress>,
+}
+
+/// A document in the dead-letter queue.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeadLetter {
+    pub document_id: String,
+    pub stage: String,
+    pub vector_set: i64,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    /// When it went dead (ms since the epoch).
+    pub dead_since: i64,
+}
+
+/// One failed attempt.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AttemptError {
+    pub attempt: u32,
+    /// ms since the epoch.
+    pub at: i64,
+    pub worker: String,
+    pub message: String,
+}
+
+/// A document's state in one stage, with every attempt's error.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StageState {
+    pub stage: String,
+    pub vector_set: i64,
+    pub status: String,
+    pub priority: String,
+    pub attempts: u32,
+    pub not_before: Option<i64>,
+    pub lease_owner: Option<String>,
+    pub lease_expires: Option<i64>,
+    pub enqueued_at: i64,
+    pub claimed_at: Option<i64>,
+    pub claim_seq: Option<i64>,
+    pub done_at: Option<i64>,
+    pub errors: Vec<AttemptError>,
+}
+
+/// `ragline dlq show DOC_ID`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DocumentLifecycle {
+    pub document_id: String,
+    pub source: Option<String>,
+    pub title: Option<String>,
+    pub chunks: u64,
+    pub stages: Vec<StageState>,
+}
