@@ -95,6 +95,10 @@ impl Indexer {
     /// item. False when the run stopped while reporting.
     fn write(&mut self, batch: &mut Vec<Delivery<Document>>) -> bool {
         let docs: Vec<Document> = batch.iter_mut().map(|d| take_doc(&mut d.item)).collect();
+        // Tests slow the writes down (`FAILPOINTS=index::batch=sleep(100)`) to act while a
+        // run is under way.
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("index::batch");
         let results = write_with_retries(self.backend.as_mut(), &docs, &self.config);
         for ((delivery, doc), result) in batch.drain(..).zip(&docs).zip(results) {
             let event = match result {

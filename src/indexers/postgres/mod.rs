@@ -264,9 +264,20 @@ struct PgVectors {
 }
 
 impl StoredVectors for PgVectors {
+    /// A connection lost to a server restart is made again (waiting for the server).
     fn vector_for(&mut self, key: &InputKey) -> Result<Option<Vec<f32>>, StoreError> {
-        stored_vector(&mut self.client, &self.target.schema_sql(), &self.set, key)
-            .map_err(|e| store_error(&self.target, e))
+        let s = self.target.schema_sql();
+        match stored_vector(&mut self.client, &s, &self.set, key) {
+            Err(e) if e.is_closed() => {
+                self.client = self
+                    .target
+                    .connect_patiently()
+                    .map_err(|e| StoreError::Io(e.to_string()))?;
+                stored_vector(&mut self.client, &s, &self.set, key)
+            }
+            other => other,
+        }
+        .map_err(|e| store_error(&self.target, e))
     }
 }
 

@@ -20,6 +20,9 @@ use crate::lifecycle::{
     Priority, StageSettings, Status, StoreError, WorkItem, WorkKey, CHUNK, EMBED,
 };
 
+/// Claims in a row that may come back empty before a worker is told to look again later.
+const CLAIM_TRIES: usize = 100;
+
 /// Documents queued per backfill page.
 pub const BACKFILL_PAGE: usize = 512;
 
@@ -230,7 +233,8 @@ impl PgStore {
                     any_paused = true;
                     continue;
                 }
-                let rows = candidates(tx, s, stage, now, &sets_wanted, req.max_items.max(1))?;
+                let rows =
+                    candidates(tx, s, stage, now, &sets_wanted, req.max_items.max(1), false)?;
                 let better = match (best.first(), rows.first()) {
                     (_, None) => false,
                     (None, Some(_)) => true,
@@ -267,21 +271,15 @@ impl PgStore {
                 });
             };
             let group = (first.key.stage.clone(), first.key.vector_set);
-            let mut picked: Vec<Candidate> = Vec::new();
-            let mut cost = 0u64;
-            for c in best {
-                if (c.key.stage.clone(), c.key.vector_set) != group {
-                    continue;
-                }
-                if !picked.is_empty() && cost + c.cost > req.max_cost {
-                    break;
-                }
-                cost += c.cost;
-                picked.push(c);
-                if picked.len() >= req.max_items {
-                    break;
-                }
+            let wanted = pick(best, &group, req).len();
+            // Lock what a claim of this size takes, skipping rows another claim is taking
+            // right now (read without locks above, so that a claim locks no more than it
+            // takes and a second worker finds the rest).
+            let locked = candidates(tx, s, &group.0, now, &[group.1 as i32], wanted, true)?;
+            if locked.is_empty() {
+                return Ok(Claim::Items(Vec::new()));
             }
+            let picked = pick(locked, &group, req);
             let mut claimed = Vec::with_capacity(picked.len());
             for c in picked {
                 if let Some(holder) = &c.expired_owner {
@@ -345,6 +343,27 @@ impl PgStore {
     }
 }
 
+/// The first candidates of `group` that fit a claim: the first whatever its cost, then as many
+/// as `max_cost` and `max_items` allow.
+fn pick(rows: Vec<Candidate>, group: &(String, i64), req: &ClaimRequest) -> Vec<Candidate> {
+    let mut picked: Vec<Candidate> = Vec::new();
+    let mut cost = 0u64;
+    for c in rows {
+        if (&c.key.stage, c.key.vector_set) != (&group.0, group.1) {
+            continue;
+        }
+        if !picked.is_empty() && cost + c.cost > req.max_cost {
+            break;
+        }
+        cost += c.cost;
+        picked.push(c);
+        if picked.len() >= req.max_items {
+            break;
+        }
+    }
+    picked
+}
+
 struct Candidate {
     id: i64,
     key: WorkKey,
@@ -357,7 +376,8 @@ struct Candidate {
     expired_owner: Option<String>,
 }
 
-/// Claimable rows of `stage`, best first, locked (rows another claim holds are skipped).
+/// Claimable rows of `stage`, best first; with `lock`, locked, skipping rows another
+/// transaction holds.
 fn candidates(
     tx: &mut Transaction<'_>,
     s: &str,
@@ -365,7 +385,13 @@ fn candidates(
     now: i64,
     sets_wanted: &[i32],
     limit: usize,
+    lock: bool,
 ) -> Result<Vec<Candidate>, postgres::Error> {
+    let lock = if lock {
+        "FOR UPDATE OF e SKIP LOCKED"
+    } else {
+        ""
+    };
     let rows = tx.query(
         &format!(
             "SELECT e.id, e.document_id, e.vector_set, e.attempts, e.priority, e.seq,
@@ -380,8 +406,7 @@ fn candidates(
                              AND c.vector_set = 0 AND c.status = 'done'
                              AND c.input_version = e.input_version)
              ORDER BY e.priority DESC, e.seq
-             LIMIT $4
-             FOR UPDATE OF e SKIP LOCKED"
+             LIMIT $4 {lock}"
         ),
         &[&stage, &now, &sets_wanted, &(limit as i64)],
     )?;
@@ -470,13 +495,19 @@ const HELD: &str =
 
 impl LifecycleStore for PgStore {
     fn claim(&mut self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        // A claim whose every candidate went to the dead-letter queue claims again.
-        loop {
+        // A claim that got nothing though there was work (every candidate went to the
+        // dead-letter queue, or another worker was claiming the same rows) claims again.
+        // Rows locked for longer than that are another transaction's: look again soon.
+        for _ in 0..CLAIM_TRIES {
             match self.claim_once(req)? {
                 Claim::Items(items) if items.is_empty() => continue,
                 other => return Ok(other),
             }
         }
+        Ok(Claim::Idle {
+            paused: false,
+            next_due: Some(crate::lifecycle::now_ms() + 50),
+        })
     }
 
     fn renew(&mut self, owner: &str, keys: &[WorkKey], lease: Duration) -> Result<(), StoreError> {

@@ -561,3 +561,56 @@ fn pruning_a_document_removes_its_queue_entries() {
         assert!(store.document_lifecycle("a").unwrap().is_none());
     }
 }
+
+#[test]
+fn concurrent_claims_never_hand_out_one_item_twice() {
+    for ix in backends("concurrent") {
+        let docs: Vec<String> = (0..120).map(|i| format!("d{i:03}")).collect();
+        let names: Vec<&str> = docs.iter().map(String::as_str).collect();
+        let (_f, _store) = deferred_index(&ix, &names, 1);
+        let claimed = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            for w in 0..4 {
+                let (ix, claimed) = (&ix, &claimed);
+                scope.spawn(move || {
+                    let mut store = ix.store();
+                    let owner = format!("worker-{w}");
+                    let mut req = request(&owner);
+                    req.max_items = 3;
+                    loop {
+                        match store.claim(&req).unwrap() {
+                            Claim::Items(got) => {
+                                let keys: Vec<WorkKey> =
+                                    got.iter().map(|i| i.key.clone()).collect();
+                                store.complete(&owner, &keys).unwrap();
+                                claimed.lock().unwrap().extend(
+                                    got.into_iter().map(|i| (i.key.document_id, owner.clone())),
+                                );
+                            }
+                            Claim::Idle {
+                                next_due: Some(_), ..
+                            } => std::thread::sleep(Duration::from_millis(5)),
+                            Claim::Idle { next_due: None, .. } => break,
+                        }
+                    }
+                });
+            }
+        });
+        let claimed = claimed.into_inner().unwrap();
+        let mut ids: Vec<&str> = claimed.iter().map(|c| c.0.as_str()).collect();
+        ids.sort_unstable();
+        let before = ids.len();
+        ids.dedup();
+        assert_eq!(
+            before,
+            ids.len(),
+            "{}: an item was claimed twice",
+            ix.name()
+        );
+        assert_eq!(ids.len(), docs.len(), "{}: every item claimed", ix.name());
+        let workers: std::collections::HashSet<&str> =
+            claimed.iter().map(|c| c.1.as_str()).collect();
+        eprintln!("{}: {} workers took part", ix.name(), workers.len());
+        assert_eq!(ix.store().status().unwrap().stages["embed"].done, 120);
+    }
+}
