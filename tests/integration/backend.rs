@@ -4,7 +4,7 @@
 //! reads what was written through [`TestIndex`], whatever the store.
 
 use std::path::{Path, PathBuf};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{RwLock, RwLockReadGuard};
 
 use ragline::indexers::{open_reader, IndexUri};
 
@@ -29,7 +29,8 @@ pub fn server_shared() -> RwLockReadGuard<'static, ()> {
     SERVER.read().unwrap_or_else(|e| e.into_inner())
 }
 
-pub fn server_exclusive() -> RwLockWriteGuard<'static, ()> {
+#[cfg(feature = "failpoints")]
+pub fn server_exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
     SERVER.write().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -96,6 +97,7 @@ pub fn postgres_index(url: &str, name: &str) -> TestIndex {
 
 impl TestIndex {
     /// A schema a test has written already (dropped when the test passes).
+    #[cfg(feature = "failpoints")]
     pub fn existing(url: &str, schema: &str) -> TestIndex {
         TestIndex::Postgres {
             url: url.to_string(),

@@ -5,14 +5,12 @@
 
 use std::fs;
 use std::path::Path;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::backend::{postgres_index, postgres_url, server_exclusive, TestIndex};
+use crate::backend::{postgres_index, postgres_url};
 use crate::index::ingest_into;
-use crate::util::{model_dir, ragline, random_model, root, run, shared_data, stdout_json};
+use crate::util::{model_dir, ragline, random_model, root, run, stdout_json};
 
 fn config(url: &str) -> postgres::Config {
     url.parse().unwrap()
@@ -126,113 +124,125 @@ fn postgres_refusals_exit_2_and_say_what_to_do() {
     let _ = report;
 }
 
-/// The URL `scripts/postgres.sh` serves, when the tests run against that server (only then
-/// may a test stop and start it).
-fn own_server(url: &str) -> bool {
-    let o = std::process::Command::new(root().join("scripts/postgres.sh"))
-        .arg("url")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout).trim() == url
-}
-
-fn postgres_sh(args: &[&str]) {
-    let o = run(std::process::Command::new(root().join("scripts/postgres.sh")).args(args));
-    assert!(o.status.success(), "scripts/postgres.sh {args:?}");
-}
-
-/// The server crashes (`pg_ctl stop -m immediate`) in the middle of an ingest and is back
-/// within 10 s: the indexers reconnect and write their batches again, the run completes,
-/// nothing is lost and the counts are exact. (A random-weight model, and batches slowed down
-/// so that the crash comes in the middle: the test is about the writes.)
+/// The crash test slows the batches down with a failpoint.
 #[cfg(feature = "failpoints")]
-#[test]
-fn a_server_crash_in_the_middle_of_an_ingest_loses_nothing() {
-    let Some(url) = postgres_url() else { return };
-    if !own_server(&url) {
-        eprintln!("SKIPPED: RAGLINE_TEST_POSTGRES is not scripts/postgres.sh's server");
-        return;
+mod crash {
+    use std::fs;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    use serde_json::Value;
+
+    use crate::backend::{postgres_url, server_exclusive, TestIndex};
+    use crate::util::{ragline, random_model, root, run, shared_data};
+
+    /// The URL `scripts/postgres.sh` serves, when the tests run against that server (only then
+    /// may a test stop and start it).
+    fn own_server(url: &str) -> bool {
+        let o = std::process::Command::new(root().join("scripts/postgres.sh"))
+            .arg("url")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).trim() == url
     }
-    let Some(react) = shared_data("react-docs") else {
-        return;
-    };
-    let _only_me = server_exclusive();
-    let dir = tempfile::tempdir().unwrap();
-    let schema = format!("t_crash_{}", std::process::id());
-    let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-    admin
-        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-        .unwrap();
-    drop(admin);
-    let uri = format!("{url}?schema={schema}");
-    let report = dir.path().join("r.json");
-    let model = random_model(dir.path(), 32, 11);
-    let mut child = ragline()
-        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
-        .arg(&model)
-        .args(["--batch-size", "128", "--index"])
-        .arg(&uri)
-        .arg("--report")
-        .arg(&report)
-        .arg(&react)
-        .env("FAILPOINTS", "index::batch=sleep(100)")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Wait for the first batches to land, then crash the server.
-    let started = Instant::now();
-    let landed = loop {
-        if let Ok(mut c) = postgres::Client::connect(&url, postgres::NoTls) {
-            let n = c
-                .query_one(&format!("SELECT count(*) FROM {schema}.chunks"), &[])
-                .map(|r| r.get::<_, i64>(0))
-                .unwrap_or(0);
-            if n > 0 {
-                break n;
-            }
+
+    fn postgres_sh(args: &[&str]) {
+        let o = run(std::process::Command::new(root().join("scripts/postgres.sh")).args(args));
+        assert!(o.status.success(), "scripts/postgres.sh {args:?}");
+    }
+
+    /// The server crashes (`pg_ctl stop -m immediate`) in the middle of an ingest and is back
+    /// within 10 s: the indexers reconnect and write their batches again, the run completes,
+    /// nothing is lost and the counts are exact. (A random-weight model, and batches slowed down
+    /// so that the crash comes in the middle: the test is about the writes.)
+    #[test]
+    fn a_server_crash_in_the_middle_of_an_ingest_loses_nothing() {
+        let Some(url) = postgres_url() else { return };
+        if !own_server(&url) {
+            eprintln!("SKIPPED: RAGLINE_TEST_POSTGRES is not scripts/postgres.sh's server");
+            return;
         }
+        let Some(react) = shared_data("react-docs") else {
+            return;
+        };
+        let _only_me = server_exclusive();
+        let dir = tempfile::tempdir().unwrap();
+        let schema = format!("t_crash_{}", std::process::id());
+        let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        admin
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .unwrap();
+        drop(admin);
+        let uri = format!("{url}?schema={schema}");
+        let report = dir.path().join("r.json");
+        let model = random_model(dir.path(), 32, 11);
+        let mut child = ragline()
+            .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
+            .arg(&model)
+            .args(["--batch-size", "128", "--index"])
+            .arg(&uri)
+            .arg("--report")
+            .arg(&report)
+            .arg(&react)
+            .env("FAILPOINTS", "index::batch=sleep(100)")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Wait for the first batches to land, then crash the server.
+        let started = Instant::now();
+        let landed = loop {
+            if let Ok(mut c) = postgres::Client::connect(&url, postgres::NoTls) {
+                let n = c
+                    .query_one(&format!("SELECT count(*) FROM {schema}.chunks"), &[])
+                    .map(|r| r.get::<_, i64>(0))
+                    .unwrap_or(0);
+                if n > 0 {
+                    break n;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "no chunk landed"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
         assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "no chunk landed"
+            child.try_wait().unwrap().is_none(),
+            "the ingest ended before the crash; the test proves nothing"
         );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "the ingest ended before the crash; the test proves nothing"
-    );
-    postgres_sh(&["stop", "-m", "immediate"]);
-    std::thread::sleep(Duration::from_secs(3));
-    postgres_sh(&["start"]);
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{err}");
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    assert!(err.contains("reconnected"), "no reconnection seen: {err}");
-    let r: Value = serde_json::from_slice(&fs::read(&report).unwrap()).unwrap();
-    // Every file of the corpus was published, and each is indexed or dropped (empty).
-    let files = walkdir::WalkDir::new(&react)
-        .into_iter()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .path()
-                .extension()
-                .is_some_and(|x| x == "md" || x == "mdx")
-        })
-        .count() as u64;
-    let counts = &r["counts"];
-    assert_eq!(counts["published"], files);
-    assert_eq!(counts["failed"], 0);
-    let docs = counts["indexed"].as_u64().unwrap();
-    assert_eq!(docs + counts["dropped"].as_u64().unwrap(), files);
-    let chunks = counts["children_created"].as_u64().unwrap();
-    assert_eq!(counts["children_indexed"], chunks);
-    drop(_only_me);
-    let index = TestIndex::existing(&url, &schema);
-    assert_eq!(index.counts(), (docs, chunks, chunks));
-    eprintln!("{landed} chunks had landed at the crash; {chunks} at the end");
+        postgres_sh(&["stop", "-m", "immediate"]);
+        std::thread::sleep(Duration::from_secs(3));
+        postgres_sh(&["start"]);
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        eprintln!("{err}");
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert!(err.contains("reconnected"), "no reconnection seen: {err}");
+        let r: Value = serde_json::from_slice(&fs::read(&report).unwrap()).unwrap();
+        // Every file of the corpus was published, and each is indexed or dropped (empty).
+        let files = walkdir::WalkDir::new(&react)
+            .into_iter()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "md" || x == "mdx")
+            })
+            .count() as u64;
+        let counts = &r["counts"];
+        assert_eq!(counts["published"], files);
+        assert_eq!(counts["failed"], 0);
+        let docs = counts["indexed"].as_u64().unwrap();
+        assert_eq!(docs + counts["dropped"].as_u64().unwrap(), files);
+        let chunks = counts["children_created"].as_u64().unwrap();
+        assert_eq!(counts["children_indexed"], chunks);
+        drop(_only_me);
+        let index = TestIndex::existing(&url, &schema);
+        assert_eq!(index.counts(), (docs, chunks, chunks));
+        eprintln!("{landed} chunks had landed at the crash; {chunks} at the end");
+    }
 }
 
 /// The same corpus through SQLite and Postgres: exact vector search gives the same nDCG@10,

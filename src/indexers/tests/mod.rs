@@ -86,6 +86,11 @@ pub(crate) struct TestIndex {
 /// The indexes a test named `name` runs against: a fresh SQLite file, and a fresh schema on
 /// the Postgres test server when there is one.
 pub(crate) fn backends(name: &str) -> Vec<TestIndex> {
+    backends_with(name, "")
+}
+
+/// [`backends`], with `pg_options` (`&key=value...`) added to the Postgres URI.
+pub(crate) fn backends_with(name: &str, pg_options: &str) -> Vec<TestIndex> {
     let dir = tempfile::tempdir().unwrap();
     let mut v = vec![TestIndex {
         uri: IndexUri::Sqlite(dir.path().join("i.db")),
@@ -101,7 +106,9 @@ pub(crate) fn backends(name: &str) -> Vec<TestIndex> {
                 .unwrap();
             let sep = if url.contains('?') { '&' } else { '?' };
             v.push(TestIndex {
-                uri: format!("{url}{sep}schema={schema}").parse().unwrap(),
+                uri: format!("{url}{sep}schema={schema}{pg_options}")
+                    .parse()
+                    .unwrap(),
                 pg: Some((url, schema)),
                 _dir: None,
             });
@@ -443,5 +450,67 @@ fn stored_vectors_are_found_by_input_key_only() {
     // An index opened without a model has no vectors to give.
     for ix in backends("stored_plain") {
         assert!(ix.open(no_model()).stored_vectors().unwrap().is_none());
+    }
+}
+
+#[test]
+fn halfvec_indexes_keep_float16_vectors_through_writes_search_and_enrich() {
+    for ix in backends_with("halfvec", "&vector=halfvec")
+        .into_iter()
+        .filter(|ix| ix.pg.is_some())
+    {
+        let f = ix.open(identity("a", 4));
+        let mut b = f.connect().unwrap();
+        let p = parent("doc", "h1", 2);
+        let mut pending = chunk(&p, 1, "later", unit(0, 4));
+        pending.chunk.as_mut().unwrap().vector = None;
+        all_ok(b.write(&[
+            p.clone(),
+            chunk(&p, 0, "now", vec![0.6, 0.8, 0.0, 0.0]),
+            pending,
+        ]));
+        assert_eq!(
+            ix.count(
+                "",
+                "SELECT count(*) FROM information_schema.columns WHERE table_schema = '{s}'
+                   AND table_name = 'vectors_1' AND udt_name = 'halfvec'"
+            ),
+            1,
+            "the vectors are stored as halfvec"
+        );
+        let r = ix.reader();
+        let near = r.nearest(&[0.6, 0.8, 0.0, 0.0], 1).unwrap();
+        assert!(near[0].1.abs() < 1e-3, "{near:?}");
+        let mut stored = f.stored_vectors().unwrap().unwrap();
+        let v = stored.vector_for(&key_of("now")).unwrap().unwrap();
+        assert!(
+            (v[0] - 0.6).abs() < 1e-3 && (v[1] - 0.8).abs() < 1e-3,
+            "{v:?}"
+        );
+        // The pending chunk gets its vector through the lifecycle, as float16 too.
+        let mut store = ix.store();
+        let crate::lifecycle::Claim::Items(got) = store
+            .claim(&crate::lifecycle::ClaimRequest {
+                owner: "w".into(),
+                stages: vec![],
+                vector_sets: vec![],
+                max_items: 10,
+                max_cost: u64::MAX,
+                lease: std::time::Duration::from_secs(60),
+                retry_limit: 3,
+            })
+            .unwrap()
+        else {
+            panic!("the pending chunk's document is claimable")
+        };
+        let todo = store.pending_chunks(&got[0].key).unwrap();
+        let v = vec![crate::lifecycle::ChunkVector {
+            rowid: todo[0].rowid,
+            guard: todo[0].input_key,
+            vector: unit(2, 4),
+        }];
+        assert_eq!(store.write_vectors(1, &v, &["doc".into()]).unwrap(), 1);
+        assert_eq!(ix.reader().counts().unwrap(), (1, 2, 2));
+        assert_eq!(store.status().unwrap().stages["embed"].done, 1);
     }
 }
