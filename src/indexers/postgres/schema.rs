@@ -66,11 +66,9 @@ const MIGRATIONS: &[&str] = &[
          fts tsvector GENERATED ALWAYS AS (CASE WHEN replaced_by IS NULL
              THEN to_tsvector('english', heading_path || ' ' || text) END) STORED);
      CREATE UNIQUE INDEX chunks_current_id ON {s}.chunks (id) WHERE replaced_by IS NULL;
-     CREATE INDEX chunks_document ON {s}.chunks (document_id, ordinal);
+     CREATE INDEX chunks_document ON {s}.chunks (document_id, replaced_by, ordinal);
      CREATE INDEX chunks_fts ON {s}.chunks USING gin (fts);
      CREATE INDEX chunks_input_key ON {s}.chunks (input_key);
-     CREATE INDEX chunks_replaced ON {s}.chunks (document_id, replaced_by)
-         WHERE replaced_by IS NOT NULL;
      CREATE TABLE {s}.chunk_tokens (
          rowid bigint PRIMARY KEY,
          token_ids bytea NOT NULL);

@@ -16,6 +16,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use postgres::binary_copy::BinaryCopyInWriter;
+use postgres::error::SqlState;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, Transaction};
 
@@ -36,7 +37,14 @@ pub(super) struct PgBackend {
     vector_type: VectorType,
     /// The `vector` type as this connection knows it (an extension type has no fixed OID).
     vector_oid: Type,
+    /// Rows this connection has written, and at how many it next refreshes the planner's
+    /// statistics (see `keep_statistics`).
+    written: usize,
+    analyze_at: usize,
 }
+
+/// Rows written before the first refresh of the statistics; each refresh doubles it.
+const FIRST_ANALYZE: usize = 4096;
 
 /// Columns of a staged chunk, in COPY order.
 const STAGE_COLUMNS: &str = "id, document_id, ordinal, version, text, heading_path, \
@@ -64,7 +72,35 @@ impl PgBackend {
             priority,
             vector_type,
             vector_oid,
+            written: 0,
+            analyze_at: FIRST_ANALYZE,
         })
+    }
+
+    /// A bulk load makes the index's tables grow far faster than autovacuum analyses them
+    /// (a minute at best): with statistics of a table a tenth of its size, the planner joins
+    /// each batch against the whole table, and every batch costs more than the one before.
+    /// So each time this connection has doubled what it wrote, it analyses them itself: a
+    /// few times in a load of any size, a fraction of a second each. (Without the right to,
+    /// PostgreSQL skips with a warning; autovacuum still catches up.)
+    fn keep_statistics(&mut self, rows: usize) {
+        self.written += rows;
+        if self.written < self.analyze_at {
+            return;
+        }
+        self.analyze_at = self.written * 2;
+        let s = self.target.schema_sql();
+        let mut tables = vec![
+            format!("{s}.chunks"),
+            format!("{s}.documents"),
+            format!("{s}.enrichment"),
+        ];
+        if let Ok(all) = sets::all(&mut self.client, &s) {
+            tables.extend(all.iter().map(|x| format!("{s}.{}", x.vec_table)));
+        }
+        let _ = self
+            .client
+            .batch_execute(&format!("ANALYZE {}", tables.join(", ")));
     }
 
     /// After a connection error: connect again (waiting for a restarting server).
@@ -83,6 +119,17 @@ impl PgBackend {
 
     /// Write these items (already checked, no two with one id) in one transaction.
     fn write_items(&mut self, items: &[&Document]) -> Result<(), postgres::Error> {
+        match self.write_items_by(items, true) {
+            // Another writer added one of these chunks first: upsert.
+            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+                self.write_items_by(items, false)
+            }
+            r => r,
+        }
+    }
+
+    /// `write_items`, by COPY straight into the tables where that is possible (`fast`).
+    fn write_items_by(&mut self, items: &[&Document], fast: bool) -> Result<(), postgres::Error> {
         let s = self.target.schema_sql();
         let fingerprint = self.fingerprint.clone();
         let version_of = |doc: &Document| {
@@ -91,6 +138,14 @@ impl PgBackend {
         let (chunks, parents): (Vec<&Document>, Vec<&Document>) =
             items.iter().partition(|d| d.chunk.is_some());
         let mut tx = self.client.transaction()?;
+        // Every statement below is driven by the staged rows (one batch) and touches a few
+        // rows of the index per staged row, by index: nested loops are the right plan at any
+        // size. The planner cannot see it: a temporary table has no statistics, so it takes
+        // the stage for several times its size and would hash-join it against whole tables.
+        tx.batch_execute(
+            "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
+             SET LOCAL enable_seqscan = off",
+        )?;
         let now = server_now(&mut tx)?;
         let all = sets::all(&mut tx, &s)?;
         let active = all.iter().find(|x| x.state == SetState::Active).cloned();
@@ -98,8 +153,12 @@ impl PgBackend {
             let active = active.as_ref().expect(
                 "chunks are refused before writing when the index has no vectors; this is a bug",
             );
-            copy_chunks(&mut tx, &self.vector_oid, &chunks, &version_of)?;
-            write_chunks(&mut tx, &s, &all, active, self.vector_type)?;
+            if fast && self.vector_type == VectorType::Vector && all_new(&mut tx, &s, &chunks)? {
+                copy_new_chunks(&mut tx, &s, &self.vector_oid, &chunks, &version_of, active)?;
+            } else {
+                copy_chunks(&mut tx, &self.vector_oid, &chunks, &version_of)?;
+                write_chunks(&mut tx, &s, &all, active, self.vector_type)?;
+            }
         }
         if !parents.is_empty() {
             copy_documents(&mut tx, &parents, &self.fingerprint, &version_of)?;
@@ -126,11 +185,97 @@ fn prepare_session(client: &mut Client) -> Result<Type, postgres::Error> {
              id text, document_id text, ordinal integer, version text, text text,
              heading_path text, start_byte bigint, end_byte bigint, token_count integer,
              input_key bytea, page_start integer, page_end integer, embedding vector,
-             token_ids bytea) ON COMMIT DELETE ROWS;",
+             token_ids bytea) ON COMMIT DELETE ROWS;
+         CREATE INDEX IF NOT EXISTS rl_stage_chunks_id ON rl_stage_chunks (id);",
     )?;
     let stmt = client.prepare("SELECT $1::vector")?;
     Ok(stmt.params()[0].clone())
 }
+
+/// A chunk's column values, as both COPYs send them.
+struct ChunkRow<'a> {
+    id: &'a str,
+    parent: &'a str,
+    ordinal: i32,
+    version: String,
+    text: &'a str,
+    heading_path: String,
+    start: i64,
+    end: i64,
+    token_count: i32,
+    key: Option<&'a [u8]>,
+    page_start: Option<i32>,
+    page_end: Option<i32>,
+    vector: Option<pgvector::Vector>,
+    /// The chunker's ids travel only with a chunk that still needs its vector.
+    token_ids: Option<Vec<u8>>,
+}
+
+impl<'a> ChunkRow<'a> {
+    fn of(doc: &'a Document, version_of: &dyn Fn(&Document) -> String) -> ChunkRow<'a> {
+        let c = doc
+            .chunk
+            .as_deref()
+            .expect("partitioned on chunk; this is a bug");
+        let (page_start, page_end) = match c.pages {
+            Some((a, b)) => (Some(a as i32), Some(b as i32)),
+            None => (None, None),
+        };
+        ChunkRow {
+            id: &doc.id,
+            parent: doc.parent_id.as_deref().unwrap_or(""),
+            ordinal: c.ordinal as i32,
+            version: version_of(doc),
+            text: &doc.fields.text,
+            heading_path: c.heading_path.join(" > "),
+            start: c.start as i64,
+            end: c.end as i64,
+            token_count: c.token_count as i32,
+            key: c.input_key.as_ref().map(|k| k.as_slice()),
+            page_start,
+            page_end,
+            vector: c.vector.as_ref().map(|v| pgvector::Vector::from(v.clone())),
+            token_ids: c
+                .vector
+                .is_none()
+                .then(|| crate::tokens::ids_to_bytes(&c.token_ids)),
+        }
+    }
+
+    /// The values of `CHUNK_COLUMNS`.
+    fn columns(&self) -> [&(dyn ToSql + Sync); 12] {
+        [
+            &self.id,
+            &self.parent,
+            &self.ordinal,
+            &self.version,
+            &self.text,
+            &self.heading_path,
+            &self.start,
+            &self.end,
+            &self.token_count,
+            &self.key,
+            &self.page_start,
+            &self.page_end,
+        ]
+    }
+}
+
+/// The types of `CHUNK_COLUMNS`.
+const CHUNK_TYPES: [Type; 12] = [
+    Type::TEXT,
+    Type::TEXT,
+    Type::INT4,
+    Type::TEXT,
+    Type::TEXT,
+    Type::TEXT,
+    Type::INT8,
+    Type::INT8,
+    Type::INT4,
+    Type::BYTEA,
+    Type::INT4,
+    Type::INT4,
+];
 
 fn copy_chunks(
     tx: &mut Transaction<'_>,
@@ -138,63 +283,99 @@ fn copy_chunks(
     chunks: &[&Document],
     version_of: &dyn Fn(&Document) -> String,
 ) -> Result<(), postgres::Error> {
-    let types = [
-        Type::TEXT,
-        Type::TEXT,
-        Type::INT4,
-        Type::TEXT,
-        Type::TEXT,
-        Type::TEXT,
-        Type::INT8,
-        Type::INT8,
-        Type::INT4,
-        Type::BYTEA,
-        Type::INT4,
-        Type::INT4,
-        vector_oid.clone(),
-        Type::BYTEA,
-    ];
+    let mut types = CHUNK_TYPES.to_vec();
+    types.extend([vector_oid.clone(), Type::BYTEA]);
     let sink = tx.copy_in(&format!(
         "COPY rl_stage_chunks ({STAGE_COLUMNS}) FROM STDIN (FORMAT BINARY)"
     ))?;
     let mut w = BinaryCopyInWriter::new(sink, &types);
     for doc in chunks {
-        let c = doc
-            .chunk
-            .as_deref()
-            .expect("partitioned on chunk; this is a bug");
-        let parent = doc.parent_id.as_deref().unwrap_or("");
-        let heading_path = c.heading_path.join(" > ");
-        let key = c.input_key.as_ref().map(|k| k.as_slice());
-        let vector = c.vector.as_ref().map(|v| pgvector::Vector::from(v.clone()));
-        // The chunker's ids travel only with a chunk that still needs its vector.
-        let token_ids = c
-            .vector
-            .is_none()
-            .then(|| crate::tokens::ids_to_bytes(&c.token_ids));
-        let (page_start, page_end) = match c.pages {
-            Some((a, b)) => (Some(a as i32), Some(b as i32)),
-            None => (None, None),
-        };
-        let row: [&(dyn ToSql + Sync); 14] = [
-            &doc.id,
-            &parent,
-            &(c.ordinal as i32),
-            &version_of(doc),
-            &doc.fields.text,
-            &heading_path,
-            &(c.start as i64),
-            &(c.end as i64),
-            &(c.token_count as i32),
-            &key,
-            &page_start,
-            &page_end,
-            &vector,
-            &token_ids,
-        ];
+        let r = ChunkRow::of(doc, version_of);
+        let mut row: Vec<&(dyn ToSql + Sync)> = r.columns().to_vec();
+        row.extend([&r.vector as &(dyn ToSql + Sync), &r.token_ids]);
         w.write(&row)?;
     }
     w.finish()?;
+    Ok(())
+}
+
+/// Whether none of these chunks' documents has a chunk in the index yet (a first load):
+/// then there is nothing to upsert, replace or keep, and the chunks can go in by COPY.
+fn all_new(
+    tx: &mut Transaction<'_>,
+    s: &str,
+    chunks: &[&Document],
+) -> Result<bool, postgres::Error> {
+    let parents: BTreeSet<&str> = chunks
+        .iter()
+        .filter_map(|d| d.parent_id.as_deref())
+        .collect();
+    let parents: Vec<&str> = parents.into_iter().collect();
+    let row = tx.query_one(
+        &format!("SELECT NOT EXISTS (SELECT 1 FROM {s}.chunks WHERE document_id = ANY($1))"),
+        &[&parents],
+    )?;
+    Ok(row.get(0))
+}
+
+/// Chunks of documents new to the index, straight into their tables by binary COPY (what
+/// PostgreSQL loads fastest): rowids reserved from the table's identity, the rows, their
+/// vectors in the active set, the token ids of those still to embed. Two writers racing to
+/// add one chunk meet at the unique index; the loser writes its batch again as upserts.
+fn copy_new_chunks(
+    tx: &mut Transaction<'_>,
+    s: &str,
+    vector_oid: &Type,
+    chunks: &[&Document],
+    version_of: &dyn Fn(&Document) -> String,
+    active: &VectorSet,
+) -> Result<(), postgres::Error> {
+    let rowids: Vec<i64> = tx
+        .query(
+            "SELECT nextval(pg_get_serial_sequence($1, 'rowid')) FROM generate_series(1, $2)",
+            &[&format!("{s}.chunks"), &(chunks.len() as i32)],
+        )?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let rows: Vec<ChunkRow> = chunks.iter().map(|d| ChunkRow::of(d, version_of)).collect();
+    let mut types = vec![Type::INT8];
+    types.extend(CHUNK_TYPES);
+    let sink = tx.copy_in(&format!(
+        "COPY {s}.chunks (rowid, {CHUNK_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+    ))?;
+    let mut w = BinaryCopyInWriter::new(sink, &types);
+    for (r, rowid) in rows.iter().zip(&rowids) {
+        let mut row: Vec<&(dyn ToSql + Sync)> = vec![rowid];
+        row.extend(r.columns());
+        w.write(&row)?;
+    }
+    w.finish()?;
+    if rows.iter().any(|r| r.vector.is_some()) {
+        let sink = tx.copy_in(&format!(
+            "COPY {s}.{} (rowid, embedding) FROM STDIN (FORMAT BINARY)",
+            active.vec_table
+        ))?;
+        let mut w = BinaryCopyInWriter::new(sink, &[Type::INT8, vector_oid.clone()]);
+        for (r, rowid) in rows.iter().zip(&rowids) {
+            if let Some(v) = &r.vector {
+                w.write(&[rowid, v])?;
+            }
+        }
+        w.finish()?;
+    }
+    if rows.iter().any(|r| r.token_ids.is_some()) {
+        let sink = tx.copy_in(&format!(
+            "COPY {s}.chunk_tokens (rowid, token_ids) FROM STDIN (FORMAT BINARY)"
+        ))?;
+        let mut w = BinaryCopyInWriter::new(sink, &[Type::INT8, Type::BYTEA]);
+        for (r, rowid) in rows.iter().zip(&rowids) {
+            if let Some(t) = &r.token_ids {
+                w.write(&[rowid, t])?;
+            }
+        }
+        w.finish()?;
+    }
     Ok(())
 }
 
@@ -396,7 +577,10 @@ impl Backend for PgBackend {
             }
         }
         match outcome {
-            Ok(()) => results,
+            Ok(()) => {
+                self.keep_statistics(items.len());
+                results
+            }
             Err(e) if is_retryable(&e) => {
                 let err = item_error(&self.target, &e);
                 todo.iter().for_each(|&i| results[i] = Err(err.clone()));

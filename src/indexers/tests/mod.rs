@@ -514,3 +514,44 @@ fn halfvec_indexes_keep_float16_vectors_through_writes_search_and_enrich() {
         assert_eq!(store.status().unwrap().stages["embed"].done, 1);
     }
 }
+
+/// Two writers adding the same new documents at once (a redelivered batch): on Postgres
+/// both may see the documents as new and COPY the same chunks; the one the unique index
+/// stops writes its batch again as upserts. Every write succeeds and nothing is doubled.
+#[test]
+fn two_writers_adding_the_same_new_documents_at_once_double_nothing() {
+    for ix in backends("same_new") {
+        let f = ix.open(identity("a", 4));
+        let docs = 12;
+        let batch = |d: usize| {
+            let p = parent(&format!("doc{d}"), "h1", 3);
+            let mut b = vec![p.clone()];
+            b.extend((0..3).map(|i| chunk(&p, i, &format!("text {d} {i}"), unit(i as usize, 4))));
+            b
+        };
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                let mut b = f.connect().unwrap();
+                let barrier = &barrier;
+                s.spawn(move || {
+                    for d in 0..docs {
+                        let batch = batch(d);
+                        barrier.wait();
+                        all_ok(b.write(&batch));
+                    }
+                });
+            }
+        });
+        assert_eq!(
+            ix.reader().counts().unwrap(),
+            (docs as u64, 3 * docs as u64, 3 * docs as u64),
+            "{}",
+            ix.name()
+        );
+        assert_eq!(
+            ix.store().status().unwrap().stages["embed"].done,
+            docs as u64
+        );
+    }
+}
