@@ -147,11 +147,15 @@ pub fn rank_documents(
     let mut seen = HashSet::new();
     let mut docs = Vec::new();
     // Chunks come best first, so a document's first chunk is its best.
-    for (rowid, _) in chunks {
-        if let Some(doc) = searcher.reader().document_of(rowid)? {
-            if seen.insert(doc.clone()) {
-                docs.push(doc);
-            }
+    let rowids: Vec<i64> = chunks.iter().map(|c| c.0).collect();
+    for doc in searcher
+        .reader()
+        .documents_of(&rowids)?
+        .into_iter()
+        .flatten()
+    {
+        if seen.insert(doc.clone()) {
+            docs.push(doc);
         }
     }
     Ok(docs)

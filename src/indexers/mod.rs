@@ -177,6 +177,11 @@ pub trait IndexReader {
 
     /// The document a chunk belongs to.
     fn document_of(&self, rowid: i64) -> Result<Option<String>, BackendError>;
+
+    /// The documents of many chunks, in their order (a server index answers in one query).
+    fn documents_of(&self, rowids: &[i64]) -> Result<Vec<Option<String>>, BackendError> {
+        rowids.iter().map(|&r| self.document_of(r)).collect()
+    }
 }
 
 /// Open an index for search. `exact`: vector search compares with every vector, not an

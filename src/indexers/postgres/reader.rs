@@ -252,4 +252,21 @@ impl IndexReader for PgReader {
             .map_err(|e| self.err(e))?;
         Ok(row.map(|r| r.get(0)))
     }
+
+    fn documents_of(&self, rowids: &[i64]) -> Result<Vec<Option<String>>, BackendError> {
+        let rows = self
+            .client
+            .borrow_mut()
+            .query(
+                &format!(
+                    "SELECT rowid, document_id FROM {}.chunks WHERE rowid = ANY($1)",
+                    self.target.schema_sql()
+                ),
+                &[&rowids],
+            )
+            .map_err(|e| self.err(e))?;
+        let of: std::collections::HashMap<i64, String> =
+            rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        Ok(rowids.iter().map(|r| of.get(r).cloned()).collect())
+    }
 }
