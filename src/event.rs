@@ -46,6 +46,17 @@ pub struct Event {
     #[serde(default)]
     pub children: u32,
     pub kind: EventKind,
+    /// On a terminal event: the document was delivered more than once on its way (a broker
+    /// redelivered it after a process died or timed out).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub redelivered: bool,
+    /// On a chunk's FINISH: the model tokens its vector was computed from in this run.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tokens: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Event {
@@ -59,6 +70,8 @@ impl Event {
             parent_id: child.parent_id.clone(),
             children: 0,
             kind: EventKind::Create,
+            redelivered: false,
+            tokens: 0,
         }
     }
 
@@ -73,6 +86,8 @@ impl Event {
             parent_id: doc.parent_id.clone(),
             children: doc.children,
             kind,
+            redelivered: doc.redelivered,
+            tokens: doc.embedded_tokens,
         }
     }
 

@@ -120,6 +120,13 @@ pub struct IngestArgs {
     /// Progress display: auto (bars on a terminal, log lines otherwise), bars, log, none.
     #[arg(long)]
     pub(super) progress: Option<Progress>,
+
+    /// Run distributed through a NATS JetStream broker: this process reads the sources and
+    /// follows the run to its end; `ragline worker`, `embedder` and `indexer` processes
+    /// started with the same URL (on any machine) do the work. nats://HOST:PORT[,nats://...]
+    /// with optional ?prefix=NAME&replicas=N&ack_wait=SECS&max_deliver=N&max_pending=N&limit=N.
+    #[arg(long, env = "RAGLINE_QUEUE", value_name = "URL")]
+    pub(super) queue: Option<String>,
 }
 
 impl IngestArgs {
@@ -207,7 +214,10 @@ pub fn run(args: IngestArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
             .with_context(|| format!("cannot write --report {}", report.display()))?;
     }
     let mut observer = super::observer(config.run.progress);
-    let summary = pipeline::ingest(&config, observer.as_mut())?;
+    let summary = match &args.queue {
+        Some(url) => pipeline::distributed::ingest(&config, url, observer.as_mut())?,
+        None => pipeline::ingest(&config, observer.as_mut())?,
+    };
     print_summary(&mut std::io::stdout().lock(), &summary, config.index.prune)?;
     write_report(args.report.as_deref(), &summary)?;
     Ok(exit_code(&summary))
@@ -243,6 +253,14 @@ pub(super) fn print_summary(
          {} failed, {} dropped",
         s.index, s.elapsed_secs, c.published, c.indexed, c.unchanged, c.failed, c.dropped
     )?;
+    if c.redelivered > 0 {
+        writeln!(
+            out,
+            "redelivered: {} documents and chunks were delivered again after a process died \
+             or timed out holding them (counted once each)",
+            c.redelivered
+        )?;
+    }
     if c.children_created > 0 || c.unchanged > 0 {
         writeln!(
             out,

@@ -14,6 +14,7 @@ mod model_args;
 mod pause;
 mod promote;
 mod random_model;
+mod role;
 mod search;
 mod status;
 
@@ -80,6 +81,12 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Measure embedding throughput on this host (tokens/s, padding, memory, chunker MB/s).
     Bench(bench::BenchArgs),
+    /// Distributed runs: extract, chunk and tokenize the documents of the broker's runs.
+    Worker(role::RoleArgs),
+    /// Distributed runs: embed the chunks of the broker's runs on this host's devices.
+    Embedder(role::EmbedderArgs),
+    /// Distributed runs: write the broker's runs' documents and chunks to the index.
+    Indexer(role::RoleArgs),
     /// Write a random-weight BERT in the Hugging Face layout (tests, speed measurements).
     #[command(hide = true)]
     RandomModel(random_model::RandomModelArgs),
@@ -102,6 +109,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Extract(args) => extract::run(args),
         Command::Search(args) => search::run(args, config),
         Command::Eval(args) => eval::run(args, config),
+        Command::Worker(args) => role::run(ragline::run::distributed::Role::Worker, args, None),
+        Command::Embedder(args) => role::run_embedder(args),
+        Command::Indexer(args) => role::run(ragline::run::distributed::Role::Indexer, args, None),
         Command::RandomModel(args) => random_model::run(args),
     }
 }

@@ -165,10 +165,15 @@ impl Embedder {
         signal: &RunSignal,
     ) -> bool {
         let tag = d.tag;
+        let embedded = matches!(outcome, Outcome::Embedded(_));
         let pushed = match outcome {
             Outcome::Embedded(vector) | Outcome::Reused(vector) => {
                 if let Some(chunk) = d.item.chunk.as_mut() {
                     chunk.vector = Some(vector);
+                    if embedded {
+                        // With [CLS] and [SEP], as the embedder's own count.
+                        d.item.embedded_tokens = chunk.token_count + 2;
+                    }
                 }
                 push_until_stopped(&queues.output, d.item, signal)
             }

@@ -3,6 +3,7 @@
 //! their flags into the config and call a function here; they assemble nothing themselves.
 
 pub mod config;
+pub mod distributed;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -142,31 +143,36 @@ fn embedder_pool(
     Ok(EmbedderPool::new(embedders))
 }
 
-/// Run an ingest: read the sources, chunk, embed (unless deferred) and index.
-pub fn ingest(
-    config: &PipelineConfig,
-    observer: &mut dyn Observer,
-) -> Result<RunSummary, PipelineError> {
+/// Everything an ingest is made of, set up from the config: what a run in one process uses,
+/// and what the processes of a distributed run each build their part from.
+pub struct Prepared {
+    pub backend: Arc<dyn BackendFactory>,
+    /// Makes one worker's stages (incremental, extract, chunk, reuse).
+    pub pipeline: Box<crate::stages::PipelineFactory>,
+    /// The embedders, when asked for and the run embeds.
+    pub pool: Option<EmbedderPool>,
+    pub encoder: Option<String>,
+    /// The model the run embeds with (none with --no-chunk).
+    pub model: Option<ModelIdentity>,
+    /// Chunks go through an embedder (not deferred, and there is a model).
+    pub embeds: bool,
+    /// The ids the index holds before the run (for --prune and missing documents).
+    pub in_index: Option<std::collections::HashSet<String>>,
+    pub options: RunOptions,
+}
+
+/// Which parts of a run this process builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// All of them (an ingest in one process).
+    Everything,
+    /// No embedders (the publishing side of a distributed run, workers, indexers).
+    NoEmbedders,
+}
+
+/// Check the config and set up the index, the model and the stages.
+pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, PipelineError> {
     config.validate()?;
-    let src = &config.source;
-    if src.paths.is_empty() {
-        return Err(PipelineError::Setup(
-            "nothing to ingest: give PATH... or `paths` under [source] in ragline.toml".into(),
-        ));
-    }
-    let mut fs = FilesystemConfig::new(src.paths.clone());
-    if !src.ext.is_empty() {
-        fs.extensions = src.ext.clone();
-    }
-    fs.include = src.include.clone();
-    fs.exclude = src.exclude.clone();
-    fs.max_file_bytes = src.max_file_bytes;
-    let fs = fs.validate(JsonlFields {
-        id: src.id_field.clone(),
-        text: src.text_field.clone(),
-        title: src.title_field.clone(),
-        title_in_text: src.title_in_text,
-    })?;
     let defer = config.stages.embed.defer;
     let uri = &config.index.uri.value;
     if defer && !matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
@@ -183,18 +189,24 @@ pub fn ingest(
     let mut encoder = None;
     let mut model_id = None;
     let mut fingerprint = "extract-v1".to_string();
+    let embed_here = build == Build::Everything && !defer;
     if config.chunk.enabled {
         let files = model_files(&config.model.name)?;
-        let devices = devices(&config.model)?;
+        let devices = if embed_here {
+            devices(&config.model)?
+        } else {
+            device::select(&device::DeviceChoice::Cpu)
+                .map_err(|e| PipelineError::Setup(format!("cannot open the CPU: {e}")))?
+        };
         if defer {
             eprintln!("embedding deferred: `ragline enrich` embeds the chunks");
-        } else {
+        } else if embed_here {
             for d in &devices {
                 eprintln!("embedding on {} ({})", d.label, d.reason);
             }
         }
         let first = load_model(&files, &devices[0], &config.model)?;
-        if !defer {
+        if embed_here {
             eprintln!("encoder: {}", first.encoder_kind());
             encoder = Some(first.encoder_kind());
         }
@@ -213,13 +225,14 @@ pub fn ingest(
             identity.tokenizer.as_deref().unwrap_or(""),
         );
         model_id = Some(identity);
-        if !defer {
+        if embed_here {
             pool = Some(embedder_pool(&files, &devices, first, &config.model)?);
         }
         chunking = Some((tokenizer, sizes));
     }
+    let embeds = chunking.is_some() && !defer;
     let identity = IndexIdentity {
-        model: model_id,
+        model: model_id.clone(),
         pipeline_fingerprint: fingerprint.clone(),
         defer_embed: defer,
         priority: config.stages.embed.priority,
@@ -269,20 +282,76 @@ pub fn ingest(
         timeout: Duration::from_millis(config.index.batch_timeout_ms),
         ..BatchConfig::default()
     };
-    let connectors: Vec<Box<dyn Connector>> = vec![Box::new(FilesystemConnector::new(fs))];
+    Ok(Prepared {
+        backend,
+        pipeline: Box::new(pipeline),
+        pool,
+        encoder,
+        model: model_id,
+        embeds,
+        in_index,
+        options,
+    })
+}
+
+/// The filesystem connector of the config's `[source]`.
+fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connector>>, PipelineError> {
+    let src = &config.source;
+    if src.paths.is_empty() {
+        return Err(PipelineError::Setup(
+            "nothing to ingest: give PATH... or `paths` under [source] in ragline.toml".into(),
+        ));
+    }
+    let mut fs = FilesystemConfig::new(src.paths.clone());
+    if !src.ext.is_empty() {
+        fs.extensions = src.ext.clone();
+    }
+    fs.include = src.include.clone();
+    fs.exclude = src.exclude.clone();
+    fs.max_file_bytes = src.max_file_bytes;
+    let fs = fs.validate(JsonlFields {
+        id: src.id_field.clone(),
+        text: src.text_field.clone(),
+        title: src.title_field.clone(),
+        title_in_text: src.title_in_text,
+    })?;
+    Ok(vec![Box::new(FilesystemConnector::new(fs))])
+}
+
+/// Run an ingest: read the sources, chunk, embed (unless deferred) and index.
+pub fn ingest(
+    config: &PipelineConfig,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, PipelineError> {
+    config.validate()?;
+    let connectors = connectors(config)?;
+    let prepared = prepare(config, Build::Everything)?;
     let parts = RunParts {
         connectors,
-        pipeline: &pipeline,
-        embedder: pool,
-        backend: backend.as_ref(),
+        pipeline: prepared.pipeline.as_ref(),
+        embedder: prepared.pool,
+        backend: prepared.backend.as_ref(),
     };
-    let result = run::execute(parts, &options, observer);
+    let result = run::execute(parts, &prepared.options, observer);
     observer.finish();
     let mut summary = result?;
-    summary.encoder = encoder;
+    summary.encoder = prepared.encoder;
+    finish_ingest(config, &prepared.backend, &prepared.in_index, &mut summary)?;
+    Ok(summary)
+}
+
+/// After the run: the backend's last work (an HNSW index), documents gone from the source,
+/// --prune.
+fn finish_ingest(
+    config: &PipelineConfig,
+    backend: &Arc<dyn BackendFactory>,
+    in_index: &Option<std::collections::HashSet<String>>,
+    summary: &mut RunSummary,
+) -> Result<(), PipelineError> {
+    let uri = &config.index.uri.value;
     summary.notes.extend(backend.finish()?);
     // Documents the index holds that this run's source no longer has.
-    if let (Some(before), Some(seen)) = (&in_index, &summary.published_ids) {
+    if let (Some(before), Some(seen)) = (in_index, &summary.published_ids) {
         let mut missing: Vec<String> = before.difference(seen).cloned().collect();
         missing.sort();
         if config.index.prune && !missing.is_empty() {
@@ -293,16 +362,14 @@ pub fn ingest(
         eprintln!("warning: --prune does nothing with {}", backend.describe());
     }
     if config.index.prune && matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
-        {
-            let dropped = indexers::open_store(uri)?.drop_retired()?;
-            for model in dropped {
-                summary
-                    .notes
-                    .push(format!("dropped the vectors of retired model `{model}`"));
-            }
+        let dropped = indexers::open_store(uri)?.drop_retired()?;
+        for model in dropped {
+            summary
+                .notes
+                .push(format!("dropped the vectors of retired model `{model}`"));
         }
     }
-    Ok(summary)
+    Ok(())
 }
 
 /// The lifecycle store of the index a command works on (sqlite:// or postgres://).

@@ -143,10 +143,13 @@ fn build(root: &Node, root_instance: u64, spec: &EventSpec) -> Event {
         } else {
             kind(n.outcome)
         },
+        redelivered: false,
+        tokens: 0,
     }
 }
 
-fn scenario() -> impl Strategy<Value = (Vec<Node>, Vec<Action>, Vec<usize>)> {
+fn scenario() -> impl Strategy<Value = (Vec<Node>, Vec<Action>, Vec<(usize, prop::sample::Index)>)>
+{
     prop::collection::vec(node(2), 0..5).prop_flat_map(|roots| {
         let mut actions = Vec::new();
         for (r, n) in roots.iter().enumerate() {
@@ -159,8 +162,9 @@ fn scenario() -> impl Strategy<Value = (Vec<Node>, Vec<Action>, Vec<usize>)> {
         (
             Just(roots),
             Just(actions).prop_shuffle(),
-            // Indices of events to deliver a second time (at-least-once delivery).
-            prop::collection::vec(0..len, 0..3),
+            // Events to deliver a second time (at-least-once delivery), and where the copy
+            // arrives: anywhere after the original, before or after completion.
+            prop::collection::vec((0..len, any::<prop::sample::Index>()), 0..4),
         )
     })
 }
@@ -179,11 +183,12 @@ proptest! {
         let last_publish = actions.iter().rposition(|a| matches!(a, Action::Publish(_)));
         let stop_at = last_publish.map_or(0, |p| p + 1);
         actions.insert(stop_at, Action::Stop);
-        // Duplicated events come after everything else (a redelivery after the original).
-        let originals = actions.len();
-        for d in dups {
-            if let Some(a @ Action::Event(..)) = actions.get(d).cloned() {
-                actions.push(a);
+        // A redelivered event arrives again anywhere after its first delivery.
+        let mut seq: Vec<(Action, bool)> = actions.into_iter().map(|a| (a, false)).collect();
+        for (d, at) in dups {
+            if let Some((a @ Action::Event(..), false)) = seq.get(d).cloned() {
+                let p = d + 1 + at.index(seq.len() - d);
+                seq.insert(p, (a, true));
             }
         }
 
@@ -191,7 +196,7 @@ proptest! {
         let mut instances = vec![0u64; roots.len()];
         // Instances are numbered in publish order; events of a root may come before it.
         let mut next = 1;
-        for a in &actions[..originals] {
+        for (a, _) in &seq {
             if let Action::Publish(r) = a {
                 instances[*r] = next;
                 next += 1;
@@ -199,11 +204,11 @@ proptest! {
         }
         // Events of other runs change nothing: completion comes with the last action that
         // is not one of them.
-        let last_relevant = actions[..originals]
+        let last_relevant = seq
             .iter()
-            .rposition(|a| !matches!(a, Action::OtherRun))
+            .rposition(|(a, dup)| !dup && !matches!(a, Action::OtherRun))
             .expect("the connector stop is always there");
-        for (step, a) in actions.iter().enumerate() {
+        for (step, (a, dup)) in seq.iter().enumerate() {
             match a {
                 Action::Publish(r) => {
                     let got = tracker.publish();
@@ -212,7 +217,7 @@ proptest! {
                 Action::Event(r, spec) => {
                     let ev = build(&roots[*r], instances[*r], spec);
                     let applied = tracker.apply(&ev);
-                    prop_assert_eq!(applied, if step < originals { Applied::Counted } else { Applied::Duplicate });
+                    prop_assert_eq!(applied, if *dup { Applied::Duplicate } else { Applied::Counted });
                 }
                 Action::OtherRun => {
                     let ev = Event {
@@ -223,6 +228,8 @@ proptest! {
                         parent_id: None,
                         children: 0,
                         kind: EventKind::Finish { unchanged: false },
+                        redelivered: false,
+                        tokens: 0,
                     };
                     prop_assert_eq!(tracker.apply(&ev), Applied::OtherRun);
                 }
@@ -233,7 +240,7 @@ proptest! {
                 tracker.is_complete(true),
                 everything_seen,
                 "step {} of {} ({:?}): pending {}",
-                step, actions.len(), a, tracker.pending()
+                step, seq.len(), a, tracker.pending()
             );
             // A non-empty event queue always holds completion back.
             prop_assert!(!tracker.is_complete(false));
@@ -257,6 +264,8 @@ fn same_id_published_twice_needs_two_terminal_events() {
         parent_id: None,
         children: 0,
         kind: EventKind::Finish { unchanged: false },
+        redelivered: false,
+        tokens: 0,
     };
     assert_eq!(t.apply(&finish(a)), Applied::Counted);
     assert!(!t.is_complete(true));
@@ -284,6 +293,8 @@ fn parent_finishing_before_its_children_are_created_holds_completion() {
         parent_id: None,
         children: 1,
         kind: EventKind::Finish { unchanged: false },
+        redelivered: false,
+        tokens: 0,
     });
     assert!(
         !t.is_complete(true),
@@ -297,6 +308,8 @@ fn parent_finishing_before_its_children_are_created_holds_completion() {
         parent_id: Some("p".into()),
         children: 0,
         kind,
+        redelivered: false,
+        tokens: 0,
     };
     t.apply(&child(EventKind::Create));
     assert!(!t.is_complete(true));

@@ -44,6 +44,8 @@ pub struct Counts {
     pub children_indexed: u64,
     pub children_failed: u64,
     pub children_dropped: u64,
+    /// Documents (parents and children) a broker delivered more than once on their way.
+    pub redelivered: u64,
 }
 
 /// A document that failed or was dropped, with where and why.
@@ -86,6 +88,8 @@ pub struct RunTracker {
     counts: Counts,
     failures: Vec<Outcome>,
     drops: Vec<Outcome>,
+    /// Chunks whose FINISH says they were embedded in this run, and their model tokens.
+    embedded: (u64, u64),
 }
 
 impl RunTracker {
@@ -101,7 +105,14 @@ impl RunTracker {
             counts: Counts::default(),
             failures: Vec::new(),
             drops: Vec::new(),
+            embedded: (0, 0),
         }
+    }
+
+    /// Chunks embedded in this run and their model tokens, as their FINISH events say (what
+    /// a distributed run's publisher knows of its embedders' work).
+    pub fn embedded(&self) -> (u64, u64) {
+        self.embedded
     }
 
     pub fn run_id(&self) -> RunId {
@@ -139,6 +150,11 @@ impl RunTracker {
         }
         if !self.mark(event.instance, DEPARTED) {
             return Applied::Duplicate;
+        }
+        self.counts.redelivered += u64::from(event.redelivered);
+        if event.tokens > 0 {
+            self.embedded.0 += 1;
+            self.embedded.1 += u64::from(event.tokens);
         }
         if event.children > 0 {
             add(

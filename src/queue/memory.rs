@@ -69,6 +69,7 @@ impl<T: Send> Queue<T> for MemoryQueue<T> {
         Ok(Some(Delivery {
             item,
             tag: DeliveryTag(0),
+            attempt: 1,
         }))
     }
 

@@ -6,7 +6,9 @@
 //! only after the item's output is itself durably queued (or written). The in-process
 //! implementation ([`memory::MemoryQueue`]) has nothing to redeliver, so its ack is free.
 
+pub mod jetstream;
 pub mod memory;
+pub mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +26,8 @@ pub struct DeliveryTag(pub u64);
 pub struct Delivery<T> {
     pub item: T,
     pub tag: DeliveryTag,
+    /// Which delivery of the item this is, from 1 (more after a consumer died or timed out).
+    pub attempt: u32,
 }
 
 #[derive(Debug, Error)]
@@ -57,6 +61,13 @@ pub trait Queue<T>: Send + Sync {
     fn pop(&self, timeout: Duration) -> Result<Option<Delivery<T>>, QueueError>;
     /// Confirm that the delivery is fully handled.
     fn ack(&self, tag: DeliveryTag) -> Result<(), QueueError>;
+    /// Give the delivery back to be delivered again after `delay` (a broker's delayed
+    /// negative acknowledgement). The in-process queue never loses an item, so there is
+    /// nothing to give back and its consumers never call this.
+    fn nack(&self, tag: DeliveryTag, delay: Duration) -> Result<(), QueueError> {
+        let _ = (tag, delay);
+        Ok(())
+    }
     /// Items waiting (for a broker, an estimate).
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {

@@ -88,7 +88,27 @@ pub fn work(
                 return;
             }
         };
+        // Tests make a worker lose chosen documents (`FAILPOINTS=worker::lose=return(bad)`:
+        // ids containing `bad`), as if it died holding them: no output, no acknowledgement.
+        #[cfg(feature = "failpoints")]
+        {
+            let lose = (|| {
+                fail::fail_point!("worker::lose", |arg: Option<String>| arg
+                    .is_some_and(|a| delivery.item.id.contains(&a)));
+                false
+            })();
+            if lose {
+                continue;
+            }
+        }
+        // A redelivered document's children count as redelivered too.
+        let redelivered = delivery.item.redelivered;
         pipeline.run(delivery.item, &mut outputs);
+        if redelivered {
+            for output in outputs.iter_mut() {
+                output.doc_mut().redelivered = true;
+            }
+        }
         if routes.dispatch(&mut outputs, &signal).is_err() {
             return;
         }

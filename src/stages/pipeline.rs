@@ -30,6 +30,14 @@ impl PipelineOutput {
             | PipelineOutput::Failed { doc, .. } => doc,
         }
     }
+
+    pub fn doc_mut(&mut self) -> &mut Document {
+        match self {
+            PipelineOutput::Done(doc)
+            | PipelineOutput::Dropped { doc, .. }
+            | PipelineOutput::Failed { doc, .. } => doc,
+        }
+    }
 }
 
 /// A worker's stages, in order.

@@ -2,6 +2,7 @@
 
 mod backend;
 mod chunking;
+mod distributed;
 mod documents;
 mod embedding;
 mod engine;

@@ -1,0 +1,240 @@
+//! Distributed runs from the config: `ingest --queue URL` publishes a run; `worker`,
+//! `embedder` and `indexer` build their part of it from the run's record on the broker.
+
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::{
+    connectors, devices, embedder_pool, finish_ingest, load_model, model_files, prepare, Build,
+    PipelineConfig, PipelineError,
+};
+use crate::document::RunId;
+use crate::embed::device::DeviceChoice;
+use crate::indexers::IndexUri;
+use crate::queue::jetstream::{Broker, BrokerConfig, RunRecord, RunState, WIRE_VERSION};
+use crate::run::distributed::{self as engine, Role, RoleParts, RoleReport};
+use crate::run::progress::Observer;
+use crate::run::RunSummary;
+
+/// How long a process waits for the broker at start.
+pub const CONNECT_WAIT: Duration = Duration::from_secs(10);
+
+/// Connect to the broker a `--queue` URL names.
+pub fn connect(url: &str) -> Result<Broker, PipelineError> {
+    let config = BrokerConfig::parse(url).map_err(PipelineError::Setup)?;
+    Broker::connect(config, CONNECT_WAIT).map_err(PipelineError::Setup)
+}
+
+/// The settings other processes read: paths made absolute, so a process started in another
+/// folder of the same machine finds the same model and index. (On another machine, give the
+/// role `--model` and `--index`.) A Postgres password is never in them.
+fn shared_config(config: &PipelineConfig, model_dir: Option<&str>) -> PipelineConfig {
+    let mut shared = config.clone();
+    if let Some(dir) = model_dir {
+        if Path::new(&config.model.name).exists() {
+            shared.model.name = dir.to_string();
+        }
+    }
+    if let IndexUri::Sqlite(path) = &config.index.uri.value {
+        if let Ok(abs) = std::path::absolute(path) {
+            let text = format!("sqlite://{}", abs.display());
+            if let Ok(p) = super::config::Parsed::parse(&text) {
+                shared.index.uri = p;
+            }
+        }
+    }
+    shared.source.paths.clear();
+    shared
+}
+
+/// Publish a run on the broker and follow it to the end: the same summary as an ingest in
+/// one process.
+pub fn ingest(
+    config: &PipelineConfig,
+    url: &str,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, PipelineError> {
+    config.validate()?;
+    let connectors = connectors(config)?;
+    let prepared = prepare(config, Build::NoEmbedders)?;
+    let broker = connect(url)?;
+    let run_id = RunId::generate();
+    let shared = shared_config(config, prepared.model.as_ref().map(|m| m.dir.as_str()));
+    let record = RunRecord {
+        run: run_id.to_string(),
+        wire: WIRE_VERSION,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        state: RunState::Running,
+        config: shared.to_toml(),
+        model_fingerprint: prepared.model.as_ref().map(|m| m.fingerprint.clone()),
+        dimension: prepared.model.as_ref().map(|m| m.dimension),
+        embeds: prepared.embeds,
+        started: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    eprintln!(
+        "run {run_id} on {}: start `ragline worker`, `ragline embedder` and `ragline indexer` \
+         with --queue {url}",
+        broker.config().describe()
+    );
+    let result = engine::publish(
+        &broker,
+        run_id,
+        &record,
+        connectors,
+        engine::PublishOptions {
+            backend_name: prepared.backend.describe(),
+            track_ids: prepared.options.track_ids,
+            tick: prepared.options.tick,
+        },
+        observer,
+    );
+    observer.finish();
+    let mut summary = result?;
+    finish_ingest(config, &prepared.backend, &prepared.in_index, &mut summary)?;
+    Ok(summary)
+}
+
+/// What a role process is told on its command line, over the run's settings.
+#[derive(Clone, Debug, Default)]
+pub struct RoleRequest {
+    /// Where this process finds the run's model (it must be the same model).
+    pub model: Option<String>,
+    /// The index, when this process reaches it by another URI than the publisher did.
+    pub index: Option<String>,
+    /// `embedder`: the devices (cpu, cuda:0...).
+    pub device: Option<String>,
+    /// Threads (workers) or connections (indexers).
+    pub threads: Option<usize>,
+    /// Leave after one run.
+    pub once: bool,
+}
+
+/// Serve runs from the broker as `role` until SIGTERM (or one run, with `once`).
+pub fn serve(
+    role: Role,
+    url: &str,
+    request: &RoleRequest,
+    stop: &Arc<AtomicBool>,
+) -> Result<Vec<RoleReport>, PipelineError> {
+    let broker = connect(url)?;
+    broker.stop_on_signals(Arc::clone(stop));
+    let mut setup = |record: &RunRecord| -> Result<RoleParts, String> {
+        role_parts(role, record, request).map_err(|e| e.to_string())
+    };
+    let mut log = |line: &str| eprintln!("{line}");
+    Ok(engine::serve(
+        &broker,
+        role,
+        request.once,
+        stop,
+        &mut setup,
+        &mut log,
+    )?)
+}
+
+fn role_parts(
+    role: Role,
+    record: &RunRecord,
+    request: &RoleRequest,
+) -> Result<RoleParts, PipelineError> {
+    if record.wire != WIRE_VERSION {
+        return Err(PipelineError::Setup(format!(
+            "run {} was published by ragline {} with message format {}; this is ragline {} \
+             with format {WIRE_VERSION}: run the same ragline version in every process",
+            record.run,
+            record.version,
+            record.wire,
+            env!("CARGO_PKG_VERSION")
+        )));
+    }
+    let mut config = PipelineConfig::parse(&record.config).map_err(|e| {
+        PipelineError::Setup(format!(
+            "run {}: its settings do not parse: {e}",
+            record.run
+        ))
+    })?;
+    if let Some(model) = &request.model {
+        config.model.name = model.clone();
+    }
+    if let Some(index) = &request.index {
+        config.index.uri = super::config::Parsed::parse(index)
+            .map_err(|e| PipelineError::Setup(format!("bad --index: {e}")))?;
+    }
+    let refuse = |found: &str| {
+        PipelineError::Setup(format!(
+            "run {} embeds with model `{}` (fingerprint {}), but this {} loaded `{}` \
+             (fingerprint {found}): start it with --model naming the run's model, or without \
+             --model where the run's model folder is at the same path",
+            record.run,
+            config.model.name,
+            record.model_fingerprint.as_deref().unwrap_or("none"),
+            role.name(),
+            config.model.name,
+        ))
+    };
+    match role {
+        Role::Embedder => {
+            if !record.embeds {
+                return Err(PipelineError::Setup(format!(
+                    "run {} does not embed (no model, or embedding deferred): it needs no \
+                     embedder",
+                    record.run
+                )));
+            }
+            if let Some(device) = &request.device {
+                config.model.device = super::config::Parsed::parse(device)
+                    .map_err(|e| PipelineError::Setup(format!("bad --device: {e}")))?;
+            }
+            let files = model_files(&config.model.name)?;
+            let devices = devices(&config.model)?;
+            for d in &devices {
+                eprintln!("embedding on {} ({})", d.label, d.reason);
+            }
+            let first = load_model(&files, &devices[0], &config.model)?;
+            let fingerprint = first.fingerprint()?;
+            if record.model_fingerprint.as_deref() != Some(fingerprint.as_str()) {
+                return Err(refuse(&fingerprint));
+            }
+            eprintln!("encoder: {}", first.encoder_kind());
+            let pool = embedder_pool(&files, &devices, first, &config.model)?;
+            Ok(RoleParts::Embedder { pool })
+        }
+        Role::Worker | Role::Indexer => {
+            config.model.device = super::config::Parsed::new("cpu", DeviceChoice::Cpu);
+            let no_password =
+                request.index.is_none() && matches!(config.index.uri.value, IndexUri::Postgres(_));
+            let prepared = prepare(&config, Build::NoEmbedders).map_err(|e| {
+                if no_password {
+                    PipelineError::Setup(format!(
+                        "{e} (a {} reads the index from the run's settings, which never hold \
+                         a password: set PGPASSWORD or ~/.pgpass here, or give --index)",
+                        role.name()
+                    ))
+                } else {
+                    e
+                }
+            })?;
+            let found = prepared.model.as_ref().map(|m| m.fingerprint.clone());
+            if found != record.model_fingerprint {
+                return Err(refuse(found.as_deref().unwrap_or("none")));
+            }
+            if role == Role::Worker {
+                Ok(RoleParts::Worker {
+                    pipeline: prepared.pipeline,
+                    threads: request.threads.unwrap_or(prepared.options.workers),
+                    embeds: record.embeds,
+                })
+            } else {
+                Ok(RoleParts::Indexer {
+                    backend: prepared.backend,
+                    threads: request.threads.unwrap_or(prepared.options.indexers),
+                    batch: prepared.options.batch,
+                })
+            }
+        }
+    }
+}

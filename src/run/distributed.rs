@@ -1,0 +1,414 @@
+//! Runs across processes: the publishing side (`ragline ingest --queue`) and the roles
+//! (`ragline worker`, `embedder`, `indexer`), all on one broker ([`Broker`]).
+//!
+//! The publishing process records the run (settings and state) in the broker, creates its
+//! consumers, runs the connectors and the publisher, and follows the run's events until it is
+//! complete, exactly as an in-process run does: the tracker's rule and counts are the same,
+//! and duplicates from redelivery are ignored by it. Messages the broker gave up on
+//! (MaxDeliver) become FAIL events for their documents. At the end it marks the run complete
+//! and removes what is left of it on the broker.
+//!
+//! A role process waits for a run, sets itself up from the run's record (the caller's
+//! `setup`, from the `pipeline` layer), and runs the same loops as the in-process engine
+//! (`worker::work`, `Embedder::run`, `Indexer::run`) on the run's queues, until the run is
+//! complete or the process is told to stop (SIGTERM: finish what it holds, acknowledge,
+//! exit; what it pulled and did not start goes back to the broker at once).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::connectors::Connector;
+use crate::document::{Document, RunId};
+use crate::embed::pool::{EmbedQueues, EmbedderPool};
+use crate::event::{Event, EventKind};
+use crate::indexers::{BackendFactory, BatchConfig, Indexer};
+use crate::publisher::Publisher;
+use crate::queue::jetstream::{Broker, Lane, RunRecord, RunState};
+use crate::queue::wire::Wire;
+use crate::queue::Queue;
+use crate::signal::RunSignal;
+use crate::stages::PipelineFactory;
+use crate::stats::RunStats;
+
+use super::progress::{Observer, Snapshot};
+use super::worker::{self, Routes};
+use super::{RunError, RunSummary};
+
+/// Chunks one embedder pulls ahead of its window.
+const EMBED_PREFETCH: usize = 256;
+
+/// How the publishing side reports: the index's name for the summary, whether to keep the
+/// published ids (for --prune), how often the observer hears about progress.
+pub struct PublishOptions {
+    pub backend_name: String,
+    pub track_ids: bool,
+    pub tick: Duration,
+}
+
+/// Publish a run through the broker and follow it to completion.
+pub fn publish(
+    broker: &Broker,
+    run_id: RunId,
+    record: &RunRecord,
+    connectors: Vec<Box<dyn Connector>>,
+    options: PublishOptions,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, RunError> {
+    let PublishOptions {
+        backend_name,
+        track_ids,
+        tick,
+    } = options;
+    let started = Instant::now();
+    broker.create_consumers(run_id).map_err(RunError::Setup)?;
+    broker.put_run(record).map_err(RunError::Setup)?;
+    let signal = Arc::new(RunSignal::new());
+    let stats = Arc::new(RunStats::default());
+    let work: Arc<dyn Queue<Document>> =
+        Arc::new(broker.queue::<Document>(Lane::Work, run_id, None));
+    let events: Arc<dyn Queue<Event>> =
+        Arc::new(broker.queue::<Event>(Lane::Events, run_id, Some(4096)));
+    let dead = broker.dead_letters(run_id).map_err(RunError::Setup)?;
+    let publisher = Publisher::new(run_id, Arc::clone(&work), Arc::clone(&signal), track_ids);
+
+    let complete = std::thread::scope(|scope| {
+        let p = publisher.clone();
+        let mut connectors = connectors;
+        let sig = Arc::clone(&signal);
+        scope.spawn(move || {
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                for connector in connectors.iter_mut() {
+                    if let Err(err) = connector.run(&p) {
+                        if !p.signal().is_stopped() {
+                            p.signal()
+                                .abort(format!("connector {}: {err}", connector.name()));
+                        }
+                        return;
+                    }
+                }
+                p.connectors_stopped();
+            }));
+            if result.is_err() {
+                sig.abort("the connector panicked");
+            }
+        });
+        // Messages the broker stopped delivering become FAILs of their documents.
+        let (events_out, sig, max): (Arc<dyn Queue<Event>>, _, _) = (
+            Arc::new(broker.queue::<Event>(Lane::Events, run_id, None)),
+            Arc::clone(&signal),
+            broker.config().max_deliver,
+        );
+        scope.spawn(move || {
+            while !sig.is_stopped() {
+                let Ok((lane, payload)) = dead.recv_timeout(Duration::from_millis(100)) else {
+                    continue;
+                };
+                let Ok(doc) = Document::decode(&payload) else {
+                    continue;
+                };
+                let event = Event::terminal(
+                    &doc,
+                    EventKind::Fail {
+                        stage: lane.name().to_string(),
+                        reason: format!(
+                            "delivered {max} times (MaxDeliver) without being finished: the \
+                             {} process handling it died or timed out every time; look for \
+                             a crash on this document in that role's log",
+                            role_of(lane)
+                        ),
+                    },
+                );
+                let event = Event {
+                    redelivered: true,
+                    ..event
+                };
+                if crate::queue::push_until_stopped(&events_out, event, &sig).is_err() {
+                    return;
+                }
+            }
+        });
+
+        let announced = || publisher.announced();
+        let complete = publisher.follow_events(&events, tick, &mut |tracker| {
+            observer.tick(&Snapshot {
+                counts: tracker.counts(),
+                pending: tracker.pending(),
+                announced: announced(),
+                elapsed: started.elapsed(),
+                stats: &stats,
+            });
+        });
+        signal.stop();
+        complete
+    });
+    let state = if complete {
+        RunState::Complete
+    } else {
+        RunState::Aborted
+    };
+    let mut done = record.clone();
+    done.state = state;
+    broker.put_run(&done).map_err(RunError::Setup)?;
+    drop(events);
+    broker.remove_run(run_id).map_err(RunError::Setup)?;
+    if let Some(reason) = signal.abort_reason() {
+        return Err(RunError::Aborted(reason));
+    }
+    let tracker = publisher.tracker();
+    let mut summary = RunSummary::new(
+        run_id,
+        backend_name,
+        started.elapsed(),
+        tracker.counts().clone(),
+        tracker.failures().to_vec(),
+        tracker.drops().to_vec(),
+        &stats,
+    );
+    // The embedders are other processes: what they did is what the chunks' FINISHes say.
+    let (chunks, tokens) = tracker.embedded();
+    drop(tracker);
+    summary.chunks_embedded = chunks;
+    summary.tokens_embedded = tokens;
+    summary.tokens_per_sec = tokens as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    summary.published_ids = publisher.published_ids();
+    Ok(summary)
+}
+
+fn role_of(lane: Lane) -> &'static str {
+    match lane {
+        Lane::Work => "worker",
+        Lane::Embed => "embedder",
+        Lane::Index => "indexer",
+        Lane::Events => "ingest",
+    }
+}
+
+/// Which role a process plays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Worker,
+    Embedder,
+    Indexer,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Worker => "worker",
+            Role::Embedder => "embedder",
+            Role::Indexer => "indexer",
+        }
+    }
+}
+
+/// What a role process runs for one run, made by the caller from the run's record.
+pub enum RoleParts {
+    Worker {
+        pipeline: Box<PipelineFactory>,
+        threads: usize,
+        /// Chunks go to the embedders (false: straight to the indexers).
+        embeds: bool,
+    },
+    Embedder {
+        pool: EmbedderPool,
+    },
+    Indexer {
+        backend: Arc<dyn BackendFactory>,
+        threads: usize,
+        batch: BatchConfig,
+    },
+}
+
+/// What a role did for one run.
+#[derive(Debug, Default)]
+pub struct RoleReport {
+    pub run: String,
+    pub elapsed: Duration,
+    pub warnings: usize,
+    pub chunks_embedded: u64,
+}
+
+/// Serve runs as `role` until `stop` is set (SIGTERM) or, with `once`, after one run.
+/// `setup` makes the role's parts from a run's record; an error from it refuses the run (the
+/// process exits with it). `log` hears what the role is doing.
+pub fn serve(
+    broker: &Broker,
+    role: Role,
+    once: bool,
+    stop: &Arc<AtomicBool>,
+    setup: &mut dyn FnMut(&RunRecord) -> Result<RoleParts, String>,
+    log: &mut dyn FnMut(&str),
+) -> Result<Vec<RoleReport>, RunError> {
+    let mut reports = Vec::new();
+    let mut announced_wait = false;
+    while !stop.load(Ordering::Relaxed) {
+        let runs = broker.list_runs().map_err(RunError::Setup)?;
+        let Some(record) = runs.into_iter().find(|r| r.state == RunState::Running) else {
+            if !announced_wait {
+                log(&format!(
+                    "{}: waiting for a run on {}",
+                    role.name(),
+                    broker.config().describe()
+                ));
+                announced_wait = true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        };
+        announced_wait = false;
+        let run_id = parse_run(&record.run).map_err(RunError::Setup)?;
+        log(&format!("{}: joining run {}", role.name(), record.run));
+        let parts = setup(&record).map_err(RunError::Setup)?;
+        let report = serve_run(broker, run_id, &record.run, parts, stop)?;
+        log(&format!(
+            "{}: run {} is over after {:.1}s",
+            role.name(),
+            report.run,
+            report.elapsed.as_secs_f64()
+        ));
+        reports.push(report);
+        if once {
+            break;
+        }
+    }
+    Ok(reports)
+}
+
+fn parse_run(s: &str) -> Result<RunId, String> {
+    u64::from_str_radix(s, 16)
+        .map(RunId)
+        .map_err(|_| format!("the broker holds a run record with a bad id `{s}`"))
+}
+
+/// Run one role's loops on one run until the run is no longer running or `stop` is set.
+fn serve_run(
+    broker: &Broker,
+    run_id: RunId,
+    run: &str,
+    parts: RoleParts,
+    stop: &Arc<AtomicBool>,
+) -> Result<RoleReport, RunError> {
+    let started = Instant::now();
+    let signal = Arc::new(RunSignal::new());
+    let stats = Arc::new(RunStats::default());
+    let events: Arc<dyn Queue<Event>> = Arc::new(broker.queue::<Event>(Lane::Events, run_id, None));
+    let index_out: Arc<dyn Queue<Document>> =
+        Arc::new(broker.queue::<Document>(Lane::Index, run_id, None));
+    std::thread::scope(|scope| -> Result<(), RunError> {
+        // The run ends for this process when its record says so, or on SIGTERM.
+        let (sig, stop2) = (Arc::clone(&signal), Arc::clone(stop));
+        let watcher = scope.spawn(move || {
+            let mut last_check = Instant::now();
+            while !sig.is_stopped() {
+                if stop2.load(Ordering::Relaxed) {
+                    sig.stop();
+                    break;
+                }
+                if last_check.elapsed() >= Duration::from_millis(300) {
+                    last_check = Instant::now();
+                    match broker.get_run(run) {
+                        Ok(Some(r)) if r.state == RunState::Running => {}
+                        Ok(_) => sig.stop(),
+                        Err(_) => {} // broker away: keep going, the client reconnects
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        match parts {
+            RoleParts::Worker {
+                pipeline,
+                threads,
+                embeds,
+            } => {
+                let input: Arc<dyn Queue<Document>> = Arc::new(broker.queue::<Document>(
+                    Lane::Work,
+                    run_id,
+                    Some(threads.max(1) * 2),
+                ));
+                let routes = Routes {
+                    index: Arc::clone(&index_out),
+                    embed: embeds.then(|| {
+                        Arc::new(broker.queue::<Document>(Lane::Embed, run_id, None))
+                            as Arc<dyn Queue<Document>>
+                    }),
+                    events: Arc::clone(&events),
+                    stats: Arc::clone(&stats),
+                };
+                let mut handles = Vec::new();
+                for _ in 0..threads.max(1) {
+                    let p = pipeline().map_err(|e| RunError::Setup(e.to_string()))?;
+                    let (input, routes, sig) =
+                        (Arc::clone(&input), routes.clone(), Arc::clone(&signal));
+                    handles.push(scope.spawn(move || worker::work(p, input, routes, sig)));
+                }
+                for h in handles {
+                    let _ = h.join();
+                }
+            }
+            RoleParts::Embedder { pool } => {
+                let input: Arc<dyn Queue<Document>> =
+                    Arc::new(broker.queue::<Document>(Lane::Embed, run_id, Some(EMBED_PREFETCH)));
+                let mut handles = Vec::new();
+                for embedder in pool.into_embedders() {
+                    let queues = EmbedQueues {
+                        input: Arc::clone(&input),
+                        output: Arc::clone(&index_out),
+                        events: Arc::clone(&events),
+                    };
+                    let (sig, stats) = (Arc::clone(&signal), Arc::clone(&stats));
+                    handles.push(scope.spawn(move || embedder.run(queues, sig, stats)));
+                }
+                for h in handles {
+                    let _ = h.join();
+                }
+            }
+            RoleParts::Indexer {
+                backend,
+                threads,
+                batch,
+            } => {
+                let input: Arc<dyn Queue<Document>> = Arc::new(broker.queue::<Document>(
+                    Lane::Index,
+                    run_id,
+                    Some(batch.max_items.max(1) * threads.max(1)),
+                ));
+                let mut handles = Vec::new();
+                for _ in 0..threads.max(1) {
+                    let indexer = Indexer {
+                        backend: backend
+                            .connect()
+                            .map_err(|e| RunError::Setup(e.to_string()))?,
+                        config: batch.clone(),
+                        input: Arc::clone(&input),
+                        events: Arc::clone(&events),
+                        signal: Arc::clone(&signal),
+                    };
+                    handles.push(scope.spawn(move || indexer.run()));
+                }
+                for h in handles {
+                    let _ = h.join();
+                }
+            }
+        }
+        signal.stop();
+        let _ = watcher.join();
+        Ok(())
+    })?;
+    // Everything this process pushed is stored before it says it is done.
+    broker.flush(Duration::from_secs(30));
+    if let Some(reason) = signal.abort_reason() {
+        return Err(RunError::Aborted(reason));
+    }
+    for w in stats.warnings() {
+        eprintln!("warning: {}: {}: {}", w.id, w.stage, w.message);
+    }
+    Ok(RoleReport {
+        run: run.to_string(),
+        elapsed: started.elapsed(),
+        warnings: stats.warnings().len(),
+        chunks_embedded: stats.chunks(),
+    })
+}

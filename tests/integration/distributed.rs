@@ -1,0 +1,770 @@
+//! Distributed runs on a real NATS JetStream server: separate `ragline` processes for each
+//! role, a Postgres index when `RAGLINE_TEST_POSTGRES` names a server (else SQLite with its
+//! single indexer). Each test starts its own nats-server (the binary `scripts/nats.sh bin`
+//! installs, named by `RAGLINE_NATS_SERVER`) on a free port with its own storage, so a test
+//! can kill it. Without the variable the tests skip with a message; with
+//! `RAGLINE_REQUIRE_NATS=1` (CI) they fail instead.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::backend::{postgres_index, postgres_url, TestIndex};
+use crate::util::{ragline, random_model, run, shared_data};
+
+/// The model of these tests: a random-weight BERT with the default model's tokenizer (so the
+/// chunks are the real ones) and 64 dimensions, fast enough on the CPU of a test build for
+/// several runs of react-docs. What is tested is the pipeline across processes, which does not
+/// depend on the weights; the real model's runs are elsewhere (and the distributed benchmark
+/// in BENCHMARKS.md ran it).
+fn test_model(dir: &Path) -> PathBuf {
+    random_model(dir, 64, 11)
+}
+
+/// An ingest in one process, the reference a distributed run is compared with.
+fn ingest_into(corpus: &Path, uri: &str, report: &Path, model: &Path) -> (Option<i32>, Value) {
+    let o = run(ragline()
+        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
+        .arg(model)
+        .args(["--index", uri, "--report"])
+        .arg(report)
+        .arg(corpus));
+    let r = fs::read(report)
+        .ok()
+        .filter(|b| !b.is_empty())
+        .map_or(Value::Null, |b| serde_json::from_slice(&b).unwrap());
+    (o.status.code(), r)
+}
+
+/// A nats-server of the test's own.
+pub struct Nats {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    pub port: u16,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The nats-server binary, or None (with a message) when the tests are not asked for.
+fn nats_bin() -> Option<PathBuf> {
+    match std::env::var_os("RAGLINE_NATS_SERVER").filter(|b| !b.is_empty()) {
+        Some(b) => Some(PathBuf::from(b)),
+        None => {
+            assert!(
+                std::env::var("RAGLINE_REQUIRE_NATS").as_deref() != Ok("1"),
+                "RAGLINE_NATS_SERVER is not set and RAGLINE_REQUIRE_NATS=1: run \
+                     `export RAGLINE_NATS_SERVER=$(scripts/nats.sh bin)`"
+            );
+            eprintln!(
+                "SKIPPED (nats): RAGLINE_NATS_SERVER is not set; run \
+                     `export RAGLINE_NATS_SERVER=$(scripts/nats.sh bin)` to include the \
+                     distributed tests"
+            );
+            None
+        }
+    }
+}
+
+impl Nats {
+    pub fn start() -> Option<Nats> {
+        let bin = nats_bin()?;
+        let mut n = Nats {
+            bin,
+            dir: tempfile::tempdir().unwrap(),
+            port: free_port(),
+            child: None,
+        };
+        n.launch();
+        Some(n)
+    }
+
+    fn launch(&mut self) {
+        let child = Command::new(&self.bin)
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-sd",
+            ])
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start again on the same storage and port.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.launch();
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A role process (worker, embedder, indexer), killed when dropped.
+pub struct RoleProcess {
+    pub name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl RoleProcess {
+    pub fn start(role: &str, queue: &str, extra: &[&str], logs: &Path, n: usize) -> RoleProcess {
+        let log = logs.join(format!("{role}-{n}.log"));
+        let f = fs::File::create(&log).unwrap();
+        let child = ragline()
+            .arg(role)
+            .args(["--queue", queue, "--once"])
+            .args(extra)
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .expect("start a role");
+        RoleProcess {
+            name: format!("{role}-{n}"),
+            child,
+            log,
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Wait for the process to leave by itself (after its run, with --once).
+    pub fn wait(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                self.kill9();
+                panic!(
+                    "{} did not leave after its run; its log:\n{}",
+                    self.name,
+                    fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for RoleProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- {} log\n{}", self.name, self.log());
+        }
+    }
+}
+
+/// The index the distributed tests write: Postgres when there is a server, else SQLite.
+fn test_index(dir: &Path, name: &str) -> TestIndex {
+    match postgres_url() {
+        Some(url) => postgres_index(&url, name),
+        None => TestIndex::Sqlite(dir.join(format!("{name}.db"))),
+    }
+}
+
+/// Start `workers` workers, one embedder and one indexer on `queue`, all CPU. The workers
+/// and the indexer get the index's URI with its password (the run's settings never hold one).
+fn roles(
+    queue: &str,
+    workers: usize,
+    logs: &Path,
+    model: &Path,
+    index: &TestIndex,
+) -> Vec<RoleProcess> {
+    let model = model.display().to_string();
+    let uri = index.uri();
+    let mut v = Vec::new();
+    for i in 0..workers {
+        v.push(RoleProcess::start(
+            "worker",
+            queue,
+            &["--threads", "1", "--index", &uri],
+            logs,
+            i,
+        ));
+    }
+    v.push(RoleProcess::start(
+        "embedder",
+        queue,
+        &["--device", "cpu", "--model", &model],
+        logs,
+        0,
+    ));
+    v.push(RoleProcess::start(
+        "indexer",
+        queue,
+        &["--index", &uri],
+        logs,
+        0,
+    ));
+    v
+}
+
+/// A distributed ingest of `corpus` into `uri`; returns the child to wait on.
+fn distributed_ingest(corpus: &Path, uri: &str, queue: &str, report: &Path, model: &Path) -> Child {
+    ragline()
+        .args(["ingest", "--progress", "log", "--device", "cpu", "--model"])
+        .arg(model)
+        .args(["--index", uri, "--queue", queue, "--report"])
+        .arg(report)
+        .arg(corpus)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ingest")
+}
+
+fn finish(child: Child, report: &Path) -> (Option<i32>, Value) {
+    let out = child.wait_with_output().unwrap();
+    eprintln!(
+        "--- distributed ingest: {:?}\n{}\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = fs::read(report)
+        .ok()
+        .filter(|b| !b.is_empty())
+        .map_or(Value::Null, |b| serde_json::from_slice(&b).unwrap());
+    (out.status.code(), r)
+}
+
+/// The first `n` react-docs pages (sorted), copied into `dir`.
+fn react_slice(dir: &Path, n: usize) -> Option<PathBuf> {
+    let src = shared_data("react-docs")?;
+    let mut files: Vec<PathBuf> = walk(&src);
+    files.sort();
+    let out = dir.join("react");
+    for f in files.into_iter().take(n) {
+        let rel = f.strip_prefix(&src).unwrap();
+        let to = out.join(rel);
+        fs::create_dir_all(to.parent().unwrap()).unwrap();
+        fs::copy(&f, &to).unwrap();
+    }
+    Some(out)
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for e in fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            v.extend(walk(&p));
+        } else {
+            v.push(p);
+        }
+    }
+    v
+}
+
+/// chunk id -> (document id, text, vector) as the index holds them.
+fn index_map(index: &TestIndex) -> HashMap<String, (String, String, Vec<f32>)> {
+    let chunks = index.chunks();
+    let ids: Vec<&String> = chunks.iter().map(|c| &c.1).collect();
+    let unique: HashSet<&String> = ids.iter().copied().collect();
+    assert_eq!(unique.len(), ids.len(), "a chunk is in the index twice");
+    let vectors: HashMap<String, Vec<f32>> = index
+        .vectors_with_ids()
+        .into_iter()
+        .map(|(_, id, _, v)| (id, v))
+        .collect();
+    chunks
+        .into_iter()
+        .map(|(doc, id, text)| {
+            let v = vectors.get(&id).cloned().unwrap_or_default();
+            (id, (doc, text, v))
+        })
+        .collect()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (na * nb).max(1e-12)
+}
+
+fn assert_same_index(got: &TestIndex, want: &TestIndex) {
+    let (g, w) = (index_map(got), index_map(want));
+    assert_eq!(
+        g.keys().collect::<HashSet<_>>(),
+        w.keys().collect::<HashSet<_>>(),
+        "the distributed run's chunks differ from the in-process run's"
+    );
+    for (id, (doc, text, v)) in &w {
+        let (gdoc, gtext, gv) = &g[id];
+        assert_eq!((gdoc, gtext), (doc, text), "chunk {id}");
+        assert_eq!(
+            gv.len(),
+            v.len(),
+            "chunk {id}: vector missing or of another size"
+        );
+        let c = cosine(gv, v);
+        assert!(
+            c >= 0.9999,
+            "chunk {id}: cosine {c} to the in-process vector"
+        );
+    }
+    assert_eq!(got.counts(), want.counts());
+}
+
+fn counts(report: &Value) -> &Value {
+    &report["counts"]
+}
+
+#[test]
+fn react_docs_through_separate_processes_equal_an_in_process_run() {
+    let Some(mut nats) = Nats::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let model = test_model(dir.path());
+    let Some(corpus) = react_slice(dir.path(), usize::MAX) else {
+        return;
+    };
+    let local = test_index(dir.path(), "local");
+    let (code, want) = ingest_into(&corpus, &local.uri(), &dir.path().join("l.json"), &model);
+    assert_eq!(code, Some(0));
+
+    let spread = test_index(dir.path(), "spread");
+    let url = nats.url();
+    let mut procs = roles(&url, 3, dir.path(), &model, &spread);
+    let report = dir.path().join("d.json");
+    let ingest = distributed_ingest(&corpus, &spread.uri(), &url, &report, &model);
+    let (code, got) = finish(ingest, &report);
+    assert_eq!(code, Some(0), "{got}");
+    for p in procs.iter_mut() {
+        assert_eq!(p.wait(Duration::from_secs(30)), Some(0), "{}", p.log());
+    }
+    // The same counts as the in-process run, nothing redelivered.
+    let mut c = counts(&got).clone();
+    assert!(c["published"].as_u64().unwrap() > 200, "{c}");
+    assert_eq!(c["redelivered"], 0);
+    c["redelivered"] = counts(&want)["redelivered"].clone();
+    assert_eq!(&c, counts(&want));
+    assert_same_index(&spread, &local);
+    nats.kill9();
+}
+
+/// Kill a worker and the embedder in the middle of a run; start another embedder.
+#[test]
+fn a_killed_worker_and_embedder_lose_nothing_and_double_nothing() {
+    let Some(nats) = Nats::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = test_model(dir.path());
+    let Some(corpus) = react_slice(dir.path(), 60) else {
+        return;
+    };
+    let local = test_index(dir.path(), "klocal");
+    let (code, want) = ingest_into(&corpus, &local.uri(), &dir.path().join("l.json"), &model);
+    assert_eq!(code, Some(0));
+
+    let spread = test_index(dir.path(), "kspread");
+    // A short AckWait, so what the killed processes held comes back quickly.
+    let url = format!("{}?ack_wait=3", nats.url());
+    let mut procs = roles(&url, 2, dir.path(), &model, &spread);
+    let report = dir.path().join("d.json");
+    let mut ingest = distributed_ingest(&corpus, &spread.uri(), &url, &report, &model);
+    // Once chunks reach the index, the run is under way: kill a worker and the embedder.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while spread_chunks(&spread) == 0 {
+        assert!(Instant::now() < deadline, "nothing reached the index");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        ingest.try_wait().unwrap().is_none(),
+        "the run ended before the kill: the test needs a bigger corpus"
+    );
+    procs[0].kill9();
+    procs[2].kill9();
+    procs.push(RoleProcess::start(
+        "embedder",
+        &url,
+        &["--device", "cpu", "--model", model.to_str().unwrap()],
+        dir.path(),
+        1,
+    ));
+    let (code, got) = finish(ingest, &report);
+    assert_eq!(code, Some(0), "{got}");
+    for (i, p) in procs.iter_mut().enumerate() {
+        if i != 0 && i != 2 {
+            assert_eq!(p.wait(Duration::from_secs(30)), Some(0), "{}", p.log());
+        }
+    }
+    let c = counts(&got);
+    assert!(
+        c["redelivered"].as_u64().unwrap() > 0,
+        "the killed embedder held chunks: they must have been redelivered: {c}"
+    );
+    let mut c = c.clone();
+    c["redelivered"] = counts(&want)["redelivered"].clone();
+    assert_eq!(&c, counts(&want));
+    assert_same_index(&spread, &local);
+}
+
+fn spread_chunks(index: &TestIndex) -> u64 {
+    match index {
+        TestIndex::Sqlite(p) if !p.exists() => 0,
+        _ => std::panic::catch_unwind(|| index.counts().1).unwrap_or(0),
+    }
+}
+
+/// Kill nats-server in the middle of a run and start it again on the same storage.
+#[test]
+fn a_broker_crash_in_the_middle_of_a_run_loses_nothing() {
+    let Some(mut nats) = Nats::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let model = test_model(dir.path());
+    let Some(corpus) = react_slice(dir.path(), 60) else {
+        return;
+    };
+    let local = test_index(dir.path(), "blocal");
+    let (code, want) = ingest_into(&corpus, &local.uri(), &dir.path().join("l.json"), &model);
+    assert_eq!(code, Some(0));
+
+    let spread = test_index(dir.path(), "bspread");
+    let url = format!("{}?ack_wait=3", nats.url());
+    let mut procs = roles(&url, 2, dir.path(), &model, &spread);
+    let report = dir.path().join("d.json");
+    let mut ingest = distributed_ingest(&corpus, &spread.uri(), &url, &report, &model);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while spread_chunks(&spread) == 0 {
+        assert!(Instant::now() < deadline, "nothing reached the index");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        ingest.try_wait().unwrap().is_none(),
+        "the run ended before the kill: the test needs a bigger corpus"
+    );
+    nats.kill9();
+    std::thread::sleep(Duration::from_secs(2));
+    nats.restart();
+    let (code, got) = finish(ingest, &report);
+    assert_eq!(code, Some(0), "{got}");
+    for p in procs.iter_mut() {
+        assert_eq!(p.wait(Duration::from_secs(60)), Some(0), "{}", p.log());
+    }
+    let mut c = counts(&got).clone();
+    c["redelivered"] = counts(&want)["redelivered"].clone();
+    assert_eq!(&c, counts(&want));
+    assert_same_index(&spread, &local);
+}
+
+/// A role given another model than the run's refuses the run and says what to do.
+#[test]
+fn an_embedder_with_another_model_refuses_the_run() {
+    let Some(nats) = Nats::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("c");
+    fs::create_dir_all(&c).unwrap();
+    fs::write(c.join("a.md"), "# A\n\nSome text about effects.\n").unwrap();
+    let model = test_model(dir.path());
+    let other = random_model(dir.path(), 64, 3);
+    let index = TestIndex::Sqlite(dir.path().join("r.db"));
+    let url = nats.url();
+    let report = dir.path().join("d.json");
+    let mut ingest = distributed_ingest(&c, &index.uri(), &url, &report, &model);
+    let mut embedder = RoleProcess::start(
+        "embedder",
+        &url,
+        &["--device", "cpu", "--model", other.to_str().unwrap()],
+        dir.path(),
+        0,
+    );
+    let code = embedder.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(2), "{}", embedder.log());
+    let log = embedder.log();
+    assert!(
+        log.contains("fingerprint") && log.contains("--model"),
+        "the refusal says why and what to do: {log}"
+    );
+    let _ = ingest.kill();
+    let _ = ingest.wait();
+}
+
+/// Workers that lose three documents every time (as if they died on them): after MaxDeliver
+/// the run counts them failed, says why, and completes; the others are indexed.
+#[cfg(feature = "failpoints")]
+#[test]
+fn documents_that_kill_their_worker_every_time_fail_after_max_deliver() {
+    let Some(nats) = Nats::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("c");
+    fs::create_dir_all(&c).unwrap();
+    for i in 0..6 {
+        fs::write(
+            c.join(format!("good-{i}.md")),
+            format!("# Good {i}\n\nFine text.\n"),
+        )
+        .unwrap();
+    }
+    for i in 0..3 {
+        fs::write(
+            c.join(format!("bad-{i}.md")),
+            format!("# Bad {i}\n\nPoison.\n"),
+        )
+        .unwrap();
+    }
+    let index = TestIndex::Sqlite(dir.path().join("m.db"));
+    let url = format!("{}?ack_wait=1&max_deliver=3&max_hold=1", nats.url());
+    let mut worker = ragline()
+        .args(["worker", "--queue", &url, "--once", "--threads", "2"])
+        .env("FAILPOINTS", "worker::lose=return(bad)")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let logs = dir.path();
+    let model = test_model(dir.path());
+    let mut others = [
+        RoleProcess::start(
+            "embedder",
+            &url,
+            &["--device", "cpu", "--model", model.to_str().unwrap()],
+            logs,
+            0,
+        ),
+        RoleProcess::start("indexer", &url, &[], logs, 0),
+    ];
+    let report = dir.path().join("d.json");
+    let ingest = distributed_ingest(&c, &index.uri(), &url, &report, &model);
+    let (code, got) = finish(ingest, &report);
+    let _ = worker.kill();
+    let _ = worker.wait();
+    assert_eq!(code, Some(1), "some documents failed: {got}");
+    let counts = counts(&got);
+    assert_eq!(counts["published"], 9);
+    assert_eq!(counts["indexed"], 6);
+    assert_eq!(counts["failed"], 3);
+    let failures = got["failures"].as_array().unwrap();
+    let mut failed: Vec<&str> = failures.iter().map(|f| f["id"].as_str().unwrap()).collect();
+    failed.sort();
+    assert_eq!(failed, ["bad-0.md", "bad-1.md", "bad-2.md"]);
+    for f in failures {
+        let reason = f["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("MaxDeliver") && reason.contains("worker"),
+            "{reason}"
+        );
+        assert_eq!(f["stage"], "work");
+    }
+    for p in others.iter_mut() {
+        assert_eq!(p.wait(Duration::from_secs(30)), Some(0), "{}", p.log());
+    }
+    assert_eq!(index.counts().0, 6);
+}
+
+/// Three nats-servers in one cluster, each with its own storage.
+struct Cluster {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    ports: Vec<u16>,
+    routes: Vec<u16>,
+    monitors: Vec<u16>,
+    children: Vec<Option<Child>>,
+}
+
+impl Cluster {
+    fn start() -> Option<Cluster> {
+        let bin = nats_bin()?;
+        let mut c = Cluster {
+            bin,
+            dir: tempfile::tempdir().unwrap(),
+            ports: (0..3).map(|_| free_port()).collect(),
+            routes: (0..3).map(|_| free_port()).collect(),
+            monitors: (0..3).map(|_| free_port()).collect(),
+            children: vec![None, None, None],
+        };
+        for i in 0..3 {
+            c.launch(i);
+        }
+        // Ready when every node has JetStream up in the cluster.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for i in 0..3 {
+            while !http_get(c.monitors[i], "/healthz?js-enabled-only=true")
+                .is_some_and(|b| b.contains("ok"))
+            {
+                assert!(Instant::now() < deadline, "the cluster did not form");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Some(c)
+    }
+
+    fn launch(&mut self, i: usize) {
+        let routes: Vec<String> = (0..3)
+            .filter(|&j| j != i)
+            .map(|j| format!("nats-route://127.0.0.1:{}", self.routes[j]))
+            .collect();
+        let store = self.dir.path().join(format!("n{i}"));
+        let child = Command::new(&self.bin)
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.ports[i].to_string()])
+            .args(["-m", &self.monitors[i].to_string(), "-n", &format!("n{i}")])
+            .args(["--cluster_name", "t", "--cluster"])
+            .arg(format!("nats://127.0.0.1:{}", self.routes[i]))
+            .arg("--routes")
+            .arg(routes.join(","))
+            .arg("-sd")
+            .arg(store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nats-server");
+        self.children[i] = Some(child);
+    }
+
+    fn url(&self) -> String {
+        self.ports
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The node leading `stream`, by the monitoring endpoint.
+    fn leader_of(&self, stream: &str) -> Option<usize> {
+        for i in 0..3 {
+            if self.children[i].is_none() {
+                continue;
+            }
+            let Some(body) = http_get(self.monitors[i], "/jsz?streams=true") else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<Value>(&body) else {
+                continue;
+            };
+            for account in v["account_details"].as_array().into_iter().flatten() {
+                for s in account["stream_detail"].as_array().into_iter().flatten() {
+                    if s["name"] == stream {
+                        if let Some(leader) = s["cluster"]["leader"].as_str() {
+                            return leader.strip_prefix('n').and_then(|n| n.parse().ok());
+                        }
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn kill9(&mut self, i: usize) {
+        if let Some(mut c) = self.children[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..3 {
+            self.kill9(i);
+        }
+    }
+}
+
+/// A plain HTTP GET on 127.0.0.1 (the monitoring endpoint), the body.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+/// With three replicas of every stream, killing the leader of the work stream in the middle of
+/// a run: the run completes on the other two, nothing restarted, nothing lost or doubled.
+#[test]
+fn killing_the_stream_leader_of_a_three_node_cluster_loses_nothing() {
+    let Some(mut cluster) = Cluster::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let model = test_model(dir.path());
+    let Some(corpus) = react_slice(dir.path(), 60) else {
+        return;
+    };
+    let local = test_index(dir.path(), "clocal");
+    let (code, want) = ingest_into(&corpus, &local.uri(), &dir.path().join("l.json"), &model);
+    assert_eq!(code, Some(0));
+
+    let spread = test_index(dir.path(), "cspread");
+    let url = format!("{}?replicas=3&ack_wait=3", cluster.url());
+    let mut procs = roles(&url, 2, dir.path(), &model, &spread);
+    let report = dir.path().join("d.json");
+    let mut ingest = distributed_ingest(&corpus, &spread.uri(), &url, &report, &model);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while spread_chunks(&spread) == 0 {
+        assert!(Instant::now() < deadline, "nothing reached the index");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        ingest.try_wait().unwrap().is_none(),
+        "the run ended before the kill: the test needs a bigger corpus"
+    );
+    let leader = cluster
+        .leader_of("RAGLINE_EMBED")
+        .expect("the embed stream has a leader");
+    eprintln!("killing n{leader}, the leader of RAGLINE_EMBED");
+    cluster.kill9(leader);
+    let (code, got) = finish(ingest, &report);
+    assert_eq!(code, Some(0), "{got}");
+    for p in procs.iter_mut() {
+        assert_eq!(p.wait(Duration::from_secs(60)), Some(0), "{}", p.log());
+    }
+    let mut c = counts(&got).clone();
+    c["redelivered"] = counts(&want)["redelivered"].clone();
+    assert_eq!(&c, counts(&want));
+    assert_same_index(&spread, &local);
+}
