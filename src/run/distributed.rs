@@ -36,6 +36,8 @@ use super::progress::{Observer, Snapshot};
 use super::worker::{self, Routes};
 use super::{RunError, RunSummary};
 
+/// Documents one worker process pulls ahead.
+const WORK_PREFETCH: usize = 128;
 /// Chunks one embedder pulls ahead of its window.
 const EMBED_PREFETCH: usize = 256;
 
@@ -326,7 +328,7 @@ fn serve_run(
                 let input: Arc<dyn Queue<Document>> = Arc::new(broker.queue::<Document>(
                     Lane::Work,
                     run_id,
-                    Some(threads.max(1) * 2),
+                    Some(WORK_PREFETCH.max(threads * 4)),
                 ));
                 let routes = Routes {
                     index: Arc::clone(&index_out),
