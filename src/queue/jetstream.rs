@@ -345,7 +345,7 @@ impl Broker {
         what: &str,
         mut call: impl FnMut() -> Fut,
     ) -> Result<T, String> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(60);
         self.block_on(async {
             loop {
                 match call().await {

@@ -628,12 +628,21 @@ impl Cluster {
         for i in 0..3 {
             c.launch(i);
         }
-        // Ready when every node has JetStream up in the cluster.
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // Ready when every node sees a meta leader of all three: streams with three replicas
+        // cannot be placed before ("no suitable peers for placement").
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let formed = |port: u16| {
+            http_get(port, "/jsz")
+                .and_then(|b| serde_json::from_str::<Value>(&b).ok())
+                .is_some_and(|v| {
+                    v["meta_cluster"]["leader"]
+                        .as_str()
+                        .is_some_and(|l| !l.is_empty())
+                        && v["meta_cluster"]["cluster_size"] == 3
+                })
+        };
         for i in 0..3 {
-            while !http_get(c.monitors[i], "/healthz?js-enabled-only=true")
-                .is_some_and(|b| b.contains("ok"))
-            {
+            while !formed(c.monitors[i]) {
                 assert!(Instant::now() < deadline, "the cluster did not form");
                 std::thread::sleep(Duration::from_millis(100));
             }

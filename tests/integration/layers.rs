@@ -11,7 +11,9 @@ use crate::util::root;
 /// Top-level modules of the library, lowest layer first.
 const LAYERS: &[&[&str]] = &[
     &["document", "signal", "stats", "tokens"],
-    &["event", "queue", "lifecycle"],
+    &["event", "lifecycle"],
+    // Above `event`: a broker's queue encodes events (`queue/wire.rs`).
+    &["queue"],
     &["publisher"],
     &["connectors", "stages", "embed", "indexers"],
     &["run", "search"],
