@@ -3,7 +3,8 @@
 //! See ARCHITECTURE.md for the map. In short: [`connectors`] publish documents through the
 //! [`publisher`] onto bounded [`queue`]s; workers run [`stages`] (extract, chunk); the
 //! [`embed`] pool batches chunks through the model; [`indexers`] write to a backend; the
-//! publisher follows [`event`]s until the [`run`] is complete.
+//! publisher follows [`event`]s until the [`run`] is complete. [`remote`] calls services
+//! (embeddings, chat completions) within their limits; [`serve`] is the embeddings server.
 
 pub mod connectors;
 pub mod document;
@@ -15,8 +16,10 @@ pub mod lifecycle;
 pub mod pipeline;
 pub mod publisher;
 pub mod queue;
+pub mod remote;
 pub mod run;
 pub mod search;
+pub mod serve;
 pub mod signal;
 pub mod stages;
 pub mod stats;

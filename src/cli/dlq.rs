@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use anyhow::bail;
 use clap::{Args, Subcommand};
 
+use ragline::lifecycle::CHUNK;
+
 use super::{EXIT_FAILURES, EXIT_OK};
 
 #[derive(Args, Debug)]
@@ -37,7 +39,10 @@ enum DlqCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Queue dead documents again (attempts reset, their errors kept).
+    /// Queue dead documents again (attempts reset, their errors kept). `enrich` picks up
+    /// their embedding; documents that never reached the index (a distributed run's broker
+    /// gave up on them) are run through an ingest at once, from the copy the index kept,
+    /// with the settings of the run that dead-lettered them.
     Requeue {
         /// Only this stage's.
         #[arg(long)]
@@ -45,6 +50,14 @@ enum DlqCommand {
         /// Every dead document.
         #[arg(long, conflicts_with = "doc_ids")]
         all: bool,
+        /// Run the documents that never reached the index on this broker (workers,
+        /// embedders and indexers started with the same URL do the work) instead of in this
+        /// process.
+        #[arg(long, env = "RAGLINE_QUEUE", value_name = "URL")]
+        queue: Option<String>,
+        /// Write the summary of that ingest as JSON.
+        #[arg(long)]
+        report: Option<std::path::PathBuf>,
         /// The documents to requeue.
         doc_ids: Vec<String>,
     },
@@ -133,14 +146,70 @@ pub fn run(args: DlqArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode
         DlqCommand::Requeue {
             stage,
             all,
+            queue,
+            report,
             doc_ids,
         } => {
             if !all && doc_ids.is_empty() {
                 bail!("name the documents to requeue, or give --all");
             }
             let ids = (!all).then_some(doc_ids.as_slice());
+            // Documents dead before they reached the index: an ingest runs them now.
+            let never_indexed: Vec<String> = store
+                .dead_letters(stage.as_deref())?
+                .into_iter()
+                .filter(|d| d.stage == CHUNK && ids.is_none_or(|ids| ids.contains(&d.document_id)))
+                .map(|d| d.document_id)
+                .collect();
             let n = store.requeue(stage.as_deref(), ids)?;
             writeln!(out, "{n} documents queued again")?;
+            drop(store);
+            if never_indexed.is_empty() {
+                return Ok(ExitCode::from(EXIT_OK));
+            }
+            writeln!(
+                out,
+                "{} of them never reached the index: running them through an ingest{}",
+                never_indexed.len(),
+                queue
+                    .as_deref()
+                    .map(|q| format!(" on {q}"))
+                    .unwrap_or_default()
+            )?;
+            let mut observer = super::observer(config.run.progress);
+            let runs = ragline::pipeline::requeue::run_buried(
+                &config,
+                &never_indexed,
+                queue.as_deref(),
+                observer.as_mut(),
+            )?;
+            for summary in &runs.summaries {
+                super::ingest::print_summary(&mut out, summary, false)?;
+            }
+            if let Some(summary) = runs.summaries.first() {
+                super::ingest::write_report(report.as_deref(), summary)?;
+            }
+            for id in &runs.without_copy {
+                writeln!(
+                    out,
+                    "  {id}: the index kept no copy of it: run `ragline ingest` on its source \
+                     again"
+                )?;
+            }
+            writeln!(
+                out,
+                "{} now in the index, {} dead again{}",
+                runs.recovered.len(),
+                runs.failed_again.len(),
+                if runs.failed_again.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", runs.failed_again.join(", "))
+                }
+            )?;
+            if !runs.failed_again.is_empty() || !runs.without_copy.is_empty() {
+                return Ok(ExitCode::from(EXIT_FAILURES));
+            }
         }
     }
     Ok(ExitCode::from(EXIT_OK))

@@ -13,7 +13,15 @@ use ragline::embed::texts::embed_texts;
 use ragline::indexers::parquet::{ParquetWriter, Row};
 use serde_json::Value;
 
+use std::sync::Arc;
+
+use ragline::embed::tokenizer::TextTokenizer;
+use ragline::embed::EmbeddingModel;
+use ragline::remote::embed::{estimate_tokens, Input, RemoteEmbedder};
+use rayon::prelude::*;
+
 use super::model_args::{load_first, ModelArgs};
+use super::remote_args::RemoteArgs;
 use super::{EXIT_FAILURES, EXIT_OK};
 
 /// Lines read and embedded together.
@@ -52,6 +60,66 @@ pub struct EmbedArgs {
 
     #[command(flatten)]
     model: ModelArgs,
+
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+/// What computes the vectors: the model here, or a service.
+enum Engine {
+    Local {
+        model: EmbeddingModel,
+        prompt: Vec<u32>,
+        batch_tokens: usize,
+    },
+    Remote {
+        remote: Arc<RemoteEmbedder>,
+        tokenizer: TextTokenizer,
+    },
+}
+
+impl Engine {
+    fn dimension(&self) -> usize {
+        match self {
+            Engine::Local { model, .. } => model.dimension(),
+            Engine::Remote { remote, .. } => remote.dimension().unwrap_or(0),
+        }
+    }
+
+    /// One result per text, and the tokens embedded.
+    fn embed(&self, texts: &[&str]) -> anyhow::Result<(Vec<Result<Vec<f32>, String>>, usize)> {
+        match self {
+            Engine::Local {
+                model,
+                prompt,
+                batch_tokens,
+            } => {
+                let mut vectors = Vec::with_capacity(texts.len());
+                let stats = embed_texts(model, texts, prompt, *batch_tokens, |_, v| {
+                    vectors.push(Ok(v));
+                    Ok(())
+                })?;
+                Ok((vectors, stats.tokens))
+            }
+            Engine::Remote { remote, tokenizer } => {
+                let room = tokenizer.max_content_len();
+                let sizes: Vec<usize> = texts
+                    .par_iter()
+                    .map(|t| {
+                        tokenizer
+                            .ids_for_embedding(t, &[])
+                            .map_or_else(|_| estimate_tokens(t), |ids| ids.len().min(room) + 2)
+                    })
+                    .collect();
+                let inputs: Vec<Input<'_>> = texts
+                    .iter()
+                    .zip(&sizes)
+                    .map(|(&text, &tokens)| Input { text, tokens })
+                    .collect();
+                Ok((remote.embed(&inputs), sizes.iter().sum()))
+            }
+        }
+    }
 }
 
 enum Sink {
@@ -61,16 +129,38 @@ enum Sink {
 }
 
 pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
-    let model_config = args.model.resolve(&super::load_config(config_file)?);
-    let (_, devices, model) = load_first(&model_config)?;
-    let device = &devices[0];
-    eprintln!("embedding on {} ({})", device.label, device.reason);
-    eprintln!("encoder: {}", model.encoder_kind());
-    let batch_tokens = ragline::pipeline::batch_tokens(&model_config, device);
-    let prompt: Vec<u32> = match args.prompt {
-        Prompt::None => Vec::new(),
-        Prompt::Query => model.tokenizer.query_prompt_ids().to_vec(),
-        Prompt::Passage => model.tokenizer.passage_prompt_ids().to_vec(),
+    let mut config = super::load_config(config_file)?;
+    args.remote.apply(&mut config)?;
+    let model_config = args.model.resolve(&config);
+    let engine = if config.stages.embed.remote.enabled() {
+        if !matches!(args.prompt, Prompt::None) {
+            anyhow::bail!(
+                "--prompt with a remote embedder: the service applies its model's prompts \
+                 itself; leave --prompt out"
+            );
+        }
+        config.validate()?;
+        let files = ragline::pipeline::model_files(&model_config.name)?;
+        Engine::Remote {
+            remote: ragline::pipeline::remote::remote_embedder(&config.stages.embed.remote)?,
+            tokenizer: ragline::embed::remote::load_tokenizer(&files)?,
+        }
+    } else {
+        let (_, devices, model) = load_first(&model_config)?;
+        let device = &devices[0];
+        eprintln!("embedding on {} ({})", device.label, device.reason);
+        eprintln!("encoder: {}", model.encoder_kind());
+        let batch_tokens = ragline::pipeline::batch_tokens(&model_config, device);
+        let prompt: Vec<u32> = match args.prompt {
+            Prompt::None => Vec::new(),
+            Prompt::Query => model.tokenizer.query_prompt_ids().to_vec(),
+            Prompt::Passage => model.tokenizer.passage_prompt_ids().to_vec(),
+        };
+        Engine::Local {
+            model,
+            prompt,
+            batch_tokens,
+        }
     };
 
     let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
@@ -83,12 +173,12 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     let out_name = args.output.to_string_lossy().to_string();
     let mut sink = if out_name.ends_with(".npy") {
         Sink::Npy(
-            NpyWriter::create(&args.output, model.dimension())
+            NpyWriter::create(&args.output, engine.dimension())
                 .with_context(|| format!("cannot write --output {out_name}"))?,
         )
     } else if out_name.ends_with(".parquet") {
         Sink::Parquet(Box::new(
-            ParquetWriter::create(&args.output, Some(model.dimension()))
+            ParquetWriter::create(&args.output, Some(engine.dimension()))
                 .with_context(|| format!("cannot write --output {out_name}"))?,
         ))
     } else if out_name == "-" {
@@ -129,15 +219,15 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             .iter()
             .map(|(_, _, t)| t.as_deref().unwrap_or(""))
             .collect();
-        let mut vectors: Vec<Vec<f32>> = Vec::with_capacity(texts.len());
-        let stats = embed_texts(&model, &texts, &prompt, batch_tokens, |_, v| {
-            vectors.push(v);
-            Ok(())
-        })?;
-        tokens += stats.tokens;
+        let (vectors, window_tokens) = engine.embed(&texts)?;
+        tokens += window_tokens;
         for ((line, id, text), vector) in window.into_iter().zip(vectors) {
             total += 1;
-            let error = text.as_ref().err().cloned();
+            let (vector, error) = match (&text, vector) {
+                (Err(reason), _) => (Vec::new(), Some(reason.clone())),
+                (Ok(_), Ok(v)) => (v, None),
+                (Ok(_), Err(reason)) => (Vec::new(), Some(reason)),
+            };
             if let Some(reason) = &error {
                 bad += 1;
                 eprintln!("line {line}: {reason}");
@@ -145,7 +235,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             match &mut sink {
                 Sink::Npy(w) => {
                     let row = if error.is_some() {
-                        vec![f32::NAN; vector.len()]
+                        vec![f32::NAN; engine.dimension()]
                     } else {
                         vector
                     };
@@ -202,8 +292,8 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     );
     if bad > 0 {
         eprintln!(
-            "bad lines got NaN rows (npy), a null vector and an `error` (Parquet) or an `error` \
-             field (JSONL), so rows stay aligned"
+            "bad lines (and texts the service refused) got NaN rows (npy), a null vector and \
+             an `error` (Parquet) or an `error` field (JSONL), so rows stay aligned"
         );
         return Ok(ExitCode::from(EXIT_FAILURES));
     }

@@ -67,6 +67,9 @@ pub struct IngestArgs {
     #[command(flatten)]
     pub(super) model: ModelArgs,
 
+    #[command(flatten)]
+    pub(super) remote: super::remote_args::RemoteArgs,
+
     /// File extensions to take from folders (comma-separated), instead of the default list.
     #[arg(long, value_delimiter = ',')]
     pub(super) ext: Vec<String>,
@@ -163,6 +166,7 @@ impl IngestArgs {
         }
         src.title_in_text |= self.title_in_text;
         self.model.apply(&mut config.model);
+        self.remote.apply(config)?;
         let chunk = &mut config.chunk;
         if self.no_chunk {
             chunk.enabled = false;

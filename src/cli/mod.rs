@@ -14,8 +14,10 @@ mod model_args;
 mod pause;
 mod promote;
 mod random_model;
+mod remote_args;
 mod role;
 mod search;
+mod serve;
 mod status;
 
 use std::io::IsTerminal;
@@ -81,6 +83,9 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Measure embedding throughput on this host (tokens/s, padding, memory, chunker MB/s).
     Bench(bench::BenchArgs),
+    /// An embeddings server: OpenAI's POST /v1/embeddings and TEI's POST /embed, batching
+    /// requests from many clients together; GET /health, GET /metrics.
+    Serve(serve::ServeArgs),
     /// Distributed runs: extract, chunk and tokenize the documents of the broker's runs.
     Worker(role::RoleArgs),
     /// Distributed runs: embed the chunks of the broker's runs on this host's devices.
@@ -106,6 +111,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::run(args, config),
         Command::Embed(args) => embed::run(args, config),
         Command::Bench(args) => bench::run(args, config),
+        Command::Serve(args) => serve::run(args, config),
         Command::Extract(args) => extract::run(args),
         Command::Search(args) => search::run(args, config),
         Command::Eval(args) => eval::run(args, config),

@@ -6,6 +6,7 @@
 
 pub mod filesystem;
 pub mod jsonl;
+pub mod requeue;
 
 use thiserror::Error;
 

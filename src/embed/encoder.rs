@@ -24,6 +24,23 @@ pub trait Encoder: Send {
     /// The model's content ids of a text (no special tokens), for texts that come without
     /// the chunker's ids (a vector set of another model).
     fn content_ids(&self, text: &str) -> Result<Vec<u32>, EmbedError>;
+
+    /// Whether this encoder embeds texts (a service, which tokenizes for itself) rather
+    /// than the chunker's token ids; [`Encoder::embed_texts`] is then what runs.
+    fn embeds_text(&self) -> bool {
+        false
+    }
+
+    /// One result per text (`tokens`: each text's size, for the service's limits), for an
+    /// encoder that [`Encoder::embeds_text`]: a service may refuse one input and not its
+    /// neighbours.
+    fn embed_texts(&self, texts: &[&str], tokens: &[usize]) -> Vec<Result<Vec<f32>, String>> {
+        let _ = tokens;
+        texts
+            .iter()
+            .map(|_| Err("this encoder embeds token ids, not texts: a bug".to_string()))
+            .collect()
+    }
 }
 
 impl Encoder for EmbeddingModel {

@@ -12,6 +12,7 @@ pub mod model;
 pub mod npy;
 pub mod pool;
 pub mod random;
+pub mod remote;
 pub mod texts;
 pub mod tokenizer;
 pub mod window;

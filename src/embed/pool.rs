@@ -130,15 +130,29 @@ impl Embedder {
                     .map_or_else(Vec::new, |c| std::mem::take(&mut c.token_ids))
             })
             .collect();
+        // The texts, for an encoder that sends them to a service (the chunks keep theirs).
+        let texts: Vec<String> = if self.encoder.embeds_text() {
+            slots
+                .iter()
+                .map(|d| {
+                    d.as_ref()
+                        .map_or_else(String::new, |d| d.item.fields.text.clone())
+                })
+                .collect()
+        } else {
+            vec![String::new(); slots.len()]
+        };
         let items: Vec<WindowItem<'_>> = slots
             .iter()
             .zip(&ids)
-            .map(|(d, ids)| WindowItem {
+            .zip(&texts)
+            .map(|((d, ids), text)| WindowItem {
                 ids,
                 key: d
                     .as_ref()
                     .and_then(|d| d.item.chunk.as_ref())
                     .and_then(|c| c.input_key),
+                text,
             })
             .collect();
         let mut sink = |i: usize, outcome: Outcome| -> bool {

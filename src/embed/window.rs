@@ -11,11 +11,13 @@ use super::encoder::Encoder;
 use crate::document::InputKey;
 use crate::stats::RunStats;
 
-/// One chunk of a window: its content token ids and their input key.
+/// One chunk of a window: its content token ids, their input key, and its text (what an
+/// encoder that embeds texts, a service, is sent).
 #[derive(Clone, Copy, Debug)]
 pub struct WindowItem<'a> {
     pub ids: &'a [u32],
     pub key: Option<InputKey>,
+    pub text: &'a str,
 }
 
 /// What became of a chunk.
@@ -97,8 +99,16 @@ pub fn embed_window<E: Encoder + ?Sized>(
         if plan.is_empty() {
             continue;
         }
-        let seqs: Vec<&[u32]> = plan.iter().map(|&i| items[i].ids).collect();
-        let result = encoder.embed_ids(&seqs, &prompt);
+        let result = if encoder.embeds_text() {
+            let texts: Vec<&str> = plan.iter().map(|&i| items[i].text).collect();
+            let tokens: Vec<usize> = plan.iter().map(|&i| lengths[i]).collect();
+            Ok(encoder.embed_texts(&texts, &tokens))
+        } else {
+            let seqs: Vec<&[u32]> = plan.iter().map(|&i| items[i].ids).collect();
+            encoder
+                .embed_ids(&seqs, &prompt)
+                .map(|v| v.into_iter().map(Ok).collect::<Vec<_>>())
+        };
         let real: usize = plan.iter().map(|&i| lengths[i]).sum();
         stats.add_batch(
             plan.len() as u64,
@@ -106,9 +116,15 @@ pub fn embed_window<E: Encoder + ?Sized>(
             encoder.computed_tokens(&lengths, &plan) as u64,
         );
         let outcomes: Vec<Outcome> = match result {
-            Ok(vectors) if vectors.len() == plan.len() => {
-                vectors.into_iter().map(Outcome::Embedded).collect()
-            }
+            Ok(vectors) if vectors.len() == plan.len() => vectors
+                .into_iter()
+                .map(|v| match v {
+                    Ok(v) => Outcome::Embedded(v),
+                    Err(reason) => {
+                        Outcome::Failed(format!("embedding on {label} failed: {reason}"))
+                    }
+                })
+                .collect(),
             Ok(vectors) => {
                 let reason = format!(
                     "embedding on {label} returned {} vectors for {} chunks; this is a bug",

@@ -28,7 +28,7 @@ pub use crate::lifecycle::{KnownDocument, StoredVectors};
 pub use batch::{BatchConfig, Indexer};
 pub use identity::{IndexIdentity, ModelIdentity};
 pub use sqlite::{ChunkRow, IndexMeta};
-pub use store::{open_store, IndexStore, SetState, VectorSet};
+pub use store::{open_store, Burial, IndexStore, SetState, StoredCopy, VectorSet};
 pub use uri::IndexUri;
 
 /// Why one item of a bulk write failed.

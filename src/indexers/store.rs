@@ -77,6 +77,36 @@ impl VectorSet {
     }
 }
 
+/// A document a run could not get into the index (the broker gave up on one of its messages
+/// after MaxDeliver deliveries): dead-lettered in `stage` with what a requeue needs to run it
+/// again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Burial {
+    pub document_id: String,
+    /// The stage it is dead in (`chunk`: it never got through ingest).
+    pub stage: String,
+    /// Deliveries made.
+    pub attempts: u32,
+    /// Who gave up on it (the error's worker).
+    pub worker: String,
+    pub error: String,
+    /// What to run again: the document as the run published it.
+    pub copy: Option<StoredCopy>,
+}
+
+/// What a requeue runs a buried document from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredCopy {
+    pub document_id: String,
+    /// The document as published (`queue::wire` form), when the message that died was the
+    /// document itself (not one of its chunks).
+    pub payload: Option<Vec<u8>>,
+    /// Where it came from (a file path), read again when there is no payload.
+    pub source: Option<String>,
+    /// The run's settings (`ragline.toml` form), so a requeue cuts and embeds it the same way.
+    pub config: Option<String>,
+}
+
 /// An index's lifecycle: the leased work queue ([`EnrichStore`]) and what operators ask of
 /// it.
 pub trait IndexStore: EnrichStore {
@@ -100,9 +130,23 @@ pub trait IndexStore: EnrichStore {
     /// or all when `ids` is None; of `stage` only when given. Returns how many.
     fn requeue(&mut self, stage: Option<&str>, ids: Option<&[String]>) -> Result<u64, StoreError>;
 
+    /// Dead-letter documents a run could not get into the index, with their errors and a
+    /// copy to run them again from (replacing an earlier copy).
+    fn bury(&mut self, burials: &[Burial]) -> Result<(), StoreError>;
+
+    /// The stored copies of buried documents among `ids`.
+    fn buried(&mut self, ids: &[String]) -> Result<Vec<StoredCopy>, StoreError>;
+
+    /// Forget the stored copies of `ids` (they are in the index now).
+    fn unbury(&mut self, ids: &[String]) -> Result<(), StoreError>;
+
     /// Pause or resume a stage: workers stop claiming its work within a poll, finish what
     /// they hold, and go on when it is resumed.
     fn set_paused(&mut self, stage: &str, paused: bool) -> Result<(), StoreError>;
+
+    /// Record that a stage's service circuit opened (with why) or closed (None), for
+    /// `ragline status`. Workers are not paused by it: they wait on the circuit themselves.
+    fn set_circuit(&mut self, stage: &str, open: Option<&str>) -> Result<(), StoreError>;
 
     /// Move the pending embed work of `ids` to interactive priority. Returns how many
     /// documents moved.

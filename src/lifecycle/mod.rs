@@ -47,9 +47,21 @@ pub fn dependencies(stage: &str) -> &'static [&'static str] {
     }
 }
 
-/// Whether `enrich` can work a stage (chunking needs the source, so only `ingest` does it).
+/// Whether `enrich` can work a stage (chunking needs the source, so only `ingest` does it):
+/// `embed`, `noop` and the document-level stages a config names (LLM stages).
 pub fn is_enrichable(stage: &str) -> bool {
-    matches!(stage, EMBED | NOOP)
+    matches!(stage, EMBED | NOOP) || is_stage_name(stage)
+}
+
+/// Whether `name` can name a document-level stage of a config (an LLM stage): lowercase
+/// letters, digits and `_`, starting with a letter, and not a built-in stage.
+pub fn is_stage_name(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !matches!(name, CHUNK | EMBED | NOOP)
+        && name.len() <= 40
 }
 
 /// Where a document stands in one stage.
@@ -214,6 +226,7 @@ mod tests {
         }
         assert_eq!(dependencies(EMBED), &[CHUNK]);
         assert!(dependencies(CHUNK).is_empty());
-        assert!(!is_enrichable(CHUNK) && is_enrichable(EMBED));
+        assert!(!is_enrichable(CHUNK) && is_enrichable(EMBED) && is_enrichable("summary"));
+        assert!(!is_stage_name("Summary") && !is_stage_name("embed") && !is_stage_name(""));
     }
 }

@@ -16,6 +16,18 @@ pub struct StageCounts {
     pub paused: bool,
     /// Seconds the oldest pending (or failed) document has waited since it was queued.
     pub oldest_pending_secs: Option<f64>,
+    /// The stage's service keeps failing: its circuit is open (why, and since when). Its
+    /// workers wait and probe; nothing fails for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub circuit: Option<CircuitOpen>,
+}
+
+/// An open circuit, as `ragline status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CircuitOpen {
+    pub reason: String,
+    /// Milliseconds since the epoch.
+    pub since: i64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -39,6 +39,8 @@ use crate::indexers::IndexUri;
 use crate::lifecycle::{Priority, StageSettings};
 use crate::stages::chunk::{DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
 
+pub use super::services::{LlmStageConfig, RemoteEmbedConfig};
+
 /// The file read when no `--config` is given, from the working folder.
 pub const DEFAULT_CONFIG_FILE: &str = "ragline.toml";
 
@@ -264,6 +266,20 @@ impl FromStr for Progress {
 #[serde(deny_unknown_fields, default)]
 pub struct StagesConfig {
     pub embed: EmbedStageConfig,
+    /// The `summary` LLM stage (off unless it has a `url`).
+    pub summary: LlmStageConfig,
+    /// More LLM stages, each with its own `name` and prompt.
+    pub llm: Vec<LlmStageConfig>,
+}
+
+impl StagesConfig {
+    /// The LLM stages that are on, `summary` first.
+    pub fn llm_stages(&self) -> Vec<&LlmStageConfig> {
+        std::iter::once(&self.summary)
+            .chain(&self.llm)
+            .filter(|s| s.enabled())
+            .collect()
+    }
 }
 
 /// The embed stage's settings.
@@ -289,6 +305,8 @@ pub struct EmbedStageConfig {
     pub concurrency: usize,
     /// The priority new work is queued at: interactive, fresh or backfill.
     pub priority: Priority,
+    /// Embed with a service instead of a model in this process.
+    pub remote: RemoteEmbedConfig,
 }
 
 impl Default for EmbedStageConfig {
@@ -302,6 +320,7 @@ impl Default for EmbedStageConfig {
             visibility_timeout: d.visibility_timeout,
             concurrency: d.concurrency,
             priority: d.priority,
+            remote: RemoteEmbedConfig::default(),
         }
     }
 }
@@ -389,6 +408,17 @@ impl PipelineConfig {
         }
         if e.max_backoff < e.backoff {
             return bad("stages.embed.max_backoff must not be shorter than backoff".into());
+        }
+        e.remote.validate()?;
+        let mut names = std::collections::HashSet::new();
+        for stage in std::iter::once(&self.stages.summary).chain(&self.stages.llm) {
+            stage.validate()?;
+            if stage.enabled() && !names.insert(stage.name.as_str()) {
+                return bad(format!(
+                    "two LLM stages are named `{}`: give each [[stages.llm]] its own name",
+                    stage.name
+                ));
+            }
         }
         Ok(())
     }

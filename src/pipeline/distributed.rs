@@ -8,13 +8,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{
     connectors, devices, embedder_pool, finish_ingest, load_model, model_files, prepare, Build,
-    PipelineConfig, PipelineError,
+    PipelineConfig, PipelineError, Scope,
 };
 use crate::document::RunId;
 use crate::embed::device::DeviceChoice;
 use crate::indexers::IndexUri;
+use crate::indexers::{Burial, StoredCopy};
+use crate::lifecycle::CHUNK;
+use crate::queue::jetstream::Lane;
 use crate::queue::jetstream::{Broker, BrokerConfig, RunRecord, RunState, WIRE_VERSION};
 use crate::run::distributed::{self as engine, Role, RoleParts, RoleReport};
+use crate::run::distributed::{DeadLetterSink, DeadMessage};
 use crate::run::progress::Observer;
 use crate::run::RunSummary;
 
@@ -58,7 +62,22 @@ pub fn ingest(
 ) -> Result<RunSummary, PipelineError> {
     config.validate()?;
     let connectors = connectors(config)?;
-    let prepared = prepare(config, Build::NoEmbedders)?;
+    ingest_from(config, connectors, Scope::WholeSource, url, observer)
+}
+
+/// A distributed ingest of what `connectors` publish.
+pub(crate) fn ingest_from(
+    config: &PipelineConfig,
+    connectors: Vec<Box<dyn crate::connectors::Connector>>,
+    scope: Scope,
+    url: &str,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, PipelineError> {
+    let mut prepared = prepare(config, Build::NoEmbedders)?;
+    if scope == Scope::SomeDocuments {
+        prepared.options.track_ids = false;
+        prepared.in_index = None;
+    }
     let broker = connect(url)?;
     let run_id = RunId::generate();
     let shared = shared_config(config, prepared.model.as_ref().map(|m| m.dir.as_str()));
@@ -89,6 +108,7 @@ pub fn ingest(
             backend_name: prepared.backend.describe(),
             track_ids: prepared.options.track_ids,
             tick: prepared.options.tick,
+            dead_letters: dead_letter_sink(config, &record.config)?,
         },
         observer,
     );
@@ -96,6 +116,49 @@ pub fn ingest(
     let mut summary = result?;
     finish_ingest(config, &prepared.backend, &prepared.in_index, &mut summary)?;
     Ok(summary)
+}
+
+/// Where the publishing process dead-letters the messages the broker gave up on: the
+/// index's lifecycle (`ragline dlq`), when the index keeps one. The document is dead in
+/// `chunk` (it never got through ingest) with the reason, and the index keeps a copy to run
+/// it again from: the document as published when the message was the document itself, else
+/// (a chunk, or the parent's index record) its source file. None for output files.
+fn dead_letter_sink(
+    config: &PipelineConfig,
+    settings: &str,
+) -> Result<Option<DeadLetterSink>, PipelineError> {
+    let uri = &config.index.uri.value;
+    if !matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
+        return Ok(None);
+    }
+    let mut store = crate::indexers::open_store(uri)?;
+    let settings = settings.to_string();
+    Ok(Some(Box::new(move |dead: &DeadMessage| {
+        let doc = &dead.document;
+        let root = doc.parent_id.clone().unwrap_or_else(|| doc.id.clone());
+        let source = doc
+            .fields
+            .source
+            .as_ref()
+            .map(|s| std::path::absolute(s).map_or(s.clone(), |p| p.display().to_string()));
+        let burial = Burial {
+            document_id: root.clone(),
+            stage: CHUNK.to_string(),
+            attempts: dead.deliveries,
+            worker: format!("broker ({} lane)", dead.lane.name()),
+            error: match &doc.parent_id {
+                Some(_) => format!("chunk {}: {}", doc.id, dead.reason),
+                None => dead.reason.clone(),
+            },
+            copy: Some(StoredCopy {
+                document_id: root,
+                payload: (dead.lane == Lane::Work).then(|| dead.payload.to_vec()),
+                source,
+                config: Some(settings.clone()),
+            }),
+        };
+        store.bury(&[burial]).map_err(|e| e.to_string())
+    })))
 }
 
 /// What a role process is told on its command line, over the run's settings.

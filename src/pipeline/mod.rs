@@ -4,6 +4,9 @@
 
 pub mod config;
 pub mod distributed;
+pub mod remote;
+pub mod requeue;
+pub mod services;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -159,6 +162,8 @@ pub struct Prepared {
     /// The ids the index holds before the run (for --prune and missing documents).
     pub in_index: Option<std::collections::HashSet<String>>,
     pub options: RunOptions,
+    /// The service that embeds, when one does (its counts go in the summary).
+    pub remote: Option<Arc<crate::remote::embed::RemoteEmbedder>>,
 }
 
 /// Which parts of a run this process builds.
@@ -190,7 +195,47 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, Pipeli
     let mut model_id = None;
     let mut fingerprint = "extract-v1".to_string();
     let embed_here = build == Build::Everything && !defer;
-    if config.chunk.enabled {
+    let mut remote = None;
+    if config.chunk.enabled && config.stages.embed.remote.enabled() {
+        // A service embeds: the local model's tokenizer sizes the chunks, no weights load.
+        let files = model_files(&config.model.name)?;
+        let service = remote::remote_embedder(&config.stages.embed.remote)?;
+        if embed_here {
+            remote::report_circuit(service.endpoint(), uri, EMBED);
+        }
+        let mut tokenizer = crate::embed::remote::load_tokenizer(&files)
+            .map_err(|e| PipelineError::Setup(format!("model `{}`: {e}", files.name)))?;
+        tokenizer.set_prompts(
+            config.model.query_prompt.as_deref(),
+            config.model.passage_prompt.as_deref(),
+        )?;
+        let limit = tokenizer.max_content_len();
+        let sizes = ChunkConfig {
+            target: config.chunk.tokens,
+            overlap: config.chunk.overlap,
+        }
+        .validate(limit, config.chunk.tokens != DEFAULT_CHUNK_TOKENS)
+        .map_err(PipelineError::Setup)?;
+        let dimension = service.dimension().expect("probed");
+        let identity =
+            remote::remote_identity(&config.stages.embed.remote, &files, &tokenizer, dimension)?;
+        fingerprint = chunk_fingerprint(
+            &sizes,
+            config.chunk.truncate,
+            identity.tokenizer.as_deref().unwrap_or(""),
+        );
+        model_id = Some(identity);
+        if embed_here {
+            pool = Some(remote::remote_pool(&service, tokenizer.clone(), config));
+            encoder = Some(format!(
+                "remote {} API at {}",
+                config.stages.embed.remote.api.name(),
+                config.stages.embed.remote.url.as_deref().unwrap_or("")
+            ));
+        }
+        remote = Some(service);
+        chunking = Some((tokenizer, sizes));
+    } else if config.chunk.enabled {
         let files = model_files(&config.model.name)?;
         let devices = if embed_here {
             devices(&config.model)?
@@ -291,6 +336,7 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, Pipeli
         embeds,
         in_index,
         options,
+        remote,
     })
 }
 
@@ -325,7 +371,29 @@ pub fn ingest(
 ) -> Result<RunSummary, PipelineError> {
     config.validate()?;
     let connectors = connectors(config)?;
-    let prepared = prepare(config, Build::Everything)?;
+    ingest_from(config, connectors, Scope::WholeSource, observer)
+}
+
+/// What the connectors of a run read: the whole source (documents the index holds that it
+/// did not publish are gone from the source), or some documents of it (a requeue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scope {
+    WholeSource,
+    SomeDocuments,
+}
+
+/// An ingest of what `connectors` publish.
+pub(crate) fn ingest_from(
+    config: &PipelineConfig,
+    connectors: Vec<Box<dyn Connector>>,
+    scope: Scope,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, PipelineError> {
+    let mut prepared = prepare(config, Build::Everything)?;
+    if scope == Scope::SomeDocuments {
+        prepared.options.track_ids = false;
+        prepared.in_index = None;
+    }
     let parts = RunParts {
         connectors,
         pipeline: prepared.pipeline.as_ref(),
@@ -336,6 +404,10 @@ pub fn ingest(
     observer.finish();
     let mut summary = result?;
     summary.encoder = prepared.encoder;
+    summary.remote = prepared
+        .remote
+        .as_ref()
+        .map(|r| r.endpoint().stats().snapshot());
     finish_ingest(config, &prepared.backend, &prepared.in_index, &mut summary)?;
     Ok(summary)
 }
@@ -438,6 +510,7 @@ pub fn enrich(
         }
     }
     let devices = devices(&config.model)?;
+    let service = remote_set(config, &sets)?;
     let settings = config.stages.embed.settings();
     let workers = settings.concurrency.max(1);
     let mut list = Vec::with_capacity(workers);
@@ -450,6 +523,7 @@ pub fn enrich(
                 config.model.clone(),
                 device,
                 request.model_override.clone(),
+                service.clone(),
             ),
         });
     }
@@ -460,32 +534,96 @@ pub fn enrich(
         + status.backfill.as_ref().map_or(0, |b| {
             b.stage.pending + b.stage.failed + b.stage.in_progress
         });
+    let claim_tokens = match &service {
+        Some(s) => s.batch_tokens,
+        None => batch_tokens(&config.model, &devices[0]) * WINDOW_BATCHES,
+    };
     let options = EnrichOptions {
         stages,
         follow: request.follow,
         settings,
-        claim_cost: (batch_tokens(&config.model, &devices[0]) * WINDOW_BATCHES) as u64,
+        claim_cost: claim_tokens as u64,
         announced,
         ..EnrichOptions::default()
     };
     let result = run::enrich::execute(list, &options, uri.to_string(), observer);
     observer.finish();
     let mut summary = result?;
+    summary.remote = service
+        .as_ref()
+        .map(|s| s.embedder.endpoint().stats().snapshot());
     summary.notes.extend(lifecycle_store(config)?.finish_run()?);
     Ok(summary)
 }
 
-/// Loads the model of a vector set for an enrich worker on `device`: from the override when
-/// it is that model, else from the folder the index recorded, else by the recorded name; it
-/// must have the fingerprint the set was made with.
+/// A service that embeds a vector set of the index, shared by every enrich worker of the
+/// process (so its rate limits are the process's).
+#[derive(Clone)]
+struct RemoteSet {
+    embedder: Arc<crate::remote::embed::RemoteEmbedder>,
+    tokenizer: crate::embed::tokenizer::TextTokenizer,
+    /// The vector set fingerprint it makes.
+    fingerprint: String,
+    batch_tokens: usize,
+}
+
+/// The service enrich embeds with: the config's (`--embed-url`), or the one the index's
+/// active vector set was embedded by. None when a model in this process embeds.
+fn remote_set(
+    config: &PipelineConfig,
+    sets: &[VectorSet],
+) -> Result<Option<RemoteSet>, PipelineError> {
+    let rc = if config.stages.embed.remote.enabled() {
+        config.stages.embed.remote.clone()
+    } else {
+        let active = sets.iter().find(|s| s.state == indexers::SetState::Active);
+        match active.and_then(|s| remote::config_of_index(&s.model, &s.model_dir)) {
+            Some(rc) => rc,
+            None => return Ok(None),
+        }
+    };
+    rc.validate()?;
+    let embedder = remote::remote_embedder(&rc)?;
+    remote::report_circuit(embedder.endpoint(), &config.index.uri.value, EMBED);
+    let files = model_files(&config.model.name)?;
+    let tokenizer = crate::embed::remote::load_tokenizer(&files)
+        .map_err(|e| PipelineError::Setup(format!("model `{}`: {e}", files.name)))?;
+    let dimension = embedder.dimension().expect("probed");
+    let identity = remote::remote_identity(&rc, &files, &tokenizer, dimension)?;
+    Ok(Some(RemoteSet {
+        embedder,
+        tokenizer,
+        fingerprint: identity.fingerprint,
+        batch_tokens: rc.max_tokens * rc.concurrency.max(1),
+    }))
+}
+
+/// Loads the model of a vector set for an enrich worker on `device`: the service when it
+/// makes that set's vectors; else from the override when it is that model, else from the
+/// folder the index recorded, else by the recorded name; it must have the fingerprint the
+/// set was made with.
 fn set_loader(
     uri: IndexUri,
     model: config::ModelConfig,
     device: SelectedDevice,
     override_name: Option<String>,
+    service: Option<RemoteSet>,
 ) -> crate::run::enrich::ModelLoader {
     Box::new(move |set_id: i64| -> Result<SetModel, String> {
         let set = find_set(&uri, set_id)?;
+        if let Some(s) = service
+            .as_ref()
+            .filter(|s| s.fingerprint == set.fingerprint)
+        {
+            return Ok(SetModel {
+                batch_tokens: s.batch_tokens,
+                label: s.embedder.endpoint().settings().url.clone(),
+                encoder: Box::new(crate::embed::remote::RemoteEncoder::new(
+                    Arc::clone(&s.embedder),
+                    s.tokenizer.clone(),
+                )),
+            });
+        }
         let mut tried = Vec::new();
         let mut candidates: Vec<String> = override_name.iter().cloned().collect();
         if Path::new(&set.model_dir).is_dir() {

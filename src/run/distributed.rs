@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use crate::connectors::Connector;
 use crate::document::{Document, RunId};
 use crate::embed::pool::{EmbedQueues, EmbedderPool};
@@ -42,12 +44,32 @@ const WORK_PREFETCH: usize = 128;
 const EMBED_PREFETCH: usize = 256;
 
 /// How the publishing side reports: the index's name for the summary, whether to keep the
-/// published ids (for --prune), how often the observer hears about progress.
+/// published ids (for --prune), how often the observer hears about progress, and who hears
+/// of messages the broker gave up on.
 pub struct PublishOptions {
     pub backend_name: String,
     pub track_ids: bool,
     pub tick: Duration,
+    /// Told of every message that reached MaxDeliver, after its document's FAIL is queued
+    /// (the caller dead-letters it in the index). An error is reported and the run goes on.
+    pub dead_letters: Option<DeadLetterSink>,
 }
+
+/// A message the broker stopped delivering after MaxDeliver deliveries.
+#[derive(Debug)]
+pub struct DeadMessage {
+    pub lane: Lane,
+    /// The document (or chunk) it carried.
+    pub document: Document,
+    /// The message as it was published (the wire form of `document`).
+    pub payload: Bytes,
+    pub deliveries: u32,
+    /// What the run's summary says of it.
+    pub reason: String,
+}
+
+/// Where a publishing process sends its dead messages.
+pub type DeadLetterSink = Box<dyn FnMut(&DeadMessage) -> Result<(), String> + Send>;
 
 /// Publish a run through the broker and follow it to completion.
 pub fn publish(
@@ -62,6 +84,7 @@ pub fn publish(
         backend_name,
         track_ids,
         tick,
+        dead_letters: mut sink,
     } = options;
     let started = Instant::now();
     broker.create_consumers(run_id).map_err(RunError::Setup)?;
@@ -110,16 +133,17 @@ pub fn publish(
                 let Ok(doc) = Document::decode(&payload) else {
                     continue;
                 };
+                let reason = format!(
+                    "delivered {max} times (MaxDeliver) without being finished: the {} \
+                     process handling it died or timed out every time; look for a crash on \
+                     this document in that role's log",
+                    role_of(lane)
+                );
                 let event = Event::terminal(
                     &doc,
                     EventKind::Fail {
                         stage: lane.name().to_string(),
-                        reason: format!(
-                            "delivered {max} times (MaxDeliver) without being finished: the \
-                             {} process handling it died or timed out every time; look for \
-                             a crash on this document in that role's log",
-                            role_of(lane)
-                        ),
+                        reason: reason.clone(),
                     },
                 );
                 let event = Event {
@@ -128,6 +152,21 @@ pub fn publish(
                 };
                 if crate::queue::push_until_stopped(&events_out, event, &sig).is_err() {
                     return;
+                }
+                if let Some(sink) = sink.as_mut() {
+                    let dead = DeadMessage {
+                        lane,
+                        document: doc,
+                        payload,
+                        deliveries: max.max(1) as u32,
+                        reason,
+                    };
+                    if let Err(e) = sink(&dead) {
+                        eprintln!(
+                            "warning: {}: could not dead-letter it in the index: {e}",
+                            dead.document.id
+                        );
+                    }
                 }
             }
         });

@@ -38,6 +38,9 @@ pub struct RunSummary {
     /// Which encoder and kernels embedded ("fused CPU encoder, f32 on the avx512 kernels").
     #[serde(skip_serializing_if = "Option::is_none")]
     pub encoder: Option<String>,
+    /// What the calls to a service (a remote embedder) came to: requests, retries, 429s...
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote: Option<crate::remote::RemoteCounts>,
     /// What else the run has to say (a migration switched, a stage is paused...).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -88,6 +91,7 @@ impl RunSummary {
             missing_from_source: Vec::new(),
             pruned: 0,
             encoder: None,
+            remote: None,
             notes: Vec::new(),
             published_ids: None,
         }

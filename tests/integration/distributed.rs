@@ -533,7 +533,9 @@ fn an_embedder_with_another_model_refuses_the_run() {
 }
 
 /// Workers that lose three documents every time (as if they died on them): after MaxDeliver
-/// the run counts them failed, says why, and completes; the others are indexed.
+/// the run counts them failed, says why, and completes; the others are indexed. The three are
+/// in the index's dead-letter queue with their error; a requeue on the broker (with workers
+/// that no longer lose them) and one in a process of its own put them in the index.
 #[cfg(feature = "failpoints")]
 #[test]
 fn documents_that_kill_their_worker_every_time_fail_after_max_deliver() {
@@ -555,10 +557,20 @@ fn documents_that_kill_their_worker_every_time_fail_after_max_deliver() {
         )
         .unwrap();
     }
-    let index = TestIndex::Sqlite(dir.path().join("m.db"));
+    let index = test_index(dir.path(), "maxdeliver");
+    let uri = index.uri();
     let url = format!("{}?ack_wait=1&max_deliver=3&max_hold=1", nats.url());
     let mut worker = ragline()
-        .args(["worker", "--queue", &url, "--once", "--threads", "2"])
+        .args([
+            "worker",
+            "--queue",
+            &url,
+            "--once",
+            "--threads",
+            "2",
+            "--index",
+            &uri,
+        ])
         .env("FAILPOINTS", "worker::lose=return(bad)")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -574,7 +586,7 @@ fn documents_that_kill_their_worker_every_time_fail_after_max_deliver() {
             logs,
             0,
         ),
-        RoleProcess::start("indexer", &url, &[], logs, 0),
+        RoleProcess::start("indexer", &url, &["--index", &uri], logs, 0),
     ];
     let report = dir.path().join("d.json");
     let ingest = distributed_ingest(&c, &index.uri(), &url, &report, &model);
@@ -602,6 +614,70 @@ fn documents_that_kill_their_worker_every_time_fail_after_max_deliver() {
         assert_eq!(p.wait(Duration::from_secs(30)), Some(0), "{}", p.log());
     }
     assert_eq!(index.counts().0, 6);
+
+    // In the index's dead-letter queue, dead in `chunk` after 3 deliveries, with the reason.
+    let dlq = |uri: &str| -> Vec<Value> {
+        let o = run(ragline().args(["dlq", "list", "--json", "--index", uri]));
+        assert!(o.status.success());
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        v.as_array().unwrap().clone()
+    };
+    let dead = dlq(&uri);
+    let mut ids: Vec<&str> = dead
+        .iter()
+        .map(|d| d["document_id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["bad-0.md", "bad-1.md", "bad-2.md"]);
+    for d in &dead {
+        assert_eq!(d["stage"], "chunk", "{d}");
+        assert_eq!(d["attempts"], 3, "{d}");
+        let error = d["last_error"].as_str().unwrap();
+        assert!(
+            error.contains("MaxDeliver") && error.contains("worker"),
+            "{error}"
+        );
+    }
+    let o = run(ragline().args(["dlq", "show", "bad-0.md", "--index", &uri]));
+    let shown = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && shown.contains("chunk: dead"),
+        "{shown}"
+    );
+
+    // Requeued on the broker, to workers that do not lose it: indexed, out of the queue.
+    let mut again = [
+        RoleProcess::start("worker", &url, &["--index", &uri], logs, 1),
+        RoleProcess::start(
+            "embedder",
+            &url,
+            &["--device", "cpu", "--model", model.to_str().unwrap()],
+            logs,
+            1,
+        ),
+        RoleProcess::start("indexer", &url, &["--index", &uri], logs, 1),
+    ];
+    let o = run(ragline().args([
+        "dlq", "requeue", "bad-0.md", "--index", &uri, "--queue", &url,
+    ]));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{said}");
+    assert!(said.contains("1 now in the index, 0 dead again"), "{said}");
+    for p in again.iter_mut() {
+        assert_eq!(p.wait(Duration::from_secs(30)), Some(0), "{}", p.log());
+    }
+    assert_eq!(index.counts().0, 7);
+    // The others in this process.
+    let o = run(ragline().args(["dlq", "requeue", "--all", "--index", &uri]));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{said}");
+    assert!(said.contains("2 now in the index, 0 dead again"), "{said}");
+    assert_eq!(index.counts().0, 9);
+    assert!(dlq(&uri).is_empty());
+    let o = run(ragline().args(["status", "--json", "--index", &uri]));
+    let status: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(status["stages"]["chunk"]["done"], 9, "{status}");
+    assert_eq!(status["stages"]["chunk"]["dead"], 0, "{status}");
 }
 
 /// Three nats-servers in one cluster, each with its own storage.

@@ -14,9 +14,11 @@ const LAYERS: &[&[&str]] = &[
     &["event", "lifecycle"],
     // Above `event`: a broker's queue encodes events (`queue/wire.rs`).
     &["queue"],
-    &["publisher"],
+    // `remote`: HTTP clients of services (limits, retries, circuit), below the embedder that
+    // uses them.
+    &["publisher", "remote"],
     &["connectors", "stages", "embed", "indexers"],
-    &["run", "search"],
+    &["run", "search", "serve"],
     &["eval", "pipeline"],
 ];
 

@@ -74,6 +74,7 @@ fn run(
         .map(|(ids, keyed)| WindowItem {
             ids,
             key: keyed.then(|| Chunk::input_key_of(ids)),
+            text: "",
         })
         .collect();
     let mut got: Vec<Vec<Outcome>> = vec![Vec::new(); inputs.len()];

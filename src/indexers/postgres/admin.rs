@@ -8,10 +8,10 @@ use postgres::GenericClient;
 
 use super::queue::{PgStore, TxError};
 use super::{sets, store_error};
-use crate::indexers::{IndexStore, ModelIdentity, SetState, VectorSet};
+use crate::indexers::{Burial, IndexStore, ModelIdentity, SetState, StoredCopy, VectorSet};
 use crate::lifecycle::report::{
-    AttemptError, BackfillProgress, DeadLetter, DocumentLifecycle, StageCounts, StageState,
-    StatusReport, VectorSetStatus,
+    AttemptError, BackfillProgress, CircuitOpen, DeadLetter, DocumentLifecycle, StageCounts,
+    StageState, StatusReport, VectorSetStatus,
 };
 use crate::lifecycle::{is_enrichable, Priority, StoreError, CHUNK, EMBED};
 
@@ -112,6 +112,35 @@ impl PgStore {
                 self.stage_counts(EMBED, set.id, now, &paused)?,
             );
         }
+        // Document-level stages a config added (LLM stages).
+        let others: Vec<String> = self
+            .client
+            .query(
+                &format!(
+                    "SELECT DISTINCT stage FROM {s}.enrichment
+                     WHERE stage NOT IN ('chunk', 'embed') ORDER BY stage"
+                ),
+                &[],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for stage in others {
+            let counts = self.stage_counts(&stage, 0, now, &paused)?;
+            stages.insert(stage, counts);
+        }
+        for row in self.client.query(
+            &format!(
+                "SELECT stage, circuit, COALESCE(circuit_since, 0) FROM {s}.stage_control
+                 WHERE circuit IS NOT NULL"
+            ),
+            &[],
+        )? {
+            stages.entry(row.get(0)).or_default().circuit = Some(CircuitOpen {
+                reason: row.get(1),
+                since: row.get(2),
+            });
+        }
         let mut vector_sets = Vec::new();
         for set in &all {
             vector_sets.push(VectorSetStatus {
@@ -158,12 +187,19 @@ impl PgStore {
 
     fn lifecycle_of(&mut self, id: &str) -> Result<Option<DocumentLifecycle>, postgres::Error> {
         let s = self.s.clone();
-        let Some(doc) = self.client.query_opt(
+        let (source, title): (Option<String>, Option<String>) = match self.client.query_opt(
             &format!("SELECT source, title FROM {s}.documents WHERE id = $1"),
             &[&id],
-        )?
-        else {
-            return Ok(None);
+        )? {
+            Some(doc) => (doc.get(0), doc.get(1)),
+            // Dead-lettered before it reached the index: only its lifecycle rows and copy.
+            None => match self.client.query_opt(
+                &format!("SELECT source FROM {s}.dead_documents WHERE document_id = $1"),
+                &[&id],
+            )? {
+                Some(row) => (row.get(0), None),
+                None => return Ok(None),
+            },
         };
         let chunks: i64 = self
             .client
@@ -226,8 +262,8 @@ impl PgStore {
         }
         Ok(Some(DocumentLifecycle {
             document_id: id.to_string(),
-            source: doc.get(0),
-            title: doc.get(1),
+            source,
+            title,
             chunks: chunks as u64,
             stages,
         }))
@@ -294,6 +330,110 @@ impl IndexStore for PgStore {
                 &[&stage, &ids, &now],
             )?;
             Ok(n)
+        })
+    }
+
+    fn bury(&mut self, burials: &[Burial]) -> Result<(), StoreError> {
+        self.write(|tx, s, now| {
+            for b in burials {
+                tx.execute(
+                    &format!(
+                        "INSERT INTO {s}.enrichment(document_id, stage, vector_set, status,
+                             priority, seq, attempts, input_version, enqueued_at, updated_at)
+                         VALUES ($1, $2, 0, 'dead', $3, nextval('{s}.enrichment_seq'), $4, '',
+                                 $5, $5)
+                         ON CONFLICT (document_id, stage, vector_set) DO UPDATE SET
+                             status = 'dead', attempts = excluded.attempts, lease_owner = NULL,
+                             lease_expires = NULL, not_before = 0,
+                             updated_at = excluded.updated_at"
+                    ),
+                    &[
+                        &b.document_id,
+                        &b.stage,
+                        &(Priority::Fresh.level() as i32),
+                        &(b.attempts as i32),
+                        &now,
+                    ],
+                )?;
+                tx.execute(
+                    &format!(
+                        "INSERT INTO {s}.enrichment_errors(document_id, stage, vector_set,
+                             attempt, at, worker, message)
+                         VALUES ($1, $2, 0, $3, $4, $5, $6)"
+                    ),
+                    &[
+                        &b.document_id,
+                        &b.stage,
+                        &(b.attempts as i32),
+                        &now,
+                        &b.worker,
+                        &b.error,
+                    ],
+                )?;
+                if let Some(c) = &b.copy {
+                    tx.execute(
+                        &format!(
+                            "INSERT INTO {s}.dead_documents(document_id, payload, source,
+                                 config, buried_at)
+                             VALUES ($1, $2, $3, $4, $5)
+                             ON CONFLICT (document_id) DO UPDATE SET
+                                 payload = excluded.payload, source = excluded.source,
+                                 config = excluded.config, buried_at = excluded.buried_at"
+                        ),
+                        &[&c.document_id, &c.payload, &c.source, &c.config, &now],
+                    )?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn buried(&mut self, ids: &[String]) -> Result<Vec<StoredCopy>, StoreError> {
+        let s = self.s.clone();
+        let rows = self
+            .client
+            .query(
+                &format!(
+                    "SELECT document_id, payload, source, config FROM {s}.dead_documents
+                     WHERE document_id = ANY($1::text[]) ORDER BY document_id"
+                ),
+                &[&ids],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(rows
+            .iter()
+            .map(|r| StoredCopy {
+                document_id: r.get(0),
+                payload: r.get(1),
+                source: r.get(2),
+                config: r.get(3),
+            })
+            .collect())
+    }
+
+    fn unbury(&mut self, ids: &[String]) -> Result<(), StoreError> {
+        self.write(|tx, s, _| {
+            tx.execute(
+                &format!("DELETE FROM {s}.dead_documents WHERE document_id = ANY($1::text[])"),
+                &[&ids],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn set_circuit(&mut self, stage: &str, open: Option<&str>) -> Result<(), StoreError> {
+        self.write(|tx, s, now| {
+            tx.execute(
+                &format!(
+                    "INSERT INTO {s}.stage_control(stage, paused, changed_at, circuit,
+                         circuit_since)
+                     VALUES ($1, false, $3, $2, CASE WHEN $2::text IS NULL THEN NULL ELSE $3 END)
+                     ON CONFLICT (stage) DO UPDATE SET circuit = excluded.circuit,
+                         circuit_since = excluded.circuit_since"
+                ),
+                &[&stage, &open, &now],
+            )?;
+            Ok(())
         })
     }
 

@@ -25,13 +25,20 @@
 //!   the machines sharing a queue agree). `enrichment_errors` keeps every failed attempt;
 //!   `stage_control` pauses stages; the sequences `enrichment_seq` and `claim_seq` give FIFO
 //!   and claim order.
+//! - `dead_documents` (version 2): a copy of each document a distributed run could not get
+//!   into the index (the broker gave up on it after MaxDeliver deliveries; its `chunk` row is
+//!   `dead`): the document as published, its source, the run's settings, for `ragline dlq
+//!   requeue`. Removed once the document is in the index. `stage_control.circuit` (also
+//!   version 2): a stage whose service keeps failing has its circuit open (the reason, since
+//!   when), for `ragline status`.
 
 use postgres::GenericClient;
 
 use super::target::VectorType;
 
-/// The schema this ragline writes. Version 1: the tables above.
-pub const SCHEMA_VERSION: i64 = 1;
+/// The schema this ragline writes. Version 1: the tables above; 2: `dead_documents` and
+/// `stage_control.circuit`.
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The steps from version `n - 1` to `n`, at index `n - 1`: each runs in the transaction
 /// that records the new version, so a migration is all or nothing. A new version appends
@@ -127,6 +134,15 @@ const MIGRATIONS: &[&str] = &[
          changed_at bigint NOT NULL);
      CREATE SEQUENCE {s}.enrichment_seq;
      CREATE SEQUENCE {s}.claim_seq;",
+    // 2: copies of documents dead-lettered before they reached the index.
+    "CREATE TABLE {s}.dead_documents (
+         document_id text PRIMARY KEY,
+         payload bytea,
+         source text,
+         config text,
+         buried_at bigint NOT NULL);
+     ALTER TABLE {s}.stage_control ADD COLUMN circuit text;
+     ALTER TABLE {s}.stage_control ADD COLUMN circuit_since bigint;",
 ];
 
 /// Create the schema or bring it from version `from` (0: nothing there) to

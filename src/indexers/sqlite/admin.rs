@@ -8,10 +8,10 @@ use rusqlite::{params, OptionalExtension};
 use super::queue::{SqliteStore, TxError};
 use super::schema::next_in;
 use super::sets::{self, SetState, VectorSet};
-use crate::indexers::ModelIdentity;
+use crate::indexers::{Burial, ModelIdentity, StoredCopy};
 use crate::lifecycle::report::{
-    AttemptError, BackfillProgress, DeadLetter, DocumentLifecycle, StageCounts, StageState,
-    StatusReport, VectorSetStatus,
+    AttemptError, BackfillProgress, CircuitOpen, DeadLetter, DocumentLifecycle, StageCounts,
+    StageState, StatusReport, VectorSetStatus,
 };
 use crate::lifecycle::{is_enrichable, now_ms, Priority, StoreError, CHUNK, EMBED};
 
@@ -44,6 +44,31 @@ impl SqliteStore {
                 EMBED.to_string(),
                 self.stage_counts(EMBED, set.id, now, &paused)?,
             );
+        }
+        // Document-level stages a config added (LLM stages).
+        let others: Vec<String> = c
+            .prepare(
+                "SELECT DISTINCT stage FROM enrichment WHERE stage NOT IN ('chunk', 'embed')
+                 ORDER BY stage",
+            )
+            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+            .map_err(e)?;
+        for stage in others {
+            let counts = self.stage_counts(&stage, 0, now, &paused)?;
+            stages.insert(stage, counts);
+        }
+        let circuits: Vec<(String, String, i64)> = c
+            .prepare(
+                "SELECT stage, circuit, COALESCE(circuit_since, 0) FROM stage_control
+                 WHERE circuit IS NOT NULL",
+            )
+            .and_then(|mut s| {
+                s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect()
+            })
+            .map_err(e)?;
+        for (stage, reason, since) in circuits {
+            stages.entry(stage).or_default().circuit = Some(CircuitOpen { reason, since });
         }
         let mut vector_sets = Vec::new();
         for set in &all {
@@ -209,8 +234,24 @@ impl SqliteStore {
             )
             .optional()
             .map_err(e)?;
-        let Some((source, title)) = doc else {
-            return Ok(None);
+        let (source, title) = match doc {
+            Some(doc) => doc,
+            // Dead-lettered before it reached the index: only its lifecycle rows and copy.
+            None => {
+                let buried: Option<Option<String>> = self
+                    .conn
+                    .query_row(
+                        "SELECT source FROM dead_documents WHERE document_id = ?1",
+                        [id],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(e)?;
+                match buried {
+                    Some(source) => (source, None),
+                    None => return Ok(None),
+                }
+            }
         };
         let chunks = self
             .conn
@@ -313,6 +354,116 @@ impl SqliteStore {
             }
             Ok(n)
         })
+    }
+
+    /// Dead-letter documents a run could not get into the index (see [`Burial`]).
+    pub fn bury(&mut self, burials: &[Burial]) -> Result<(), StoreError> {
+        self.write(|tx| {
+            let now = now_ms();
+            for b in burials {
+                let seq = next_in(tx, "enrichment_seq")?;
+                tx.prepare_cached(
+                    "INSERT INTO enrichment(document_id, stage, vector_set, status, priority, seq,
+                                            attempts, input_version, enqueued_at, updated_at)
+                     VALUES (?1, ?2, 0, 'dead', ?3, ?4, ?5, '', ?6, ?6)
+                     ON CONFLICT(document_id, stage, vector_set) DO UPDATE SET
+                         status = 'dead', attempts = excluded.attempts, lease_owner = NULL,
+                         lease_expires = NULL, not_before = 0, updated_at = excluded.updated_at",
+                )?
+                .execute(params![
+                    b.document_id,
+                    b.stage,
+                    Priority::Fresh.level(),
+                    seq,
+                    b.attempts,
+                    now
+                ])?;
+                tx.prepare_cached(
+                    "INSERT INTO enrichment_errors(document_id, stage, vector_set, attempt, at,
+                                                   worker, message)
+                     VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6)",
+                )?
+                .execute(params![
+                    b.document_id,
+                    b.stage,
+                    b.attempts,
+                    now,
+                    b.worker,
+                    b.error
+                ])?;
+                if let Some(c) = &b.copy {
+                    tx.prepare_cached(
+                        "INSERT INTO dead_documents(document_id, payload, source, config,
+                                                    buried_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT(document_id) DO UPDATE SET payload = excluded.payload,
+                             source = excluded.source, config = excluded.config,
+                             buried_at = excluded.buried_at",
+                    )?
+                    .execute(params![
+                        c.document_id,
+                        c.payload,
+                        c.source,
+                        c.config,
+                        now
+                    ])?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// The stored copies of buried documents among `ids`.
+    pub fn buried(&self, ids: &[String]) -> Result<Vec<StoredCopy>, StoreError> {
+        let mut out = Vec::new();
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT document_id, payload, source, config FROM dead_documents
+                 WHERE document_id = ?1",
+            )
+            .map_err(|e| self.err(e))?;
+        for id in ids {
+            let copy = stmt
+                .query_row([id], |r| {
+                    Ok(StoredCopy {
+                        document_id: r.get(0)?,
+                        payload: r.get(1)?,
+                        source: r.get(2)?,
+                        config: r.get(3)?,
+                    })
+                })
+                .optional()
+                .map_err(|e| self.err(e))?;
+            out.extend(copy);
+        }
+        Ok(out)
+    }
+
+    /// Forget the stored copies of `ids`.
+    pub fn unbury(&mut self, ids: &[String]) -> Result<(), StoreError> {
+        self.write(|tx| {
+            let mut stmt =
+                tx.prepare_cached("DELETE FROM dead_documents WHERE document_id = ?1")?;
+            for id in ids {
+                stmt.execute([id])?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Record a stage's circuit as open (with why) or closed.
+    pub fn set_circuit(&mut self, stage: &str, open: Option<&str>) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO stage_control(stage, paused, changed_at, circuit, circuit_since)
+                 VALUES (?1, 0, ?3, ?2, CASE WHEN ?2 IS NULL THEN NULL ELSE ?3 END)
+                 ON CONFLICT(stage) DO UPDATE SET circuit = excluded.circuit,
+                     circuit_since = excluded.circuit_since",
+                params![stage, open, now_ms()],
+            )
+            .map(|_| ())
+            .map_err(|e| self.err(e))
     }
 
     /// Pause or resume a stage: workers stop claiming its work within a poll, finish what
@@ -459,8 +610,24 @@ impl crate::indexers::IndexStore for SqliteStore {
         SqliteStore::requeue(self, stage, ids)
     }
 
+    fn bury(&mut self, burials: &[Burial]) -> Result<(), StoreError> {
+        SqliteStore::bury(self, burials)
+    }
+
+    fn buried(&mut self, ids: &[String]) -> Result<Vec<StoredCopy>, StoreError> {
+        SqliteStore::buried(self, ids)
+    }
+
+    fn unbury(&mut self, ids: &[String]) -> Result<(), StoreError> {
+        SqliteStore::unbury(self, ids)
+    }
+
     fn set_paused(&mut self, stage: &str, paused: bool) -> Result<(), StoreError> {
         SqliteStore::set_paused(self, stage, paused)
+    }
+
+    fn set_circuit(&mut self, stage: &str, open: Option<&str>) -> Result<(), StoreError> {
+        SqliteStore::set_circuit(self, stage, open)
     }
 
     fn promote(&mut self, ids: &[String]) -> Result<u64, StoreError> {

@@ -36,10 +36,18 @@
 //! Version 4:
 //! - `chunks.page_start`, `chunks.page_end`: the pages of a paged document (PDF) a chunk
 //!   spans, from 1; NULL for documents without pages.
+//!
+//! Version 5:
+//! - `dead_documents`: a copy of each document a distributed run could not get into the index
+//!   (the broker gave up on it after MaxDeliver deliveries; its `chunk` row is `dead`): the
+//!   document as published (`payload`), its `source`, and the run's settings (`config`), so
+//!   `ragline dlq requeue` can run it again. Removed once the document is in the index.
+//! - `stage_control.circuit`, `circuit_since`: a stage whose service keeps failing has its
+//!   circuit open (the reason, since when), for `ragline status`; NULL when closed.
 
 use rusqlite::Connection;
 
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Create or migrate the schema up to [`SCHEMA_VERSION`]. Runs in the caller's transaction.
 /// Version 3's data steps (vector set of an existing index, lifecycle rows of existing
@@ -200,6 +208,19 @@ pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()>
         conn.execute_batch(
             "ALTER TABLE chunks ADD COLUMN page_start INTEGER;
              ALTER TABLE chunks ADD COLUMN page_end INTEGER;",
+        )?;
+    }
+    if from < 5 && to >= 5 {
+        conn.execute_batch(
+            "CREATE TABLE dead_documents (
+                 document_id TEXT PRIMARY KEY,
+                 payload BLOB,
+                 source TEXT,
+                 config TEXT,
+                 buried_at INTEGER NOT NULL
+             );
+             ALTER TABLE stage_control ADD COLUMN circuit TEXT;
+             ALTER TABLE stage_control ADD COLUMN circuit_since INTEGER;",
         )?;
     }
     conn.execute(

@@ -172,8 +172,13 @@ pub(super) fn process<S: EnrichStore>(
         .iter()
         .zip(&keys)
         .zip(&decided)
-        .filter(|(_, decided)| !**decided)
-        .map(|((ids, key), _)| WindowItem { ids, key: *key })
+        .zip(&rows)
+        .filter(|((_, decided), _)| !**decided)
+        .map(|(((ids, key), _), (_, chunk))| WindowItem {
+            ids,
+            key: *key,
+            text: chunk.text.as_str(),
+        })
         .collect();
     let index_of: Vec<usize> = (0..rows.len()).filter(|&i| !decided[i]).collect();
     let mut error: Option<StoreError> = None;

@@ -1,0 +1,131 @@
+//! `ragline serve`: an embeddings server over the embedder pool (OpenAI's and TEI's APIs).
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use ragline::serve::{self, LongInputs, ModelThread, ServeOptions};
+
+use super::model_args::{load_first, ModelArgs};
+use super::EXIT_OK;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Long {
+    /// Keep the first tokens, as sentence-transformers does.
+    Truncate,
+    /// Answer 413 naming the input.
+    Refuse,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ServePrompt {
+    /// No prompt (sentence-transformers' `encode` default, and `ragline embed`'s).
+    None,
+    /// The model's query prompt (or --query-prompt).
+    Query,
+    /// The model's passage prompt (or --passage-prompt).
+    Passage,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// The address to listen on.
+    #[arg(long, env = "RAGLINE_HOST", default_value = "127.0.0.1")]
+    host: IpAddr,
+
+    /// The port to listen on (0: any free port; the port is printed).
+    #[arg(long, env = "RAGLINE_PORT", default_value_t = 8080)]
+    port: u16,
+
+    /// Inputs over the model's limit: truncate them, or refuse the request with 413 (TEI's
+    /// per-request `truncate` overrides this on /embed).
+    #[arg(long, value_enum, default_value = "truncate")]
+    long_inputs: Long,
+
+    /// Which prompt goes before each input.
+    #[arg(long, value_enum, default_value = "none")]
+    prompt: ServePrompt,
+
+    /// Inputs per request, at most.
+    #[arg(long, default_value_t = 2048)]
+    max_inputs: usize,
+
+    /// Bytes per request body, at most.
+    #[arg(long, default_value_t = 16 << 20)]
+    max_body_bytes: usize,
+
+    /// Tokens waiting for the model, at most; past it requests are answered 503 with
+    /// Retry-After [default: 32 forward passes' worth].
+    #[arg(long)]
+    max_queued_tokens: Option<usize>,
+
+    /// The model name answers carry [default: the --model given].
+    #[arg(long)]
+    served_model_name: Option<String>,
+
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    let model_config = args.model.resolve(&super::load_config(config_file)?);
+    let (files, devices, first) = load_first(&model_config)?;
+    if args.max_inputs == 0 {
+        bail!("--max-inputs must be at least 1");
+    }
+    let batch_tokens = ragline::pipeline::batch_tokens(&model_config, &devices[0]);
+    let prompt: Vec<u32> = match args.prompt {
+        ServePrompt::None => Vec::new(),
+        ServePrompt::Query => first.tokenizer.query_prompt_ids().to_vec(),
+        ServePrompt::Passage => first.tokenizer.passage_prompt_ids().to_vec(),
+    };
+    let tokenizer = first.tokenizer.clone();
+    let dimension = first.dimension();
+    let normalized = files.normalize;
+    for d in &devices {
+        eprintln!("embedding on {} ({})", d.label, d.reason);
+    }
+    eprintln!("encoder: {}", first.encoder_kind());
+    let mut models = vec![ModelThread {
+        encoder: Box::new(first),
+        label: devices[0].label.clone(),
+    }];
+    for d in &devices[1..] {
+        models.push(ModelThread {
+            encoder: Box::new(ragline::pipeline::load_model(&files, d, &model_config)?),
+            label: d.label.clone(),
+        });
+    }
+    let options = ServeOptions {
+        addr: SocketAddr::new(args.host, args.port),
+        model_name: args
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| model_config.name.clone()),
+        long_inputs: match args.long_inputs {
+            Long::Truncate => LongInputs::Truncate,
+            Long::Refuse => LongInputs::Refuse,
+        },
+        max_inputs: args.max_inputs,
+        max_body_bytes: args.max_body_bytes,
+        max_queued_tokens: args.max_queued_tokens.unwrap_or(batch_tokens * 32),
+        batch_tokens,
+        max_wait: Duration::from_millis(model_config.max_wait_ms),
+        prompt,
+        normalized,
+    };
+    serve::serve(models, tokenizer, dimension, options, |addr| {
+        // The first line on stdout, for scripts that start the server on port 0.
+        println!("listening on http://{addr}");
+        eprintln!(
+            "serving {} on http://{addr}: POST /v1/embeddings (OpenAI), POST /embed (TEI), \
+             GET /health, GET /metrics",
+            model_config.name
+        );
+    })
+    .map_err(anyhow::Error::msg)
+    .context("ragline serve")?;
+    Ok(ExitCode::from(EXIT_OK))
+}

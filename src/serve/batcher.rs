@@ -1,0 +1,377 @@
+//! Dynamic batching across requests (the TEI approach): requests' inputs, already tokenized,
+//! wait in one bounded queue; each model thread (one per device) takes whole requests until
+//! its window holds `window_tokens` tokens or the first of them has waited `max_wait`, embeds
+//! the window as length-sorted batches of at most `batch_tokens` padded tokens
+//! ([`crate::embed::window::embed_window`]: identical inputs computed once), and answers each
+//! request with its vectors.
+//!
+//! The queue is bounded in tokens: a request that does not fit is refused at once
+//! ([`Admission::Full`]; the server answers 503 with Retry-After) instead of memory growing
+//! with the load.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::embed::encoder::Encoder;
+use crate::embed::window::{embed_window, Outcome, Recent, WindowItem};
+use crate::stats::RunStats;
+
+/// One request's inputs, waiting for the model.
+pub struct Job {
+    /// Content ids of each input (prompt excluded; the encoder's prompt is not used here:
+    /// `prompt` is).
+    pub inputs: Vec<Vec<u32>>,
+    /// Ids put before each input.
+    pub prompt: Vec<u32>,
+    pub enqueued: Instant,
+    pub reply: tokio::sync::oneshot::Sender<JobResult>,
+}
+
+/// A request's vectors, or why it has none.
+pub type JobResult = Result<Vec<Vec<f32>>, String>;
+
+/// What the queue said to a job.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admission {
+    Queued,
+    /// The queue holds `tokens` tokens already, its limit: come back later.
+    Full {
+        tokens: usize,
+    },
+    /// The server is stopping.
+    Closed,
+}
+
+/// What a model thread did with one window, for the metrics.
+#[derive(Clone, Debug, Default)]
+pub struct WindowReport {
+    pub requests: usize,
+    pub inputs: usize,
+    pub tokens: usize,
+    pub batches: u64,
+    pub queue_waits: Vec<Duration>,
+    pub compute: Duration,
+}
+
+struct State {
+    jobs: VecDeque<(Job, usize)>,
+    closed: bool,
+}
+
+/// The shared queue of jobs.
+pub struct Batcher {
+    state: Mutex<State>,
+    ready: Condvar,
+    /// Tokens waiting, and the most that may wait.
+    queued_tokens: AtomicUsize,
+    max_queued_tokens: usize,
+    queued_jobs: AtomicUsize,
+    /// Served so far (for the metrics).
+    pub served_inputs: AtomicU64,
+}
+
+impl Batcher {
+    pub fn new(max_queued_tokens: usize) -> Arc<Batcher> {
+        Arc::new(Batcher {
+            state: Mutex::new(State {
+                jobs: VecDeque::new(),
+                closed: false,
+            }),
+            ready: Condvar::new(),
+            queued_tokens: AtomicUsize::new(0),
+            max_queued_tokens: max_queued_tokens.max(1),
+            queued_jobs: AtomicUsize::new(0),
+            served_inputs: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tokens waiting for a model thread.
+    pub fn queued_tokens(&self) -> usize {
+        self.queued_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Requests waiting for a model thread.
+    pub fn queued_jobs(&self) -> usize {
+        self.queued_jobs.load(Ordering::Relaxed)
+    }
+
+    /// Queue a job, unless the queue is full (a job alone in an empty queue always fits, so a
+    /// request larger than the limit is not refused forever).
+    pub fn submit(&self, job: Job) -> (Admission, Option<Job>) {
+        let tokens: usize = job
+            .inputs
+            .iter()
+            .map(|i| i.len() + job.prompt.len() + 2)
+            .sum();
+        let mut s = self.lock();
+        if s.closed {
+            return (Admission::Closed, Some(job));
+        }
+        let queued = self.queued_tokens.load(Ordering::Relaxed);
+        if queued > 0 && queued + tokens > self.max_queued_tokens {
+            return (Admission::Full { tokens: queued }, Some(job));
+        }
+        self.queued_tokens.fetch_add(tokens, Ordering::Relaxed);
+        self.queued_jobs.fetch_add(1, Ordering::Relaxed);
+        s.jobs.push_back((job, tokens));
+        drop(s);
+        self.ready.notify_one();
+        (Admission::Queued, None)
+    }
+
+    /// Refuse new jobs; model threads finish what is queued, then stop.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_all();
+    }
+
+    /// The next window: whole jobs up to `window_tokens` (at least one), waiting at most
+    /// `max_wait` after the first for company. None when closed and drained.
+    fn next_window(&self, window_tokens: usize, max_wait: Duration) -> Option<Vec<Job>> {
+        let mut s = self.lock();
+        // Wait for a first job.
+        while s.jobs.is_empty() {
+            if s.closed {
+                return None;
+            }
+            s = self
+                .ready
+                .wait_timeout(s, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let deadline = s.jobs.front().map(|(j, _)| j.enqueued + max_wait);
+        let mut taken = Vec::new();
+        let mut tokens = 0usize;
+        loop {
+            while let Some((_, t)) = s.jobs.front() {
+                if !taken.is_empty() && tokens + t > window_tokens {
+                    break;
+                }
+                let (job, t) = s.jobs.pop_front().expect("looked at it");
+                tokens += t;
+                self.queued_tokens.fetch_sub(t, Ordering::Relaxed);
+                self.queued_jobs.fetch_sub(1, Ordering::Relaxed);
+                taken.push(job);
+            }
+            let now = Instant::now();
+            let full = tokens >= window_tokens || !s.jobs.is_empty();
+            match deadline {
+                Some(d) if !full && now < d && !s.closed => {
+                    s = self
+                        .ready
+                        .wait_timeout(s, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                _ => break,
+            }
+        }
+        Some(taken)
+    }
+
+    /// A model thread: windows until the batcher is closed and drained. `report` hears about
+    /// each window.
+    pub fn run_model(
+        &self,
+        encoder: &(dyn Encoder + Sync),
+        label: &str,
+        batch_tokens: usize,
+        window_tokens: usize,
+        max_wait: Duration,
+        report: &(dyn Fn(&WindowReport) + Sync),
+    ) {
+        let stats = RunStats::default();
+        let mut recent = Recent::new(crate::embed::pool::RECENT_VECTORS);
+        while let Some(jobs) = self.next_window(window_tokens, max_wait) {
+            let started = Instant::now();
+            let mut rep = WindowReport {
+                requests: jobs.len(),
+                queue_waits: jobs.iter().map(|j| started - j.enqueued).collect(),
+                ..WindowReport::default()
+            };
+            // One prompt per window: jobs with another prompt wait for the next pass.
+            let mut groups: Vec<(Vec<u32>, Vec<Job>)> = Vec::new();
+            for job in jobs {
+                match groups.iter_mut().find(|(p, _)| *p == job.prompt) {
+                    Some((_, g)) => g.push(job),
+                    None => groups.push((job.prompt.clone(), vec![job])),
+                }
+            }
+            for (prompt, jobs) in groups {
+                let batches_before = stats.batches.load(Ordering::Relaxed);
+                let results = embed_jobs(
+                    encoder,
+                    label,
+                    &prompt,
+                    &jobs,
+                    batch_tokens,
+                    &mut recent,
+                    &stats,
+                );
+                rep.batches += stats.batches.load(Ordering::Relaxed) - batches_before;
+                for (job, result) in jobs.into_iter().zip(results) {
+                    rep.inputs += job.inputs.len();
+                    rep.tokens += job.inputs.iter().map(|i| i.len() + 2).sum::<usize>();
+                    self.served_inputs
+                        .fetch_add(job.inputs.len() as u64, Ordering::Relaxed);
+                    let _ = job.reply.send(result);
+                }
+            }
+            rep.compute = started.elapsed();
+            report(&rep);
+        }
+    }
+}
+
+/// Embed the inputs of `jobs` as one window; each job's vectors, or its error.
+fn embed_jobs(
+    encoder: &(dyn Encoder + Sync),
+    label: &str,
+    prompt: &[u32],
+    jobs: &[Job],
+    batch_tokens: usize,
+    recent: &mut Recent,
+    stats: &RunStats,
+) -> Vec<JobResult> {
+    // The window's own prompt handling uses the encoder's passage prompt; a job's prompt is
+    // put in front of its ids here instead, so the window sees plain content ids.
+    let joined: Vec<Vec<u32>> = jobs
+        .iter()
+        .flat_map(|j| j.inputs.iter())
+        .map(|ids| prompt.iter().chain(ids).copied().collect())
+        .collect();
+    let items: Vec<WindowItem<'_>> = joined
+        .iter()
+        .map(|ids| WindowItem {
+            ids,
+            key: Some(crate::document::Chunk::input_key_of(ids)),
+            text: "",
+        })
+        .collect();
+    let mut out: Vec<Option<Result<Vec<f32>, String>>> = vec![None; items.len()];
+    let mut sink = |i: usize, o: Outcome| {
+        out[i] = Some(match o {
+            Outcome::Embedded(v) | Outcome::Reused(v) => Ok(v),
+            Outcome::Failed(r) => Err(r),
+        });
+        true
+    };
+    embed_window(
+        &NoPrompt(encoder),
+        &items,
+        batch_tokens,
+        recent,
+        stats,
+        label,
+        &mut sink,
+    );
+    let mut results = Vec::with_capacity(jobs.len());
+    let mut it = out.into_iter();
+    for job in jobs {
+        let mut vectors = Vec::with_capacity(job.inputs.len());
+        let mut error = None;
+        for _ in 0..job.inputs.len() {
+            match it.next().flatten() {
+                Some(Ok(v)) => vectors.push(v),
+                Some(Err(e)) => error = error.or(Some(e)),
+                None => error = error.or(Some("no vector computed: a bug".to_string())),
+            }
+        }
+        results.push(match error {
+            Some(e) => Err(e),
+            None => Ok(vectors),
+        });
+    }
+    results
+}
+
+/// An encoder whose passage prompt is none: the batcher puts each job's prompt in its ids.
+struct NoPrompt<'a>(&'a (dyn Encoder + Sync));
+
+impl Encoder for NoPrompt<'_> {
+    fn max_content_len(&self) -> usize {
+        self.0.max_content_len()
+    }
+    fn passage_prompt_ids(&self) -> &[u32] {
+        &[]
+    }
+    fn plan_batches(&self, lengths: &[usize], budget: usize) -> Vec<Vec<usize>> {
+        self.0.plan_batches(lengths, budget)
+    }
+    fn computed_tokens(&self, lengths: &[usize], batch: &[usize]) -> usize {
+        self.0.computed_tokens(lengths, batch)
+    }
+    fn embed_ids(
+        &self,
+        seqs: &[&[u32]],
+        prompt: &[u32],
+    ) -> Result<Vec<Vec<f32>>, crate::embed::EmbedError> {
+        self.0.embed_ids(seqs, prompt)
+    }
+    fn content_ids(&self, text: &str) -> Result<Vec<u32>, crate::embed::EmbedError> {
+        self.0.content_ids(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(inputs: Vec<Vec<u32>>) -> (Job, tokio::sync::oneshot::Receiver<JobResult>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (
+            Job {
+                inputs,
+                prompt: Vec::new(),
+                enqueued: Instant::now(),
+                reply: tx,
+            },
+            rx,
+        )
+    }
+
+    #[test]
+    fn a_full_queue_refuses_but_an_empty_one_takes_anything() {
+        let b = Batcher::new(10);
+        let (big, _rx) = job(vec![vec![1; 50]]);
+        assert_eq!(b.submit(big).0, Admission::Queued);
+        assert_eq!(b.queued_tokens(), 52);
+        let (small, _rx2) = job(vec![vec![1; 1]]);
+        let (admission, back) = b.submit(small);
+        assert_eq!(admission, Admission::Full { tokens: 52 });
+        assert!(back.is_some());
+        // A window takes the queued job, freeing the room.
+        let window = b.next_window(1000, Duration::ZERO).unwrap();
+        assert_eq!(window.len(), 1);
+        assert_eq!(b.queued_tokens(), 0);
+        let (small, _rx3) = job(vec![vec![1; 1]]);
+        assert_eq!(b.submit(small).0, Admission::Queued);
+        b.close();
+        let (late, _rx4) = job(vec![vec![1]]);
+        assert_eq!(b.submit(late).0, Admission::Closed);
+        // Closed: what was queued is still handed out, then nothing.
+        assert_eq!(b.next_window(1000, Duration::ZERO).unwrap().len(), 1);
+        assert!(b.next_window(1000, Duration::ZERO).is_none());
+    }
+
+    #[test]
+    fn windows_take_whole_jobs_up_to_their_tokens() {
+        let b = Batcher::new(1_000_000);
+        let mut rxs = Vec::new();
+        for n in [10, 10, 10, 10] {
+            let (j, rx) = job(vec![vec![1; n - 2]]);
+            b.submit(j);
+            rxs.push(rx);
+        }
+        // 25 tokens: two jobs of 10 fit, the third would not.
+        assert_eq!(b.next_window(25, Duration::ZERO).unwrap().len(), 2);
+        assert_eq!(b.next_window(1000, Duration::ZERO).unwrap().len(), 2);
+    }
+}
