@@ -43,6 +43,10 @@ pub struct EnrichArgs {
     /// the index recorded is gone (it must be the same model). Device and batch flags apply.
     #[command(flatten)]
     pub(super) model: ModelArgs,
+
+    /// Embed with a service (an index embedded by one uses it again without these flags).
+    #[command(flatten)]
+    pub(super) remote: super::remote_args::RemoteArgs,
 }
 
 impl EnrichArgs {
@@ -51,6 +55,7 @@ impl EnrichArgs {
         let mut model = self.model.clone();
         let name = model.model.take();
         model.apply(&mut config.model);
+        self.remote.apply(config)?;
         if let Some(p) = self.progress {
             config.run.progress = p;
         }

@@ -404,10 +404,10 @@ pub(crate) fn ingest_from(
     observer.finish();
     let mut summary = result?;
     summary.encoder = prepared.encoder;
-    summary.remote = prepared
-        .remote
-        .as_ref()
-        .map(|r| r.endpoint().stats().snapshot());
+    if let Some(r) = &prepared.remote {
+        summary.remote = Some(r.endpoint().stats().snapshot());
+        remote::settle_circuit(r.endpoint(), &config.index.uri.value, EMBED);
+    }
     finish_ingest(config, &prepared.backend, &prepared.in_index, &mut summary)?;
     Ok(summary)
 }
@@ -492,8 +492,21 @@ pub fn enrich(
             "index {uri} has no model: ingest with a model first (not --no-chunk)"
         )));
     }
+    // A service embeds (the config names one, or the index was embedded by one): --model
+    // names the tokenizer that counts its tokens.
+    let service = {
+        let mut c = config.clone();
+        if let Some(name) = &request.model_override {
+            c.model.name = name.clone();
+        }
+        remote_set(&c, &sets)?
+    };
     // Check the override names one of the index's models before anything runs.
-    if let Some(name) = &request.model_override {
+    if let Some(name) = request
+        .model_override
+        .as_ref()
+        .filter(|_| service.is_none())
+    {
         let files = model_files(name)?;
         let devices = devices(&config.model)?;
         let model = load_model(&files, &devices[0], &config.model)?;
@@ -510,7 +523,6 @@ pub fn enrich(
         }
     }
     let devices = devices(&config.model)?;
-    let service = remote_set(config, &sets)?;
     let settings = config.stages.embed.settings();
     let workers = settings.concurrency.max(1);
     let mut list = Vec::with_capacity(workers);
@@ -549,9 +561,10 @@ pub fn enrich(
     let result = run::enrich::execute(list, &options, uri.to_string(), observer);
     observer.finish();
     let mut summary = result?;
-    summary.remote = service
-        .as_ref()
-        .map(|s| s.embedder.endpoint().stats().snapshot());
+    if let Some(s) = &service {
+        summary.remote = Some(s.embedder.endpoint().stats().snapshot());
+        remote::settle_circuit(s.embedder.endpoint(), uri, EMBED);
+    }
     summary.notes.extend(lifecycle_store(config)?.finish_run()?);
     Ok(summary)
 }

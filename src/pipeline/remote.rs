@@ -158,3 +158,15 @@ pub fn report_circuit(endpoint: &Endpoint, uri: &crate::indexers::IndexUri, stag
         });
     }
 }
+
+/// At the end of a run: if the circuit is closed, say so in the index (a close reported from
+/// the endpoint's thread may not have been written yet when the run ends).
+pub fn settle_circuit(endpoint: &Endpoint, uri: &crate::indexers::IndexUri, stage: &str) {
+    use crate::indexers::IndexUri;
+    use crate::remote::circuit::CircuitState;
+    if matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_))
+        && endpoint.circuit() == CircuitState::Closed
+    {
+        let _ = crate::indexers::open_store(uri).and_then(|mut s| s.set_circuit(stage, None));
+    }
+}

@@ -48,7 +48,7 @@ pub struct Nats {
     child: Option<Child>,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -278,7 +278,7 @@ fn finish(child: Child, report: &Path) -> (Option<i32>, Value) {
 }
 
 /// The first `n` react-docs pages (sorted), copied into `dir`.
-fn react_slice(dir: &Path, n: usize) -> Option<PathBuf> {
+pub fn react_slice(dir: &Path, n: usize) -> Option<PathBuf> {
     let src = shared_data("react-docs")?;
     let mut files: Vec<PathBuf> = walk(&src);
     files.sort();
@@ -306,7 +306,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// chunk id -> (document id, text, vector) as the index holds them.
-fn index_map(index: &TestIndex) -> HashMap<String, (String, String, Vec<f32>)> {
+pub fn index_map(index: &TestIndex) -> HashMap<String, (String, String, Vec<f32>)> {
     let chunks = index.chunks();
     let ids: Vec<&String> = chunks.iter().map(|c| &c.1).collect();
     let unique: HashSet<&String> = ids.iter().copied().collect();
@@ -325,14 +325,14 @@ fn index_map(index: &TestIndex) -> HashMap<String, (String, String, Vec<f32>)> {
         .collect()
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f32 {
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let na: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
     let nb: f32 = b.iter().map(|x| x * x).sum::<f32>().sqrt();
     dot / (na * nb).max(1e-12)
 }
 
-fn assert_same_index(got: &TestIndex, want: &TestIndex) {
+pub fn assert_same_index(got: &TestIndex, want: &TestIndex) {
     let (g, w) = (index_map(got), index_map(want));
     assert_eq!(
         g.keys().collect::<HashSet<_>>(),

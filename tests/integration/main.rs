@@ -12,5 +12,6 @@ mod lifecycle;
 mod parquet;
 mod pipeline;
 mod postgres;
+mod serve;
 mod tokenizer;
 mod util;

@@ -4,24 +4,11 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 
-use crate::util::{model_dir, ragline, read_jsonl, root, run};
-
-/// The data-tools virtualenv's python (made on first use; CI makes it before the tests).
-fn data_python() -> PathBuf {
-    let o = std::process::Command::new(root().join("scripts/data-venv.sh"))
-        .output()
-        .expect("run scripts/data-venv.sh");
-    assert!(
-        o.status.success(),
-        "scripts/data-venv.sh failed (it installs pyarrow and duckdb from PyPI):\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
-}
+use crate::util::{data_python, model_dir, ragline, read_jsonl, root, run};
 
 /// What pyarrow and DuckDB read from `file`.
 fn read_back(file: &Path) -> Value {

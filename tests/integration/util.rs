@@ -89,3 +89,17 @@ pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).expect("valid JSON line"))
         .collect()
 }
+
+/// The data-tools virtualenv's python (made on first use; CI makes it before the tests):
+/// pyarrow, DuckDB, psycopg, the `openai` client.
+pub fn data_python() -> PathBuf {
+    let o = std::process::Command::new(root().join("scripts/data-venv.sh"))
+        .output()
+        .expect("run scripts/data-venv.sh");
+    assert!(
+        o.status.success(),
+        "scripts/data-venv.sh failed (it installs pyarrow, duckdb and openai from PyPI):\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+}

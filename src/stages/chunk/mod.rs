@@ -65,7 +65,7 @@ impl ChunkConfig {
 /// migration does not re-chunk).
 pub fn chunk_fingerprint(sizes: &Sizes, truncate: bool, tokenizer: &str) -> String {
     format!(
-        "chunk-v2:{}:{}:{}:{}:{tokenizer}",
+        "chunk-v3:{}:{}:{}:{}:{tokenizer}",
         sizes.target,
         sizes.overlap,
         sizes.limit,

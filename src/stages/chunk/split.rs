@@ -6,8 +6,13 @@
 //! most meaningful boundary that leaves the chunk at least half full: a block boundary
 //! (paragraph, list item, code block, table), then a sentence, then a word, then any token.
 //! A code block or table that fits in the limit is never cut: a chunk ends before it, and the
-//! chunk holding it may grow up to the limit. Consecutive chunks of a section share exactly
-//! `overlap` tokens, except where a whole code block or table needs the room.
+//! chunk holding it may grow up to the limit. Consecutive chunks of a section share
+//! `overlap` tokens, except where a whole code block or table needs the room, and except that
+//! a chunk never starts inside a word: where `overlap` tokens back is the middle of a word
+//! (a WordPiece continuation), the chunk starts at that word's first piece, sharing a few
+//! tokens more (or, for a word longer than the overlap, at the next word). So a chunk's text,
+//! tokenized again, gives the chunk's own ids: what a service that embeds texts computes is
+//! what the ids say.
 
 use unicode_segmentation::UnicodeSegmentation;
 
@@ -111,10 +116,30 @@ pub fn split(text: &str, blocks: &[Block], offsets: &[(usize, usize)], sizes: Si
         }
     }
 
+    // Where a chunk may start: not inside a word (between two pieces of one word, with no
+    // space or punctuation between them).
+    let word_char = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric());
+    let starts_clean: Vec<bool> = (0..=n)
+        .map(|j| {
+            j == 0
+                || j == n
+                || offsets[j - 1].1 < offsets[j].0
+                || !word_char(text[..offsets[j].0].chars().next_back())
+                || !word_char(text[offsets[j].0..].chars().next())
+        })
+        .collect();
+
     let mut spans = Vec::new();
     let sentences = |lo: usize, hi: usize| sentence_starts(text, offsets, lo, hi);
+    let cut = Cut {
+        class: &class,
+        starts_clean: &starts_clean,
+        protected: &protected,
+        sizes,
+        sentences: &sentences,
+    };
     for (index, (s, e, p)) in sections.into_iter().enumerate() {
-        cut_section(s, e, &class, &protected, sizes, &sentences, &mut |a, b| {
+        cut_section(s, e, &cut, &mut |a, b| {
             spans.push(Span {
                 tokens: (a, b),
                 bytes: byte_range(text, offsets, a, b),
@@ -146,15 +171,23 @@ fn sentence_starts(text: &str, offsets: &[(usize, usize)], lo: usize, hi: usize)
     starts
 }
 
-fn cut_section(
-    s: usize,
-    e: usize,
-    class: &[u8],
-    protected: &[(usize, usize)],
+/// What a section is cut by.
+struct Cut<'a> {
+    class: &'a [u8],
+    starts_clean: &'a [bool],
+    protected: &'a [(usize, usize)],
     sizes: Sizes,
-    sentences: &dyn Fn(usize, usize) -> Vec<usize>,
-    emit: &mut dyn FnMut(usize, usize),
-) {
+    sentences: &'a dyn Fn(usize, usize) -> Vec<usize>,
+}
+
+fn cut_section(s: usize, e: usize, cut: &Cut<'_>, emit: &mut dyn FnMut(usize, usize)) {
+    let Cut {
+        class,
+        protected,
+        sizes,
+        sentences,
+        ..
+    } = *cut;
     let inside = |t: usize| protected.iter().find(|&&(a, b)| a < t && t < b).copied();
     let mut cur = s;
     // The first token no earlier chunk holds: every chunk must hold some new token.
@@ -169,9 +202,13 @@ fn cut_section(
             // The window ends inside a block that must stay whole: end before it when that
             // leaves something new in the chunk...
             Some((b0, _)) if b0 > fresh => b0,
-            // ...else take the whole block, starting late enough to fit in the limit.
-            Some((_, b1)) => {
-                cur = cur.max(b1.saturating_sub(sizes.limit));
+            // ...else take the whole block, starting late enough to fit in the limit (and
+            // not inside a word).
+            Some((b0, b1)) => {
+                let start = cur.max(b1.saturating_sub(sizes.limit));
+                cur = (start..=b0.max(start))
+                    .find(|&j| cut.starts_clean[j])
+                    .unwrap_or(start);
                 b1
             }
             None => best_cut(
@@ -189,8 +226,25 @@ fn cut_section(
             return;
         }
         fresh = end;
-        cur = end.saturating_sub(sizes.overlap).max(cur);
+        cur = overlap_start(end, sizes.overlap, cur, cut.starts_clean);
     }
+}
+
+/// Where the chunk after one ending at `end` starts: `overlap` tokens back, moved to the start
+/// of the word it falls in (sharing up to `overlap` more tokens), or failing that (a word
+/// longer than the overlap) to the next word start before `end`. Never before `prev` (the
+/// previous chunk's start).
+fn overlap_start(end: usize, overlap: usize, prev: usize, starts_clean: &[bool]) -> usize {
+    let want = end.saturating_sub(overlap).max(prev);
+    if starts_clean[want] {
+        return want;
+    }
+    let floor = want.saturating_sub(overlap).max(prev);
+    (floor..want)
+        .rev()
+        .find(|&j| starts_clean[j])
+        .or_else(|| (want + 1..end).find(|&j| starts_clean[j]))
+        .unwrap_or(want)
 }
 
 /// The last boundary of the best class in the window that leaves the chunk at least half full

@@ -1,0 +1,706 @@
+//! `ragline serve` and the stages that call services: parity of the server's vectors with
+//! `ragline embed` (and through the official `openai` Python client), its refusals and
+//! overload answers, a graceful stop; ingest and enrich with the remote embedder pointed at
+//! the server, directly and through `scripts/fault-proxy.py` (429s with Retry-After, 500s,
+//! resets, malformed JSON, a poisoned input, an outage).
+//!
+//! The real model where the acceptance is about vectors (parity); elsewhere a random-weight
+//! BERT with the default model's tokenizer (the chunks are the real ones), fast enough in a
+//! test build for react-docs several times over.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::backend::TestIndex;
+use crate::distributed::{assert_same_index, cosine, react_slice};
+use crate::util::{data_python, model_dir, ragline, random_model, read_jsonl, root, run};
+
+/// A `ragline serve` of the test's own, on a free port.
+pub struct Server {
+    child: Child,
+    pub url: String,
+    log: PathBuf,
+}
+
+impl Server {
+    pub fn start(model: &Path, extra: &[&str], logs: &Path, name: &str) -> Server {
+        let log = logs.join(format!("{name}.log"));
+        let mut child = ragline()
+            .args(["serve", "--port", "0", "--device", "cpu", "--model"])
+            .arg(model)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start ragline serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "serve did not say where it listens: {line:?}\n{}",
+                    fs::read_to_string(&log).unwrap_or_default()
+                )
+            })
+            .to_string();
+        Server { child, url, log }
+    }
+
+    /// SIGTERM, then the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s.code();
+            }
+            assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// What /metrics says of one series (the sum of its lines).
+    pub fn metric(&self, name: &str) -> f64 {
+        let text = get(&format!("{}/metrics", self.url)).1;
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- serve log\n{}", self.log());
+        }
+    }
+}
+
+/// `scripts/fault-proxy.py` in front of `upstream`.
+pub struct Proxy {
+    child: Child,
+    pub url: String,
+}
+
+impl Proxy {
+    pub fn start(upstream: &str, args: &[&str]) -> Proxy {
+        let mut child = Command::new("python3")
+            .arg(root().join("scripts/fault-proxy.py"))
+            .args(["--upstream", upstream])
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start scripts/fault-proxy.py");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening ")
+            .expect("proxy address");
+        Proxy {
+            child,
+            url: format!("http://{addr}"),
+        }
+    }
+
+    /// Change the proxy's settings at run time.
+    pub fn set(&self, change: Value) {
+        let (status, _) = post(&format!("{}/_proxy/config", self.url), &change);
+        assert_eq!(status, 200);
+    }
+
+    /// How many requests ended each way (`429`, `500`, `reset`, `malformed`, `passed`...).
+    pub fn counts(&self) -> Value {
+        let (_, body) = get(&format!("{}/_proxy/stats", self.url));
+        serde_json::from_str::<Value>(&body).unwrap()["counts"].clone()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// POST JSON; the status and the body (error answers included).
+pub fn post(url: &str, body: &Value) -> (u16, Value) {
+    let r = ureq::post(url)
+        .set("Content-Type", "application/json")
+        .send_string(&body.to_string());
+    let resp = match r {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("POST {url}: {e}"),
+    };
+    let status = resp.status();
+    let text = resp.into_string().unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn post_raw(url: &str, body: &str) -> (u16, Option<String>, Value) {
+    let resp = match ureq::post(url).send_string(body) {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("POST {url}: {e}"),
+    };
+    let status = resp.status();
+    let retry = resp.header("Retry-After").map(str::to_string);
+    let text = resp.into_string().unwrap();
+    (
+        status,
+        retry,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+pub fn get(url: &str) -> (u16, String) {
+    match ureq::get(url).call() {
+        Ok(r) => (r.status(), r.into_string().unwrap()),
+        Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap()),
+        Err(e) => panic!("GET {url}: {e}"),
+    }
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+/// The parity texts and `ragline embed`'s vectors of them.
+fn embedded_by_ragline_embed(dir: &Path) -> (Vec<String>, Vec<Vec<f32>>) {
+    let input = root().join("tests/fixtures/parity/texts.jsonl");
+    let texts: Vec<String> = read_jsonl(&input)
+        .iter()
+        .map(|v| v["text"].as_str().unwrap().to_string())
+        .collect();
+    let out = dir.join("embed.jsonl");
+    let o = run(ragline()
+        .args(["embed", "--device", "cpu", "--input"])
+        .arg(&input)
+        .arg("--output")
+        .arg(&out));
+    assert!(o.status.success());
+    let vectors = read_jsonl(&out)
+        .iter()
+        .map(|v| floats(&v["vector"]))
+        .collect();
+    (texts, vectors)
+}
+
+fn assert_parity(name: &str, got: &[Vec<f32>], want: &[Vec<f32>]) {
+    assert_eq!(got.len(), want.len(), "{name}: one vector per text");
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| {
+            assert_eq!(g.len(), w.len(), "{name}: dimension");
+            cosine(g, w)
+        })
+        .fold(1.0f32, f32::min);
+    eprintln!("{name}: lowest cosine to `ragline embed` {worst:.6}");
+    assert!(worst >= 0.9999, "{name}: lowest cosine {worst}");
+}
+
+/// The 230 parity texts through /v1/embeddings (float and base64), /embed and the `openai`
+/// Python client: the vectors `ragline embed` computes.
+#[test]
+fn serve_answers_with_the_vectors_ragline_embed_computes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (texts, want) = embedded_by_ragline_embed(dir.path());
+    assert_eq!(texts.len(), 230);
+    let server = Server::start(&model_dir(), &[], dir.path(), "serve");
+
+    let mut openai = Vec::new();
+    let mut base64 = Vec::new();
+    let mut tei = Vec::new();
+    for batch in texts.chunks(64) {
+        let (status, body) = post(
+            &format!("{}/v1/embeddings", server.url),
+            &json!({"input": batch, "model": "all-MiniLM-L6-v2"}),
+        );
+        assert_eq!(status, 200, "{body}");
+        let data = body["data"].as_array().unwrap();
+        for (i, item) in data.iter().enumerate() {
+            assert_eq!(item["index"], i);
+            openai.push(floats(&item["embedding"]));
+        }
+        assert!(body["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+        let (status, body) = post(
+            &format!("{}/v1/embeddings", server.url),
+            &json!({"input": batch, "model": "m", "encoding_format": "base64"}),
+        );
+        assert_eq!(status, 200, "{body}");
+        for item in body["data"].as_array().unwrap() {
+            use base64::Engine as _;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(item["embedding"].as_str().unwrap())
+                .unwrap();
+            base64.push(
+                bytes
+                    .chunks(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                    .collect(),
+            );
+        }
+        let (status, body) = post(&format!("{}/embed", server.url), &json!({"inputs": batch}));
+        assert_eq!(status, 200, "{body}");
+        tei.extend(body.as_array().unwrap().iter().map(floats));
+    }
+    assert_parity("/v1/embeddings", &openai, &want);
+    assert_parity("/v1/embeddings base64", &base64, &want);
+    assert_parity("/embed", &tei, &want);
+
+    // The official client, from PyPI.
+    let texts_file = dir.path().join("texts.json");
+    fs::write(&texts_file, serde_json::to_vec(&texts).unwrap()).unwrap();
+    let o = run(Command::new(data_python()).args([
+        "-c",
+        "import json, sys\n\
+         from openai import OpenAI\n\
+         c = OpenAI(base_url=sys.argv[1] + '/v1', api_key='unused')\n\
+         texts = json.load(open(sys.argv[2]))\n\
+         out = []\n\
+         for i in range(0, len(texts), 50):\n\
+         \x20   r = c.embeddings.create(model='all-MiniLM-L6-v2', input=texts[i:i + 50])\n\
+         \x20   out += [d.embedding for d in r.data]\n\
+         print(json.dumps(out))\n",
+        &server.url,
+        texts_file.to_str().unwrap(),
+    ]));
+    assert!(o.status.success(), "the openai client failed");
+    let by_client: Vec<Vec<f32>> = serde_json::from_slice::<Vec<Vec<f32>>>(&o.stdout).unwrap();
+    assert_parity("openai client", &by_client, &want);
+    assert_eq!(
+        server.metric("ragline_inputs_total"),
+        (230 * 3 + 230) as f64
+    );
+}
+
+/// Bad requests get a 400 that says what is wrong; long inputs 413 when refused; a full
+/// queue 503 with Retry-After (never a crash, never unbounded memory); SIGTERM answers what
+/// is in flight before the process exits.
+#[test]
+fn serve_refuses_what_it_cannot_do_and_stops_gracefully() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = random_model(dir.path(), 64, 3);
+    let mut server = Server::start(
+        &model,
+        &["--long-inputs", "refuse", "--max-queued-tokens", "64"],
+        dir.path(),
+        "serve",
+    );
+    let url = &server.url;
+    let openai = format!("{url}/v1/embeddings");
+    for (body, status, says) in [
+        ("{not json", 400, "not valid"),
+        (r#"{"input": 3}"#, 400, "string or a list of strings"),
+        (r#"{"input": []}"#, 400, "empty list"),
+        (r#"{"input": [[101, 102]]}"#, 400, "token-id inputs"),
+        (
+            r#"{"input": "x", "dimensions": 8}"#,
+            400,
+            "cannot be shortened",
+        ),
+        (
+            r#"{"input": "x", "encoding_format": "int8"}"#,
+            400,
+            "encoding_format",
+        ),
+    ] {
+        let (got, _, answer) = post_raw(&openai, body);
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(got, status, "{body}: {answer}");
+        assert!(message.contains(says), "{body}: {message}");
+    }
+    let long = "word ".repeat(2000);
+    let (got, _, answer) = post_raw(&openai, &json!({"input": ["ok", long]}).to_string());
+    assert_eq!(got, 413, "{answer}");
+    assert!(answer["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("input 1 has"));
+    // TEI's per-request `truncate` wins over the server's policy.
+    let (got, _, answer) = post_raw(
+        &format!("{url}/embed"),
+        &json!({"inputs": [long], "truncate": true}).to_string(),
+    );
+    assert_eq!(got, 200, "{answer}");
+    assert_eq!(answer[0].as_array().unwrap().len(), 64);
+    let (status, health) = get(&format!("{url}/health"));
+    assert_eq!(status, 200);
+    assert!(health.contains("\"status\":\"ok\""), "{health}");
+
+    // Many clients at once on a queue of 64 tokens: some are told to come back, the others
+    // are answered in full.
+    let batch: Vec<String> = (0..200)
+        .map(|i| format!("text number {i} of a batch"))
+        .collect();
+    let answers: Vec<(u16, Option<String>, Value)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..16)
+            .map(|_| {
+                let body = json!({"input": batch}).to_string();
+                let openai = &openai;
+                s.spawn(move || post_raw(openai, &body))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let overloaded = answers.iter().filter(|a| a.0 == 503).count();
+    assert!(
+        overloaded > 0,
+        "no request was refused with a queue of 64 tokens"
+    );
+    for (status, retry, body) in &answers {
+        match status {
+            503 => assert_eq!(retry.as_deref(), Some("1"), "{body}"),
+            200 => assert_eq!(body["data"].as_array().unwrap().len(), 200),
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert!(server.metric("ragline_errors_total{kind=\"overloaded\"}") >= overloaded as f64);
+
+    // SIGTERM while a large request is in flight: it is answered, then the process exits 0.
+    let big: Vec<String> = (0..2000)
+        .map(|i| format!("sentence {i} to embed"))
+        .collect();
+    let in_flight = std::thread::spawn({
+        let openai = openai.clone();
+        move || post_raw(&openai, &json!({"input": big}).to_string())
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.metric("ragline_in_flight_requests") < 1.0 {
+        assert!(Instant::now() < deadline, "the request never arrived");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(server.terminate(), Some(0), "{}", server.log());
+    let (status, _, body) = in_flight.join().unwrap();
+    assert_eq!(
+        status, 200,
+        "the request in flight was not answered: {body}"
+    );
+    assert_eq!(body["data"].as_array().unwrap().len(), 2000);
+}
+
+/// An ingest with the embedder pointed at `url`, as a report.
+fn remote_ingest(
+    corpus: &Path,
+    index: &TestIndex,
+    model: &Path,
+    url: &str,
+    report: &Path,
+) -> (Option<i32>, Value) {
+    let o = run(ragline()
+        .args(["ingest", "--progress", "none", "--model"])
+        .arg(model)
+        .args([
+            "--index",
+            &index.uri(),
+            "--embed-url",
+            url,
+            "--embed-model",
+            "m",
+        ])
+        .arg("--report")
+        .arg(report)
+        .arg(corpus));
+    let r = serde_json::from_slice(&fs::read(report).unwrap_or_default()).unwrap_or(Value::Null);
+    (o.status.code(), r)
+}
+
+fn local_ingest(corpus: &Path, index: &TestIndex, model: &Path, report: &Path) -> Value {
+    let o = run(ragline()
+        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
+        .arg(model)
+        .args(["--index", &index.uri(), "--report"])
+        .arg(report)
+        .arg(corpus));
+    assert!(o.status.success());
+    serde_json::from_slice(&fs::read(report).unwrap()).unwrap()
+}
+
+/// react-docs with the remote embedder pointed at `ragline serve`, directly and through the
+/// fault proxy (20% 429 with Retry-After 1 s, 5% 500, 2% resets, 1% malformed JSON): the
+/// index equals the in-process run's, counts exact, the retries in the report.
+#[test]
+fn ingest_through_serve_equals_an_in_process_ingest_even_through_faults() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(corpus) = react_slice(dir.path(), 225) else {
+        return;
+    };
+    let model = random_model(dir.path(), 64, 11);
+    let want = TestIndex::Sqlite(dir.path().join("local.db"));
+    let local = local_ingest(&corpus, &want, &model, &dir.path().join("local.json"));
+    let server = Server::start(&model, &[], dir.path(), "serve");
+
+    let direct = TestIndex::Sqlite(dir.path().join("direct.db"));
+    let (code, report) = remote_ingest(
+        &corpus,
+        &direct,
+        &model,
+        &server.url,
+        &dir.path().join("direct.json"),
+    );
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["counts"], local["counts"]);
+    assert_same_index(&direct, &want);
+
+    let proxy = Proxy::start(
+        &server.url,
+        &[
+            "--rate-429",
+            "0.2",
+            "--retry-after",
+            "1",
+            "--rate-500",
+            "0.05",
+            "--rate-reset",
+            "0.02",
+            "--rate-malformed",
+            "0.01",
+            "--seed",
+            "7",
+        ],
+    );
+    let faulty = TestIndex::Sqlite(dir.path().join("faulty.db"));
+    let (code, report) = remote_ingest(
+        &corpus,
+        &faulty,
+        &model,
+        &proxy.url,
+        &dir.path().join("faulty.json"),
+    );
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(
+        report["counts"], local["counts"],
+        "counts exact through faults"
+    );
+    assert_same_index(&faulty, &want);
+    let faults = proxy.counts();
+    eprintln!("proxy: {faults}\nragline: {}", report["remote"]);
+    let remote = &report["remote"];
+    for kind in ["429", "500"] {
+        assert!(
+            faults[kind].as_u64().unwrap_or(0) > 0,
+            "no {kind} was injected: {faults}"
+        );
+    }
+    assert_eq!(remote["throttled"], faults["429"], "every 429 counted");
+    let injected: u64 = ["429", "500", "reset", "malformed"]
+        .iter()
+        .map(|k| faults[*k].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(
+        remote["retries"].as_u64().unwrap(),
+        injected,
+        "one retry per injected fault"
+    );
+}
+
+/// One input the service refuses (the proxy answers 400 for the request holding it): the
+/// batch is bisected, so exactly that chunk fails; its document goes dead after its retries
+/// while every other chunk gets its vector; a requeue after the proxy stops refusing it
+/// completes it.
+#[test]
+fn a_poisoned_input_fails_alone_and_a_requeue_completes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c");
+    fs::create_dir_all(&corpus).unwrap();
+    for i in 0..8 {
+        let mut text = format!("# Page {i}\n\n");
+        for j in 0..8 {
+            let marker = if (i, j) == (5, 3) { " POISONPILL" } else { "" };
+            text.push_str(&format!(
+                "## Part {j}\n\nParagraph {j} of page {i}{marker}, with a few words.\n\n"
+            ));
+        }
+        fs::write(corpus.join(format!("p{i}.md")), text).unwrap();
+    }
+    let model = random_model(dir.path(), 64, 5);
+    let server = Server::start(&model, &[], dir.path(), "serve");
+    let proxy = Proxy::start(&server.url, &["--poison", "POISONPILL"]);
+    let config = dir.path().join("ragline.toml");
+    fs::write(
+        &config,
+        "[stages.embed]\nretry_limit = 3\nbackoff = \"100ms\"\nmax_backoff = \"200ms\"\n",
+    )
+    .unwrap();
+    let index = TestIndex::Sqlite(dir.path().join("p.db"));
+    let uri = index.uri();
+    let o = run(ragline()
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "ingest",
+            "--progress",
+            "none",
+            "--chunk-tokens",
+            "16",
+            "--chunk-overlap",
+            "2",
+        ])
+        .args(["--defer", "embed", "--index", &uri, "--model"])
+        .arg(&model)
+        .args(["--embed-url", &proxy.url, "--embed-model", "m"])
+        .arg(&corpus));
+    assert!(o.status.success());
+    let (_, chunks, _) = index.counts();
+    assert!(chunks >= 32, "{chunks} chunks");
+    let enrich = |url: &str| {
+        run(ragline()
+            .arg("--config")
+            .arg(&config)
+            .args(["enrich", "--progress", "none", "--index", &uri, "--model"])
+            .arg(&model)
+            .args(["--embed-url", url, "--embed-model", "m", "--report"])
+            .arg(dir.path().join("enrich.json")))
+    };
+    let o = enrich(&proxy.url);
+    assert_eq!(o.status.code(), Some(1), "one document failed");
+    let report: Value =
+        serde_json::from_slice(&fs::read(dir.path().join("enrich.json")).unwrap()).unwrap();
+    assert_eq!(report["counts"]["failed"], 1, "{report}");
+    assert_eq!(report["failures"][0]["id"], "p5.md");
+    // Every chunk but the poisoned one has its vector.
+    let with_vectors = index.vectors().len() as u64;
+    assert_eq!(with_vectors, chunks - 1);
+    let poisoned: Vec<String> = index
+        .chunks()
+        .into_iter()
+        .filter(|c| c.2.contains("POISONPILL"))
+        .map(|c| c.1)
+        .collect();
+    assert_eq!(poisoned.len(), 1);
+    let embedded: HashSet<String> = index.vectors().into_iter().map(|v| v.1).collect();
+    assert!(!embedded.contains(&poisoned[0]));
+    // Dead after its retries, with the service's message.
+    let o = run(ragline().args(["dlq", "list", "--json", "--index", &uri]));
+    let dead: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(dead.as_array().unwrap().len(), 1, "{dead}");
+    assert_eq!(dead[0]["document_id"], "p5.md");
+    assert_eq!(dead[0]["attempts"], 3);
+    assert!(
+        dead[0]["last_error"].as_str().unwrap().contains("HTTP 400"),
+        "{dead}"
+    );
+    assert!(proxy.counts()["400"].as_u64().unwrap() >= 3);
+
+    proxy.set(json!({"poison": null}));
+    let o = run(ragline().args(["dlq", "requeue", "--all", "--index", &uri]));
+    assert!(o.status.success());
+    let o = enrich(&proxy.url);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(index.vectors().len() as u64, chunks);
+    let o = run(ragline().args(["dlq", "list", "--json", "--index", &uri]));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&o.stdout).unwrap(),
+        json!([])
+    );
+}
+
+/// The embeddings endpoint down for 30 s in the middle of an ingest: the circuit opens,
+/// `ragline status` says so, and the run completes once the endpoint is back, nothing lost.
+#[test]
+fn an_outage_opens_the_circuit_and_the_run_completes_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(corpus) = react_slice(dir.path(), 120) else {
+        return;
+    };
+    let model = random_model(dir.path(), 64, 11);
+    let want = TestIndex::Sqlite(dir.path().join("local.db"));
+    let local = local_ingest(&corpus, &want, &model, &dir.path().join("local.json"));
+    let server = Server::start(&model, &["--max-wait-ms", "1"], dir.path(), "serve");
+    // Slow answers, so the run is still going when the outage starts.
+    let proxy = Proxy::start(
+        &server.url,
+        &["--rate-slow", "1.0", "--slow-seconds", "0.3"],
+    );
+    let index = TestIndex::Sqlite(dir.path().join("out.db"));
+    let report = dir.path().join("out.json");
+    let mut ingest = ragline()
+        .args(["ingest", "--progress", "none", "--model"])
+        .arg(&model)
+        .args([
+            "--index",
+            &index.uri(),
+            "--embed-url",
+            &proxy.url,
+            "--embed-model",
+            "m",
+        ])
+        .args(["--report"])
+        .arg(&report)
+        .arg(&corpus)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Down once the first vectors are in.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while server.metric("ragline_inputs_total") < 100.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the ingest never reached the server"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    proxy.set(json!({"down": true}));
+    let down_at = Instant::now();
+    let status = |uri: &str| -> Value {
+        let o = run(ragline().args(["status", "--json", "--index", uri]));
+        serde_json::from_slice(&o.stdout).unwrap_or(Value::Null)
+    };
+    let mut said = Value::Null;
+    while down_at.elapsed() < Duration::from_secs(30) {
+        let s = status(&index.uri());
+        if s["stages"]["embed"]["circuit"].is_object() {
+            said = s["stages"]["embed"]["circuit"].clone();
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(
+        said["reason"].as_str().unwrap_or("").contains("503"),
+        "status never said the circuit was open: {said}"
+    );
+    assert!(
+        ingest.try_wait().unwrap().is_none(),
+        "the run ended during the outage"
+    );
+    proxy.set(json!({"down": false}));
+    let out = ingest.wait_with_output().unwrap();
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0));
+    let got: Value = serde_json::from_slice(&fs::read(&report).unwrap()).unwrap();
+    assert_eq!(got["counts"], local["counts"]);
+    assert!(got["remote"]["circuit_opened"].as_u64().unwrap() >= 1);
+    assert_same_index(&index, &want);
+    // Closed again: status no longer says it is open.
+    assert!(status(&index.uri())["stages"]["embed"]["circuit"].is_null());
+}
