@@ -114,6 +114,9 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
             }
         )?;
         writeln!(out, "     {}", snippet(&c.text, &args.query, 220))?;
+        for (stage, output) in &c.outputs {
+            writeln!(out, "     {stage}: {}", snippet(output, &args.query, 220))?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -173,6 +173,13 @@ pub trait IndexReader {
     /// The `k` best chunks for the words of `query`: (rowid, score), best first.
     fn keyword(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError>;
 
+    /// The `k` documents whose stage outputs in the keyword index (LLM summaries...) best
+    /// match `query`, as the rowid of each one's first chunk: (rowid, score), best first.
+    fn keyword_outputs(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
+        let _ = (query, k);
+        Ok(Vec::new())
+    }
+
     fn chunk(&self, rowid: i64) -> Result<Option<ChunkRow>, BackendError>;
 
     /// The document a chunk belongs to.

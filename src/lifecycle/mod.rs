@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 
 pub use owner::Owner;
 pub use store::{
-    ChunkVector, Claim, ClaimRequest, EnrichStore, KnownDocument, LifecycleStore, Maintenance,
-    PendingChunk, StoreError, StoredVectors, WorkItem, WorkKey,
+    ChunkVector, Claim, ClaimRequest, DocumentText, EnrichStore, KnownDocument, LifecycleStore,
+    Maintenance, PendingChunk, StoreError, StoredVectors, WorkItem, WorkKey,
 };
 
 /// The chunk stage: done by `ingest` (extract, chunk, write documents and chunks).
@@ -42,8 +42,10 @@ pub const STAGES: &[&str] = &[CHUNK, EMBED];
 /// the document's current content.
 pub fn dependencies(stage: &str) -> &'static [&'static str] {
     match stage {
-        EMBED | NOOP => &[CHUNK],
-        _ => &[],
+        CHUNK => &[],
+        // Document-level stages (LLM stages) read the document's text from its chunks, so
+        // they too wait for `chunk`; none waits for `embed` or for another.
+        _ => &[CHUNK],
     }
 }
 
@@ -225,6 +227,7 @@ mod tests {
             assert_eq!(p.as_str().parse::<Priority>().unwrap(), p);
         }
         assert_eq!(dependencies(EMBED), &[CHUNK]);
+        assert_eq!(dependencies("summary"), &[CHUNK]);
         assert!(dependencies(CHUNK).is_empty());
         assert!(!is_enrichable(CHUNK) && is_enrichable(EMBED) && is_enrichable("summary"));
         assert!(!is_stage_name("Summary") && !is_stage_name("embed") && !is_stage_name(""));

@@ -112,6 +112,37 @@ pub struct ChunkVector {
     pub vector: Vec<f32>,
 }
 
+/// A document's text as the index holds it (its current chunks, overlaps removed), for a
+/// document-level stage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DocumentText {
+    pub title: Option<String>,
+    pub source: Option<String>,
+    pub text: String,
+}
+
+/// Join chunk texts (by ordinal, each with its byte range in the document) into the
+/// document's text: what overlaps the previous chunk is left out, gaps become blank lines.
+pub fn stitch(chunks: &[(usize, usize, String)]) -> String {
+    let mut out = String::new();
+    let mut covered = 0usize;
+    for (start, end, text) in chunks {
+        let skip = covered.saturating_sub(*start);
+        let rest = if skip == 0 {
+            if !out.is_empty() {
+                out.push_str("\n\n");
+            }
+            text.as_str()
+        } else {
+            // An overlap ends where the previous chunk ended: a char boundary of both.
+            text.get(skip..).unwrap_or("")
+        };
+        out.push_str(rest);
+        covered = covered.max(*end);
+    }
+    out
+}
+
 /// The durable, leased work queue.
 pub trait LifecycleStore: Send {
     /// Claim a batch of runnable work in one transaction: pending or failed work whose backoff
@@ -145,6 +176,18 @@ pub trait LifecycleStore: Send {
     /// Housekeeping when no work is claimable: queue the next page of a backfill, or switch
     /// search to a backfilled vector set that is complete.
     fn maintain(&mut self) -> Result<Maintenance, StoreError>;
+
+    /// Queue the document-level stage `stage` (an LLM stage) for every document that has no
+    /// row of it, or one for another version of the document or another `fingerprint` of the
+    /// stage (a changed prompt or model makes every answer stale). Rows done for the same
+    /// version and fingerprint are left alone (an unchanged document costs no call), and so
+    /// are dead ones (`dlq requeue` brings them back). Returns how many were queued.
+    fn sync_stage(
+        &mut self,
+        stage: &str,
+        fingerprint: &str,
+        priority: Priority,
+    ) -> Result<u64, StoreError>;
 }
 
 /// What [`LifecycleStore::maintain`] did.
@@ -183,6 +226,22 @@ pub trait EnrichStore: LifecycleStore {
         vectors: &[ChunkVector],
         documents: &[String],
     ) -> Result<usize, StoreError>;
+
+    /// A document's text, title and source, for a document-level stage. None when the index
+    /// no longer has it.
+    fn document_text(&mut self, id: &str) -> Result<Option<DocumentText>, StoreError>;
+
+    /// Record what the document-level stage of `key` made of the document (replacing any
+    /// earlier output; in the keyword index when `keyword`) and mark the work done, in one
+    /// transaction. False, with nothing written, when `owner` no longer holds the work (its
+    /// lease expired and was taken, or the document changed).
+    fn write_output(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        output: &str,
+        keyword: bool,
+    ) -> Result<bool, StoreError>;
 }
 
 /// A boxed store is a store (`open_store` hands them out).
@@ -219,6 +278,15 @@ impl<T: LifecycleStore + ?Sized> LifecycleStore for Box<T> {
     fn maintain(&mut self) -> Result<Maintenance, StoreError> {
         (**self).maintain()
     }
+
+    fn sync_stage(
+        &mut self,
+        stage: &str,
+        fingerprint: &str,
+        priority: Priority,
+    ) -> Result<u64, StoreError> {
+        (**self).sync_stage(stage, fingerprint, priority)
+    }
 }
 
 impl<T: EnrichStore + ?Sized> EnrichStore for Box<T> {
@@ -241,5 +309,40 @@ impl<T: EnrichStore + ?Sized> EnrichStore for Box<T> {
         documents: &[String],
     ) -> Result<usize, StoreError> {
         (**self).write_vectors(vector_set, vectors, documents)
+    }
+
+    fn document_text(&mut self, id: &str) -> Result<Option<DocumentText>, StoreError> {
+        (**self).document_text(id)
+    }
+
+    fn write_output(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        output: &str,
+        keyword: bool,
+    ) -> Result<bool, StoreError> {
+        (**self).write_output(owner, key, output, keyword)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stitch;
+
+    #[test]
+    fn stitched_chunks_lose_their_overlaps() {
+        let doc = "One two three. Four five six. Seven.";
+        let c = |a: usize, b: usize| (a, b, doc[a..b].to_string());
+        // Overlapping chunks, then one after a gap.
+        assert_eq!(
+            stitch(&[c(0, 14), c(8, 29)]),
+            "One two three. Four five six."
+        );
+        assert_eq!(
+            stitch(&[c(0, 14), c(8, 29), c(30, 36)]),
+            "One two three. Four five six.\n\nSeven."
+        );
+        assert_eq!(stitch(&[]), "");
     }
 }

@@ -474,38 +474,58 @@ pub fn enrich(
     let status = store.status()?;
     let sets = store.sets()?;
     drop(store);
+    let configured = config.stages.llm_stages();
     let stages = if request.stages.is_empty() {
-        vec![EMBED.to_string()]
+        // Every stage there is: embedding (when the index has a model) and the LLM stages.
+        let mut v: Vec<String> = Vec::new();
+        if !sets.is_empty() || configured.is_empty() {
+            v.push(EMBED.to_string());
+        }
+        v.extend(configured.iter().map(|c| c.name.clone()));
+        v
     } else {
         request.stages.clone()
     };
     for s in &stages {
         if !crate::lifecycle::is_enrichable(s) {
             return Err(PipelineError::Setup(format!(
-                "`enrich --stage {s}`: enrich runs the stage `{EMBED}` (chunking is done by \
-                 `ragline ingest`)"
+                "`enrich --stage {s}`: enrich runs the stage `{EMBED}` and the LLM stages of \
+                 ragline.toml (chunking is done by `ragline ingest`)"
+            )));
+        }
+        if !matches!(s.as_str(), EMBED | crate::lifecycle::NOOP)
+            && !configured.iter().any(|c| &c.name == s)
+        {
+            return Err(PipelineError::Setup(format!(
+                "`enrich --stage {s}`: no such stage in ragline.toml; an LLM stage needs a \
+                 section with its url and model ([stages.summary], or [[stages.llm]] with \
+                 name = \"{s}\")"
             )));
         }
     }
-    if sets.is_empty() {
+    let embeds = stages.iter().any(|s| s == EMBED);
+    if embeds && sets.is_empty() {
         return Err(PipelineError::Setup(format!(
             "index {uri} has no model: ingest with a model first (not --no-chunk)"
         )));
     }
+    let llm = llm_stages(config, &stages)?;
     // A service embeds (the config names one, or the index was embedded by one): --model
     // names the tokenizer that counts its tokens.
-    let service = {
+    let service = if embeds {
         let mut c = config.clone();
         if let Some(name) = &request.model_override {
             c.model.name = name.clone();
         }
         remote_set(&c, &sets)?
+    } else {
+        None
     };
     // Check the override names one of the index's models before anything runs.
     if let Some(name) = request
         .model_override
         .as_ref()
-        .filter(|_| service.is_none())
+        .filter(|_| service.is_none() && embeds)
     {
         let files = model_files(name)?;
         let devices = devices(&config.model)?;
@@ -539,13 +559,32 @@ pub fn enrich(
             ),
         });
     }
-    let announced = status
+    // Queue what the LLM stages have not answered for the documents as they are now.
+    if !llm.is_empty() {
+        let mut store = lifecycle_store(config)?;
+        for l in &llm {
+            store.sync_stage(&l.name, &l.fingerprint, l.settings.priority)?;
+        }
+    }
+    let llm_waiting: u64 = lifecycle_store(config)?
+        .status()?
         .stages
-        .get(EMBED)
-        .map_or(0, |s| s.pending + s.failed + s.in_progress)
-        + status.backfill.as_ref().map_or(0, |b| {
-            b.stage.pending + b.stage.failed + b.stage.in_progress
-        });
+        .iter()
+        .filter(|(name, _)| llm.iter().any(|l| &l.name == *name))
+        .map(|(_, s)| s.pending + s.failed + s.in_progress)
+        .sum();
+    let announced = llm_waiting
+        + if embeds {
+            status
+                .stages
+                .get(EMBED)
+                .map_or(0, |s| s.pending + s.failed + s.in_progress)
+                + status.backfill.as_ref().map_or(0, |b| {
+                    b.stage.pending + b.stage.failed + b.stage.in_progress
+                })
+        } else {
+            0
+        };
     let claim_tokens = match &service {
         Some(s) => s.batch_tokens,
         None => batch_tokens(&config.model, &devices[0]) * WINDOW_BATCHES,
@@ -556,6 +595,7 @@ pub fn enrich(
         settings,
         claim_cost: claim_tokens as u64,
         announced,
+        llm: llm.clone(),
         ..EnrichOptions::default()
     };
     let result = run::enrich::execute(list, &options, uri.to_string(), observer);
@@ -565,8 +605,57 @@ pub fn enrich(
         summary.remote = Some(s.embedder.endpoint().stats().snapshot());
         remote::settle_circuit(s.embedder.endpoint(), uri, EMBED);
     }
+    for l in &llm {
+        let endpoint = l.client.endpoint();
+        remote::settle_circuit(endpoint, uri, &l.name);
+        let c = endpoint.stats().snapshot();
+        if c.requests > 0 {
+            summary.notes.push(format!(
+                "{}: {} requests to {} ({} retried: {} rate-limited, {} server errors, {} \
+                 without an answer, {} malformed; {} refused)",
+                l.name,
+                c.requests,
+                endpoint.settings().url,
+                c.retries,
+                c.throttled,
+                c.server_errors,
+                c.transport_errors,
+                c.malformed,
+                c.rejected
+            ));
+        }
+    }
     summary.notes.extend(lifecycle_store(config)?.finish_run()?);
     Ok(summary)
+}
+
+/// The LLM stages among `stages`, with their clients (one endpoint each, shared by every
+/// worker, so its limits are the process's).
+fn llm_stages(
+    config: &PipelineConfig,
+    stages: &[String],
+) -> Result<Vec<Arc<crate::run::enrich::LlmStage>>, PipelineError> {
+    let mut out = Vec::new();
+    for c in config.stages.llm_stages() {
+        if !stages.contains(&c.name) {
+            continue;
+        }
+        let endpoint = crate::remote::Endpoint::new(c.endpoint()?).map_err(PipelineError::Setup)?;
+        remote::report_circuit(&endpoint, &config.index.uri.value, &c.name);
+        out.push(Arc::new(crate::run::enrich::LlmStage {
+            name: c.name.clone(),
+            client: Arc::new(crate::remote::chat::ChatClient::new(
+                endpoint,
+                c.chat_settings(),
+            )),
+            prompt: c.prompt.clone(),
+            max_input_tokens: c.max_input_tokens,
+            keyword_index: c.keyword_index,
+            settings: c.settings(),
+            fingerprint: c.fingerprint(),
+        }));
+    }
+    Ok(out)
 }
 
 /// A service that embeds a vector set of the index, shared by every enrich worker of the

@@ -36,6 +36,23 @@ impl ChatClient {
     /// The answer to `prompt`; `prompt_tokens` is its size for the limits (the answer's
     /// budget is added).
     pub fn complete(&self, prompt: &str, prompt_tokens: usize) -> Result<String, CallError> {
+        self.endpoint
+            .block_on(self.complete_async(prompt, prompt_tokens))
+    }
+
+    /// The answers to several prompts, asked at once (within the endpoint's bound on
+    /// requests in flight and its limits), in order.
+    pub fn complete_many(&self, prompts: &[(String, usize)]) -> Vec<Result<String, CallError>> {
+        self.endpoint.block_on(futures::future::join_all(
+            prompts.iter().map(|(p, t)| self.complete_async(p, *t)),
+        ))
+    }
+
+    async fn complete_async(
+        &self,
+        prompt: &str,
+        prompt_tokens: usize,
+    ) -> Result<String, CallError> {
         let mut messages = Vec::new();
         if let Some(system) = &self.settings.system {
             messages.push(json!({"role": "system", "content": system}));
@@ -48,10 +65,9 @@ impl ChatClient {
             "temperature": self.settings.temperature,
         });
         let tokens = prompt_tokens as u64 + u64::from(self.settings.max_answer_tokens);
-        self.endpoint.block_on(
-            self.endpoint
-                .post("/v1/chat/completions", &body, tokens, parse),
-        )
+        self.endpoint
+            .post("/v1/chat/completions", &body, tokens, parse)
+            .await
     }
 }
 

@@ -115,13 +115,28 @@ impl Searcher {
                     .map(|(id, d)| (id, 1.0 - d))
                     .collect())
             }
-            Mode::Keyword => Ok(self.reader.keyword(query, depth)?),
+            Mode::Keyword => {
+                let chunks = self.reader.keyword(query, depth)?;
+                let outputs = self.reader.keyword_outputs(query, depth)?;
+                if outputs.is_empty() {
+                    return Ok(chunks);
+                }
+                // Documents whose summary matches rank beside chunks that match.
+                let mut fused = rrf(&[chunks, outputs]);
+                fused.truncate(depth);
+                Ok(fused)
+            }
             Mode::Hybrid => {
                 let n = depth.max(HYBRID_DEPTH);
                 let v = self.embed_query(query)?;
                 let vector = self.reader.nearest(&v, n)?;
                 let keyword = self.reader.keyword(query, n)?;
-                let mut fused = rrf(&[vector, keyword]);
+                let outputs = self.reader.keyword_outputs(query, n)?;
+                let mut fused = if outputs.is_empty() {
+                    rrf(&[vector, keyword])
+                } else {
+                    rrf(&[vector, keyword, outputs])
+                };
                 fused.truncate(depth);
                 Ok(fused)
             }

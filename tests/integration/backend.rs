@@ -264,7 +264,6 @@ impl TestIndex {
     }
 
     /// Two text columns of each row a query gives (as for [`TestIndex::count`]).
-    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     pub fn strings(&self, sqlite: &str, postgres: &str) -> Vec<(String, String)> {
         match self {
             TestIndex::Sqlite(db) => {

@@ -9,6 +9,7 @@ mod engine;
 mod index;
 mod layers;
 mod lifecycle;
+mod llm;
 mod parquet;
 mod pipeline;
 mod postgres;

@@ -17,6 +17,7 @@
 //! any number of machines share it.
 
 mod admin;
+mod outputs;
 mod queue;
 mod reader;
 pub mod schema;

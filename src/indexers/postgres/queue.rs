@@ -16,8 +16,8 @@ use crate::indexers::{SetState, VectorSet};
 use crate::lifecycle::backoff::{jitter_unit, retry_delay};
 use crate::lifecycle::owner::is_dead_here;
 use crate::lifecycle::{
-    ChunkVector, Claim, ClaimRequest, EnrichStore, LifecycleStore, Maintenance, PendingChunk,
-    Priority, StageSettings, Status, StoreError, WorkItem, WorkKey, CHUNK, EMBED,
+    ChunkVector, Claim, ClaimRequest, DocumentText, EnrichStore, LifecycleStore, Maintenance,
+    PendingChunk, Priority, StageSettings, Status, StoreError, WorkItem, WorkKey, CHUNK, EMBED,
 };
 
 /// Claims in a row that may come back empty before a worker is told to look again later.
@@ -612,6 +612,15 @@ impl LifecycleStore for PgStore {
         self.maintain_sets()
     }
 
+    fn sync_stage(
+        &mut self,
+        stage: &str,
+        fingerprint: &str,
+        priority: Priority,
+    ) -> Result<u64, StoreError> {
+        self.sync_stage_rows(stage, fingerprint, priority)
+    }
+
     fn reap_dead_owners(&mut self) -> Result<usize, StoreError> {
         let s = self.s.clone();
         let owners: Vec<String> = self
@@ -832,5 +841,19 @@ impl EnrichStore for PgStore {
             settle::settle(tx, s, &touched, &all, Priority::Fresh, now)?;
             Ok(written.len())
         })
+    }
+
+    fn document_text(&mut self, id: &str) -> Result<Option<DocumentText>, StoreError> {
+        self.read_document_text(id)
+    }
+
+    fn write_output(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        output: &str,
+        keyword: bool,
+    ) -> Result<bool, StoreError> {
+        self.write_stage_output(owner, key, output, keyword)
     }
 }

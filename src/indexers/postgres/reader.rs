@@ -235,7 +235,55 @@ impl IndexReader for PgReader {
                 (Some(a), Some(b)) => Some((a as u32, b as u32)),
                 _ => None,
             },
+            outputs: Default::default(),
         }))
+        .and_then(|row| match row {
+            Some(mut row) => {
+                row.outputs = self
+                    .client
+                    .borrow_mut()
+                    .query(
+                        &format!(
+                            "SELECT stage, output FROM {s}.stage_outputs WHERE document_id = $1"
+                        ),
+                        &[&row.document_id],
+                    )
+                    .map_err(|e| self.err(e))?
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1)))
+                    .collect();
+                Ok(Some(row))
+            }
+            None => Ok(None),
+        })
+    }
+
+    fn keyword_outputs(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
+        let terms: Vec<&str> = query
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|t| !t.is_empty())
+            .collect();
+        if terms.is_empty() {
+            return Ok(Vec::new());
+        }
+        let s = self.target.schema_sql();
+        let rows = self
+            .client
+            .borrow_mut()
+            .query(
+                &format!(
+                    "SELECT first.rowid, ts_rank(o.fts, q, 1)::float8 AS score
+                     FROM {s}.stage_outputs o, to_tsquery('english', $1) q,
+                          LATERAL (SELECT c.rowid FROM {s}.chunks c
+                                   WHERE c.document_id = o.document_id
+                                     AND c.replaced_by IS NULL
+                                   ORDER BY c.ordinal LIMIT 1) first
+                     WHERE o.fts @@ q ORDER BY score DESC, first.rowid LIMIT $2"
+                ),
+                &[&terms.join(" | "), &(k as i64)],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
     fn document_of(&self, rowid: i64) -> Result<Option<String>, BackendError> {

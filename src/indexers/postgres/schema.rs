@@ -30,7 +30,9 @@
 //!   `dead`): the document as published, its source, the run's settings, for `ragline dlq
 //!   requeue`. Removed once the document is in the index. `stage_control.circuit` (also
 //!   version 2): a stage whose service keeps failing has its circuit open (the reason, since
-//!   when), for `ragline status`.
+//!   when), for `ragline status`. `stage_outputs` (version 2): what a document-level stage (an
+//!   LLM stage) made of a document, one row per document and stage, with a `tsvector` (and GIN
+//!   index) when it goes in the keyword index.
 
 use postgres::GenericClient;
 
@@ -142,7 +144,17 @@ const MIGRATIONS: &[&str] = &[
          config text,
          buried_at bigint NOT NULL);
      ALTER TABLE {s}.stage_control ADD COLUMN circuit text;
-     ALTER TABLE {s}.stage_control ADD COLUMN circuit_since bigint;",
+     ALTER TABLE {s}.stage_control ADD COLUMN circuit_since bigint;
+     CREATE TABLE {s}.stage_outputs (
+         document_id text NOT NULL,
+         stage text NOT NULL,
+         output text NOT NULL,
+         keyword boolean NOT NULL,
+         at bigint NOT NULL,
+         fts tsvector GENERATED ALWAYS AS (CASE WHEN keyword
+             THEN to_tsvector('english', output) END) STORED,
+         PRIMARY KEY (document_id, stage));
+     CREATE INDEX stage_outputs_fts ON {s}.stage_outputs USING gin (fts);",
 ];
 
 /// Create the schema or bring it from version `from` (0: nothing there) to

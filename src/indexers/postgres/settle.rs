@@ -91,7 +91,7 @@ pub fn settle(
         return Ok(());
     }
     let level = priority.level() as i32;
-    for table in ["enrichment", "enrichment_errors"] {
+    for table in ["enrichment", "enrichment_errors", "stage_outputs"] {
         c.execute(
             &format!(
                 "DELETE FROM {s}.{table} x WHERE x.document_id = ANY($1)

@@ -10,6 +10,7 @@
 //! - `reader.rs`: read-only queries for search.
 
 mod admin;
+mod outputs;
 mod queue;
 mod reader;
 pub mod schema;

@@ -16,8 +16,9 @@ use crate::document::InputKey;
 use crate::lifecycle::backoff::{jitter_unit, retry_delay};
 use crate::lifecycle::owner::is_dead_here;
 use crate::lifecycle::{
-    now_ms, ChunkVector, Claim, ClaimRequest, EnrichStore, LifecycleStore, Maintenance,
-    PendingChunk, Priority, StageSettings, Status, StoreError, WorkItem, WorkKey, EMBED,
+    now_ms, ChunkVector, Claim, ClaimRequest, DocumentText, EnrichStore, LifecycleStore,
+    Maintenance, PendingChunk, Priority, StageSettings, Status, StoreError, WorkItem, WorkKey,
+    EMBED,
 };
 use crate::tokens::ids_from_bytes;
 
@@ -531,6 +532,15 @@ impl LifecycleStore for SqliteStore {
         self.maintain_sets()
     }
 
+    fn sync_stage(
+        &mut self,
+        stage: &str,
+        fingerprint: &str,
+        priority: Priority,
+    ) -> Result<u64, StoreError> {
+        self.sync_stage_rows(stage, fingerprint, priority)
+    }
+
     fn reap_dead_owners(&mut self) -> Result<usize, StoreError> {
         let owners: Vec<String> = self
             .conn
@@ -729,5 +739,19 @@ impl EnrichStore for SqliteStore {
             }
             Ok(written)
         })
+    }
+
+    fn document_text(&mut self, id: &str) -> Result<Option<DocumentText>, StoreError> {
+        self.read_document_text(id)
+    }
+
+    fn write_output(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        output: &str,
+        keyword: bool,
+    ) -> Result<bool, StoreError> {
+        self.write_stage_output(owner, key, output, keyword)
     }
 }

@@ -41,6 +41,10 @@ pub struct ChunkRow {
     /// The pages of the document the chunk spans (first, last; from 1), for paged formats.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pages: Option<(u32, u32)>,
+    /// What document-level stages (LLM stages) made of the chunk's document, by stage:
+    /// `{"summary": "..."}`.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub outputs: std::collections::BTreeMap<String, String>,
 }
 
 pub struct SqliteReader {
@@ -276,9 +280,61 @@ impl SqliteReader {
                             (Some(a), Some(b)) => Some((a, b)),
                             _ => None,
                         },
+                        outputs: Default::default(),
                     })
                 })
                 .optional()
+            })
+            .map_err(|e| self.err(e))
+            .and_then(|row| match row {
+                Some(mut row) if self.meta.schema_version >= 5 => {
+                    row.outputs = self.outputs_of(&row.document_id)?;
+                    Ok(Some(row))
+                }
+                other => Ok(other),
+            })
+    }
+
+    /// What document-level stages made of a document, by stage.
+    fn outputs_of(
+        &self,
+        document: &str,
+    ) -> Result<std::collections::BTreeMap<String, String>, BackendError> {
+        self.conn
+            .prepare_cached("SELECT stage, output FROM stage_outputs WHERE document_id = ?1")
+            .and_then(|mut s| {
+                s.query_map([document], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect()
+            })
+            .map_err(|e| self.err(e))
+    }
+
+    /// The documents whose stage outputs (in the keyword index) match `query`, as the rowid
+    /// of each document's first chunk, best first.
+    pub fn keyword_outputs(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
+        let terms: Vec<String> = query
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|t| !t.is_empty())
+            .map(|t| format!("\"{t}\""))
+            .collect();
+        if terms.is_empty() || self.meta.schema_version < 5 {
+            return Ok(Vec::new());
+        }
+        self.conn
+            .prepare_cached(
+                "SELECT (SELECT c.rowid FROM chunks c
+                         WHERE c.document_id = o.document_id AND c.replaced_by IS NULL
+                         ORDER BY c.ordinal LIMIT 1),
+                        -bm25(output_fts)
+                 FROM output_fts JOIN stage_outputs o ON o.rowid = output_fts.rowid
+                 WHERE output_fts MATCH ?1 ORDER BY bm25(output_fts) LIMIT ?2",
+            )
+            .and_then(|mut s| {
+                s.query_map(params![terms.join(" OR "), k as i64], |r| {
+                    Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, f64>(1)?))
+                })?
+                .filter_map(|x| x.map(|(id, score)| id.map(|id| (id, score))).transpose())
+                .collect()
             })
             .map_err(|e| self.err(e))
     }
@@ -319,6 +375,10 @@ impl crate::indexers::IndexReader for SqliteReader {
 
     fn keyword(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
         SqliteReader::keyword(self, query, k)
+    }
+
+    fn keyword_outputs(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
+        SqliteReader::keyword_outputs(self, query, k)
     }
 
     fn chunk(&self, rowid: i64) -> Result<Option<ChunkRow>, BackendError> {

@@ -44,6 +44,9 @@
 //!   `ragline dlq requeue` can run it again. Removed once the document is in the index.
 //! - `stage_control.circuit`, `circuit_since`: a stage whose service keeps failing has its
 //!   circuit open (the reason, since when), for `ragline status`; NULL when closed.
+//! - `stage_outputs`: what a document-level stage (an LLM stage: `summary`...) made of a
+//!   document, one row per document and stage (replaced, never appended), with whether it is
+//!   in the keyword index; `output_fts`: FTS5 over those outputs (rowid = the output's).
 
 use rusqlite::Connection;
 
@@ -220,7 +223,19 @@ pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()>
                  buried_at INTEGER NOT NULL
              );
              ALTER TABLE stage_control ADD COLUMN circuit TEXT;
-             ALTER TABLE stage_control ADD COLUMN circuit_since INTEGER;",
+             ALTER TABLE stage_control ADD COLUMN circuit_since INTEGER;
+             CREATE TABLE stage_outputs (
+                 rowid INTEGER PRIMARY KEY,
+                 document_id TEXT NOT NULL,
+                 stage TEXT NOT NULL,
+                 output TEXT NOT NULL,
+                 keyword INTEGER NOT NULL,
+                 at INTEGER NOT NULL,
+                 UNIQUE (document_id, stage)
+             );
+             CREATE VIRTUAL TABLE output_fts USING fts5(
+                 output, tokenize='porter unicode61'
+             );",
         )?;
     }
     conn.execute(

@@ -222,5 +222,6 @@ pub fn forget(conn: &Connection, document: &str) -> rusqlite::Result<()> {
         .execute([document])?;
     conn.prepare_cached("DELETE FROM enrichment_errors WHERE document_id = ?1")?
         .execute([document])?;
+    super::outputs::forget_outputs(conn, document)?;
     Ok(())
 }

@@ -11,10 +11,13 @@
 //! a completed one "indexed", its chunks "created" and, with their vectors, "indexed".
 
 mod embed;
+mod llm;
+
+pub use llm::LlmStage;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::progress::{Observer, Snapshot};
@@ -51,6 +54,8 @@ pub struct EnrichOptions {
     pub tick: Duration,
     /// Documents runnable when the run starts (for the progress bar; 0: unknown).
     pub announced: u64,
+    /// The document-level LLM stages among `stages`, with their clients.
+    pub llm: Vec<Arc<LlmStage>>,
 }
 
 impl Default for EnrichOptions {
@@ -64,6 +69,7 @@ impl Default for EnrichOptions {
             idle_poll: IDLE_POLL,
             tick: Duration::from_millis(200),
             announced: 0,
+            llm: Vec::new(),
         }
     }
 }
@@ -237,20 +243,76 @@ fn work<S: EnrichStore>(mut w: EnrichWorker<S>, shared: &Shared<'_>) -> Result<(
             "took over {reaped} documents from workers whose process is gone"
         ));
     }
-    let request = ClaimRequest {
-        owner: owner.to_string(),
-        stages: options.stages.clone(),
-        vector_sets: Vec::new(),
-        max_items: options.claim_items,
-        max_cost: options.claim_cost,
-        lease: options.settings.visibility_timeout,
-        retry_limit: options.settings.retry_limit,
-    };
+    // One claim for the model's stages, one per LLM stage (its own lease, retry limit and
+    // batch size: a claim is about what its requests in flight can answer within a lease);
+    // taken in turn, so no stage starves another.
+    let llm_names: Vec<&str> = options.llm.iter().map(|l| l.name.as_str()).collect();
+    let model_stages: Vec<String> = options
+        .stages
+        .iter()
+        .filter(|s| !llm_names.contains(&s.as_str()))
+        .cloned()
+        .collect();
+    let mut requests = Vec::new();
+    if !model_stages.is_empty() {
+        requests.push(ClaimRequest {
+            owner: owner.to_string(),
+            stages: model_stages,
+            vector_sets: Vec::new(),
+            max_items: options.claim_items,
+            max_cost: options.claim_cost,
+            lease: options.settings.visibility_timeout,
+            retry_limit: options.settings.retry_limit,
+        });
+    }
+    for l in options
+        .llm
+        .iter()
+        .filter(|l| options.stages.contains(&l.name))
+    {
+        requests.push(ClaimRequest {
+            owner: owner.to_string(),
+            stages: vec![l.name.clone()],
+            vector_sets: Vec::new(),
+            max_items: l.settings.concurrency.max(1) * 4,
+            max_cost: u64::MAX,
+            lease: l.settings.visibility_timeout,
+            retry_limit: l.settings.retry_limit,
+        });
+    }
     let mut models: HashMap<i64, (SetModel, Recent)> = HashMap::new();
     let mut last_reap = Instant::now();
+    let mut last_sync = Instant::now();
     let mut said_paused = false;
-    while !shared.signal.is_stopped() {
-        match w.store.claim(&request)? {
+    let mut turn = 0usize;
+    while !shared.signal.is_stopped() && !requests.is_empty() {
+        let mut claimed = None;
+        let (mut paused, mut next_due) = (false, None::<i64>);
+        for k in 0..requests.len() {
+            let i = (turn + k) % requests.len();
+            match w.store.claim(&requests[i])? {
+                Claim::Items(items) => {
+                    turn = i + 1;
+                    claimed = Some(items);
+                    break;
+                }
+                Claim::Idle {
+                    paused: p,
+                    next_due: d,
+                } => {
+                    paused |= p;
+                    next_due = match (next_due, d) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
+        }
+        let claim = match claimed {
+            Some(items) => Claim::Items(items),
+            None => Claim::Idle { paused, next_due },
+        };
+        match claim {
             Claim::Items(items) => {
                 said_paused = false;
                 shared.tally().claimed(&items);
@@ -263,14 +325,34 @@ fn work<S: EnrichStore>(mut w: EnrichWorker<S>, shared: &Shared<'_>) -> Result<(
                         let mut t = shared.tally();
                         keys.iter().for_each(|k| t.done(k));
                     }
-                    other => {
-                        return Err(StoreError::Invalid(format!(
-                            "claimed work of stage `{other}`, which enrich cannot do: a bug"
-                        )))
-                    }
+                    other => match options.llm.iter().find(|l| l.name == other) {
+                        Some(l) => llm::process(&mut w, l, &owner, items, shared)?,
+                        None => {
+                            return Err(StoreError::Invalid(format!(
+                                "claimed work of stage `{other}`, which enrich cannot do: a bug"
+                            )))
+                        }
+                    },
                 }
             }
             Claim::Idle { paused, next_due } => {
+                // New or changed documents for the LLM stages (with --follow, as they come).
+                if options.follow && last_sync.elapsed() > Duration::from_secs(2) {
+                    last_sync = Instant::now();
+                    let mut queued = 0;
+                    for l in options
+                        .llm
+                        .iter()
+                        .filter(|l| options.stages.contains(&l.name))
+                    {
+                        queued +=
+                            w.store
+                                .sync_stage(&l.name, &l.fingerprint, l.settings.priority)?;
+                    }
+                    if queued > 0 {
+                        continue;
+                    }
+                }
                 match w.store.maintain()? {
                     Maintenance::Queued { .. } => continue,
                     Maintenance::Switched { set, model } => {

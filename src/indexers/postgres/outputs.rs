@@ -1,0 +1,137 @@
+//! Document-level stages (LLM stages) in the Postgres index: the same as the SQLite index's
+//! (`indexers/sqlite/outputs.rs`): queueing, the document's text, outputs replaced in one
+//! transaction with the status, a `tsvector` when they go in the keyword index.
+
+use super::queue::{PgStore, TxError};
+use crate::lifecycle::store::stitch;
+use crate::lifecycle::{DocumentText, Priority, StoreError, WorkKey};
+
+impl PgStore {
+    pub(super) fn sync_stage_rows(
+        &mut self,
+        stage: &str,
+        fingerprint: &str,
+        priority: Priority,
+    ) -> Result<u64, StoreError> {
+        self.write(|tx, s, now| {
+            let n = tx.execute(
+                &format!(
+                    "INSERT INTO {s}.enrichment(document_id, stage, vector_set, status, priority,
+                         seq, fingerprint, input_version, enqueued_at, updated_at)
+                     SELECT d.id, $1, 0, 'pending', $2, nextval('{s}.enrichment_seq'), $3,
+                            d.version, $4, $4
+                     FROM {s}.documents d
+                     LEFT JOIN {s}.enrichment e
+                       ON e.document_id = d.id AND e.stage = $1 AND e.vector_set = 0
+                     WHERE e.id IS NULL
+                        OR ((e.input_version != d.version OR COALESCE(e.fingerprint, '') != $3)
+                            AND e.status != 'in_progress')
+                     ORDER BY d.id
+                     ON CONFLICT (document_id, stage, vector_set) DO UPDATE SET
+                         status = 'pending',
+                         priority = GREATEST({s}.enrichment.priority, excluded.priority),
+                         seq = excluded.seq, attempts = 0, not_before = 0, lease_owner = NULL,
+                         lease_expires = NULL, fingerprint = excluded.fingerprint,
+                         input_version = excluded.input_version, claimed_at = NULL,
+                         claim_seq = NULL, done_at = NULL, enqueued_at = excluded.enqueued_at,
+                         updated_at = excluded.updated_at"
+                ),
+                &[&stage, &(priority.level() as i32), &fingerprint, &now],
+            )?;
+            Ok(n)
+        })
+    }
+
+    pub(super) fn read_document_text(
+        &mut self,
+        id: &str,
+    ) -> Result<Option<DocumentText>, StoreError> {
+        let s = self.s.clone();
+        let run = |c: &mut postgres::Client| -> Result<Option<DocumentText>, postgres::Error> {
+            let Some(doc) = c.query_opt(
+                &format!("SELECT title, source, version FROM {s}.documents WHERE id = $1"),
+                &[&id],
+            )?
+            else {
+                return Ok(None);
+            };
+            let version: String = doc.get(2);
+            let chunks: Vec<(usize, usize, String)> = c
+                .query(
+                    &format!(
+                        "SELECT start_byte, end_byte, text FROM {s}.chunks
+                         WHERE document_id = $1 AND version = $2 AND replaced_by IS NULL
+                         ORDER BY ordinal"
+                    ),
+                    &[&id, &version],
+                )?
+                .iter()
+                .map(|r| {
+                    (
+                        r.get::<_, i64>(0) as usize,
+                        r.get::<_, i64>(1) as usize,
+                        r.get(2),
+                    )
+                })
+                .collect();
+            Ok(Some(DocumentText {
+                title: doc.get(0),
+                source: doc.get(1),
+                text: stitch(&chunks),
+            }))
+        };
+        run(&mut self.client).map_err(|e| self.err(e))
+    }
+
+    pub(super) fn write_stage_output(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        output: &str,
+        keyword: bool,
+    ) -> Result<bool, StoreError> {
+        self.write(|tx, s, now| {
+            let row = tx.query_opt(
+                &format!(
+                    "SELECT e.id FROM {s}.enrichment e JOIN {s}.documents d
+                       ON d.id = e.document_id
+                     WHERE e.document_id = $1 AND e.stage = $2 AND e.vector_set = 0
+                       AND e.status = 'in_progress' AND e.lease_owner = $3
+                       AND e.input_version = d.version
+                     FOR UPDATE OF e"
+                ),
+                &[&key.document_id, &key.stage, &owner],
+            )?;
+            let Some(row) = row else {
+                return Ok(false);
+            };
+            let id: i64 = row.get(0);
+            tx.execute(
+                &format!(
+                    "INSERT INTO {s}.stage_outputs(document_id, stage, output, keyword, at)
+                     VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (document_id, stage) DO UPDATE SET output = excluded.output,
+                         keyword = excluded.keyword, at = excluded.at"
+                ),
+                &[&key.document_id, &key.stage, &output, &keyword, &now],
+            )?;
+            tx.execute(
+                &format!(
+                    "UPDATE {s}.documents
+                     SET metadata = jsonb_set(metadata, ARRAY[$2::text], to_jsonb($3::text))
+                     WHERE id = $1"
+                ),
+                &[&key.document_id, &key.stage, &output],
+            )?;
+            tx.execute(
+                &format!(
+                    "UPDATE {s}.enrichment SET status = 'done', lease_owner = NULL,
+                         lease_expires = NULL, not_before = 0, done_at = $2, updated_at = $2
+                     WHERE id = $1"
+                ),
+                &[&id, &now],
+            )?;
+            Ok::<bool, TxError>(true)
+        })
+    }
+}

@@ -1,0 +1,159 @@
+//! Document-level stages (LLM stages) in the SQLite index: queueing them for the documents
+//! that need them, the document text they read, and their outputs (one per document and
+//! stage, replaced, never appended; in `output_fts` when they go in the keyword index, and in
+//! the document's metadata under the stage's name).
+
+use rusqlite::{params, OptionalExtension};
+
+use super::queue::SqliteStore;
+use super::schema::next_in;
+use crate::lifecycle::store::stitch;
+use crate::lifecycle::{now_ms, DocumentText, Priority, StoreError, WorkKey};
+
+impl SqliteStore {
+    pub(super) fn sync_stage_rows(
+        &mut self,
+        stage: &str,
+        fingerprint: &str,
+        priority: Priority,
+    ) -> Result<u64, StoreError> {
+        self.write(|tx| {
+            let now = now_ms();
+            let base = next_in(tx, "enrichment_seq")?;
+            let n = tx.execute(
+                "INSERT INTO enrichment(document_id, stage, vector_set, status, priority, seq,
+                                        fingerprint, input_version, enqueued_at, updated_at)
+                 SELECT d.id, ?1, 0, 'pending', ?2, ?3 + ROW_NUMBER() OVER (ORDER BY d.id), ?4,
+                        d.version, ?5, ?5
+                 FROM documents d
+                 LEFT JOIN enrichment e
+                   ON e.document_id = d.id AND e.stage = ?1 AND e.vector_set = 0
+                 WHERE e.id IS NULL
+                    OR ((e.input_version != d.version OR COALESCE(e.fingerprint, '') != ?4)
+                        AND e.status != 'in_progress')
+                 ON CONFLICT(document_id, stage, vector_set) DO UPDATE SET
+                     status = 'pending', priority = max(priority, excluded.priority),
+                     seq = excluded.seq, attempts = 0, not_before = 0, lease_owner = NULL,
+                     lease_expires = NULL, fingerprint = excluded.fingerprint,
+                     input_version = excluded.input_version, claimed_at = NULL,
+                     claim_seq = NULL, done_at = NULL, enqueued_at = excluded.enqueued_at,
+                     updated_at = excluded.updated_at",
+                params![stage, priority.level(), base, fingerprint, now],
+            )? as i64;
+            tx.execute(
+                "UPDATE counters SET value = value + ?1 WHERE name = 'enrichment_seq'",
+                [n],
+            )?;
+            Ok(n as u64)
+        })
+    }
+
+    pub(super) fn read_document_text(
+        &mut self,
+        id: &str,
+    ) -> Result<Option<DocumentText>, StoreError> {
+        let e = |e| self.err(e);
+        let doc: Option<(Option<String>, Option<String>, String)> = self
+            .conn
+            .query_row(
+                "SELECT title, source, version FROM documents WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .map_err(e)?;
+        let Some((title, source, version)) = doc else {
+            return Ok(None);
+        };
+        let chunks: Vec<(usize, usize, String)> = self
+            .conn
+            .prepare_cached(
+                "SELECT start_byte, end_byte, text FROM chunks
+                 WHERE document_id = ?1 AND version = ?2 AND replaced_by IS NULL
+                 ORDER BY ordinal",
+            )
+            .and_then(|mut s| {
+                s.query_map(params![id, version], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)? as usize,
+                        r.get::<_, i64>(1)? as usize,
+                        r.get(2)?,
+                    ))
+                })?
+                .collect()
+            })
+            .map_err(e)?;
+        Ok(Some(DocumentText {
+            title,
+            source,
+            text: stitch(&chunks),
+        }))
+    }
+
+    pub(super) fn write_stage_output(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        output: &str,
+        keyword: bool,
+    ) -> Result<bool, StoreError> {
+        self.write(|tx| {
+            let now = now_ms();
+            // Only the lease holder, and only for the document as it still is.
+            let row: Option<i64> = tx
+                .prepare_cached(
+                    "SELECT e.id FROM enrichment e JOIN documents d ON d.id = e.document_id
+                     WHERE e.document_id = ?1 AND e.stage = ?2 AND e.vector_set = 0
+                       AND e.status = 'in_progress' AND e.lease_owner = ?3
+                       AND e.input_version = d.version",
+                )?
+                .query_row(params![key.document_id, key.stage, owner], |r| r.get(0))
+                .optional()?;
+            let Some(row) = row else {
+                return Ok(false);
+            };
+            let rowid: i64 = tx
+                .prepare_cached(
+                    "INSERT INTO stage_outputs(document_id, stage, output, keyword, at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT(document_id, stage) DO UPDATE SET output = excluded.output,
+                         keyword = excluded.keyword, at = excluded.at
+                     RETURNING rowid",
+                )?
+                .query_row(
+                    params![key.document_id, key.stage, output, keyword, now],
+                    |r| r.get(0),
+                )?;
+            tx.prepare_cached("DELETE FROM output_fts WHERE rowid = ?1")?
+                .execute([rowid])?;
+            if keyword {
+                tx.prepare_cached("INSERT INTO output_fts(rowid, output) VALUES (?1, ?2)")?
+                    .execute(params![rowid, output])?;
+            }
+            tx.prepare_cached(
+                "UPDATE documents SET metadata = json_set(COALESCE(metadata, '{}'), '$.' || ?2, ?3)
+                 WHERE id = ?1",
+            )?
+            .execute(params![key.document_id, key.stage, output])?;
+            tx.prepare_cached(
+                "UPDATE enrichment SET status = 'done', lease_owner = NULL, lease_expires = NULL,
+                     not_before = 0, done_at = ?2, updated_at = ?2
+                 WHERE id = ?1",
+            )?
+            .execute(params![row, now])?;
+            Ok(true)
+        })
+    }
+}
+
+/// A document gone from the index: its stage outputs go with it.
+pub fn forget_outputs(conn: &rusqlite::Connection, document: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "DELETE FROM output_fts WHERE rowid IN
+             (SELECT rowid FROM stage_outputs WHERE document_id = ?1)",
+    )?
+    .execute([document])?;
+    conn.prepare_cached("DELETE FROM stage_outputs WHERE document_id = ?1")?
+        .execute([document])?;
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! Document-level stages that ask a language model (`summary`, and `llm` stages with their
+//! own prompt): for each claimed document, its text (from its chunks) goes into the stage's
+//! prompt, the answers are asked for at once within the endpoint's limits, and each answer is
+//! written with the status change in one transaction (replacing any earlier answer). A
+//! failure is recorded against the document (retried with backoff, then dead-lettered with
+//! each attempt's status and message).
+
+use std::sync::Arc;
+
+use super::{EnrichWorker, Shared};
+use crate::lifecycle::{EnrichStore, Owner, StageSettings, StoreError, WorkItem, WorkKey};
+use crate::remote::chat::ChatClient;
+
+/// One LLM stage as enrich runs it.
+pub struct LlmStage {
+    /// The stage's name: its lifecycle rows and the metadata key of its answers.
+    pub name: String,
+    pub client: Arc<ChatClient>,
+    /// `{title}`, `{text}`, `{source}` and `{id}` are the document's.
+    pub prompt: String,
+    /// The text is cut to about this many tokens (4 bytes each, at a char boundary).
+    pub max_input_tokens: usize,
+    /// Answers go in the keyword index too.
+    pub keyword_index: bool,
+    pub settings: StageSettings,
+    /// What its answers depend on (model, prompt...): a change makes them all stale.
+    pub fingerprint: String,
+}
+
+impl std::fmt::Debug for LlmStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmStage")
+            .field("name", &self.name)
+            .field("url", &self.client.endpoint().settings().url)
+            .field("fingerprint", &self.fingerprint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LlmStage {
+    /// The prompt for a document, and its size in tokens (estimated).
+    pub fn prompt_for(&self, id: &str, title: &str, source: &str, text: &str) -> (String, usize) {
+        let budget = self.max_input_tokens * 4;
+        let text = if text.len() > budget {
+            let mut end = budget;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            &text[..end]
+        } else {
+            text
+        };
+        let prompt = self
+            .prompt
+            .replace("{title}", title)
+            .replace("{source}", source)
+            .replace("{id}", id)
+            .replace("{text}", text);
+        let tokens = prompt.len().div_ceil(4);
+        (prompt, tokens)
+    }
+}
+
+/// Ask the model about each claimed document and record the answers.
+pub(super) fn process<S: EnrichStore>(
+    w: &mut EnrichWorker<S>,
+    stage: &LlmStage,
+    owner: &Owner,
+    items: Vec<WorkItem>,
+    shared: &Shared<'_>,
+) -> Result<(), StoreError> {
+    let mut asked: Vec<(WorkKey, (String, usize))> = Vec::with_capacity(items.len());
+    let mut gone: Vec<WorkKey> = Vec::new();
+    for item in items {
+        match w.store.document_text(&item.key.document_id)? {
+            Some(doc) => {
+                let title = doc.title.as_deref().unwrap_or(&item.key.document_id);
+                let prompt = stage.prompt_for(
+                    &item.key.document_id,
+                    title,
+                    doc.source.as_deref().unwrap_or(""),
+                    &doc.text,
+                );
+                asked.push((item.key, prompt));
+            }
+            None => gone.push(item.key),
+        }
+    }
+    if !gone.is_empty() {
+        // Deleted while queued: nothing to do, and nothing to retry.
+        w.store.complete(owner.as_str(), &gone)?;
+    }
+    let prompts: Vec<(String, usize)> = asked.iter().map(|(_, p)| p.clone()).collect();
+    let answers = stage.client.complete_many(&prompts);
+    let mut failures = Vec::new();
+    for ((key, _), answer) in asked.into_iter().zip(answers) {
+        match answer {
+            Ok(text) => {
+                if w.store
+                    .write_output(owner.as_str(), &key, &text, stage.keyword_index)?
+                {
+                    shared.tally().done(&key);
+                }
+            }
+            Err(e) => failures.push((key, format!("{}: {e}", stage.client.endpoint().url("")))),
+        }
+    }
+    if !failures.is_empty() {
+        let statuses = w.store.fail(owner.as_str(), &failures, &stage.settings)?;
+        let mut t = shared.tally();
+        for ((key, reason), status) in failures.iter().zip(statuses) {
+            t.failed(key, reason, status);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::chat::ChatSettings;
+    use crate::remote::{Endpoint, EndpointSettings};
+
+    #[test]
+    fn prompts_take_the_documents_fields_and_a_cut_text() {
+        let endpoint = Endpoint::new(EndpointSettings {
+            url: "http://127.0.0.1:9".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let stage = LlmStage {
+            name: "summary".into(),
+            client: Arc::new(ChatClient::new(
+                endpoint,
+                ChatSettings {
+                    model: "m".into(),
+                    system: None,
+                    max_answer_tokens: 10,
+                    temperature: 0.0,
+                },
+            )),
+            prompt: "{id} | {title} | {source}\n{text}".into(),
+            max_input_tokens: 2,
+            keyword_index: true,
+            settings: StageSettings::default(),
+            fingerprint: "f".into(),
+        };
+        let (p, tokens) = stage.prompt_for("a.md", "A", "/x/a.md", "héllo world");
+        // 2 tokens = 8 bytes, cut back to a char boundary.
+        assert_eq!(p, "a.md | A | /x/a.md\nhéllo w");
+        assert_eq!(tokens, p.len().div_ceil(4));
+    }
+}
