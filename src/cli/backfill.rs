@@ -72,6 +72,7 @@ pub fn run(args: BackfillArgs, config_file: Option<&Path>) -> anyhow::Result<Exi
         stages: vec![args.stage.clone()],
         follow: args.follow,
         model_override: None,
+        metrics: None,
     };
     let mut observer = super::observer(config.run.progress);
     let outcome = pipeline::backfill(

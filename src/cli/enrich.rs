@@ -47,6 +47,13 @@ pub struct EnrichArgs {
     /// Embed with a service (an index embedded by one uses it again without these flags).
     #[command(flatten)]
     pub(super) remote: super::remote_args::RemoteArgs,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics while enrich runs (with --follow, for
+    /// as long as it follows): documents per stage and status (the queue's depth, the dead
+    /// letters), paused stages and open circuits, what this process did, and the calls to
+    /// services (requests, retries, 429s, errors, tokens). Port 0 picks a free port.
+    #[arg(long, value_name = "ADDR")]
+    pub(super) metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl EnrichArgs {
@@ -66,6 +73,7 @@ impl EnrichArgs {
             stages: self.stage.iter().cloned().collect(),
             follow: self.follow,
             model_override: name,
+            metrics: None,
         })
     }
 }
@@ -77,7 +85,20 @@ pub fn run(args: EnrichArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
         std::fs::File::create(report)
             .with_context(|| format!("cannot write --report {}", report.display()))?;
     }
+    let mut request = request;
     let mut observer = super::observer(config.run.progress);
+    if let Some(addr) = args.metrics_addr {
+        let metrics = pipeline::metrics::EnrichMetrics::new(config.index.uri.value.clone());
+        let render = {
+            let m = std::sync::Arc::clone(&metrics);
+            std::sync::Arc::new(move || m.render())
+        };
+        let bound =
+            ragline::serve::metrics::serve_metrics(addr, render).map_err(anyhow::Error::msg)?;
+        eprintln!("metrics on http://{bound}/metrics");
+        observer = Box::new(pipeline::metrics::Both(observer, metrics.observer()));
+        request.metrics = Some(metrics);
+    }
     let summary = pipeline::enrich(&config, &request, observer.as_mut())?;
     print_enrich_summary(&mut std::io::stdout().lock(), &summary)?;
     write_report(args.report.as_deref(), &summary)?;

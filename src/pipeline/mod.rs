@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod distributed;
+pub mod metrics;
 pub mod remote;
 pub mod requeue;
 pub mod services;
@@ -459,6 +460,8 @@ pub struct EnrichRequest {
     /// Load the index's model from here instead of where the index says (it must be the
     /// same model).
     pub model_override: Option<String>,
+    /// Where the calls to services are counted for `/metrics` (`--metrics-addr`).
+    pub metrics: Option<Arc<metrics::EnrichMetrics>>,
 }
 
 /// Work the lifecycle queue of the index until nothing is runnable (or forever with
@@ -510,6 +513,11 @@ pub fn enrich(
         )));
     }
     let llm = llm_stages(config, &stages)?;
+    if let Some(m) = &request.metrics {
+        for l in &llm {
+            m.endpoint(&l.name, l.client.endpoint());
+        }
+    }
     // A service embeds (the config names one, or the index was embedded by one): --model
     // names the tokenizer that counts its tokens.
     let service = if embeds {
@@ -541,6 +549,9 @@ pub fn enrich(
                     .join(", ")
             )));
         }
+    }
+    if let (Some(m), Some(s)) = (&request.metrics, &service) {
+        m.endpoint(EMBED, s.embedder.endpoint());
     }
     let devices = devices(&config.model)?;
     let settings = config.stages.embed.settings();

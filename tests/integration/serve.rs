@@ -704,3 +704,119 @@ fn an_outage_opens_the_circuit_and_the_run_completes_after_it() {
     // Closed again: status no longer says it is open.
     assert!(status(&index.uri())["stages"]["embed"]["circuit"].is_null());
 }
+
+/// `enrich --follow --metrics-addr`: Prometheus sees the queue drain, the dead letters (none),
+/// and the calls to the embeddings service; new documents are picked up while it follows.
+#[test]
+fn enrich_follow_exposes_its_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c");
+    fs::create_dir_all(&corpus).unwrap();
+    for i in 0..6 {
+        fs::write(
+            corpus.join(format!("p{i}.md")),
+            format!("# Page {i}\n\nSome words about page {i}.\n"),
+        )
+        .unwrap();
+    }
+    let model = random_model(dir.path(), 64, 9);
+    let server = Server::start(&model, &[], dir.path(), "serve");
+    let index = TestIndex::Sqlite(dir.path().join("m.db"));
+    let uri = index.uri();
+    let ingest = || {
+        let o = run(ragline()
+            .args([
+                "ingest",
+                "--progress",
+                "none",
+                "--defer",
+                "embed",
+                "--model",
+            ])
+            .arg(&model)
+            .args([
+                "--index",
+                &uri,
+                "--embed-url",
+                &server.url,
+                "--embed-model",
+                "m",
+            ])
+            .arg(&corpus));
+        assert!(o.status.success());
+    };
+    ingest();
+    let mut enrich = ragline()
+        .args(["enrich", "--follow", "--progress", "none", "--index", &uri])
+        .args(["--metrics-addr", "127.0.0.1:0", "--model"])
+        .arg(&model)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut err = BufReader::new(enrich.stderr.take().unwrap());
+    while !line.contains("metrics on ") {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "enrich said no address"
+        );
+    }
+    let url = line.trim().rsplit(' ').next().unwrap().to_string();
+    let value = |text: &str, series: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(-1.0)
+    };
+    let wait_done = |n: f64| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = get(&url).1;
+            if value(
+                &text,
+                "ragline_stage_documents{stage=\"embed\",status=\"done\"}",
+            ) == n
+            {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "embed never reached {n} done:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let text = wait_done(6.0);
+    assert_eq!(
+        value(
+            &text,
+            "ragline_stage_documents{stage=\"embed\",status=\"dead\"}"
+        ),
+        0.0
+    );
+    assert!(
+        value(
+            &text,
+            "ragline_service_calls_total{stage=\"embed\",kind=\"request\"}"
+        ) >= 1.0
+    );
+    assert_eq!(value(&text, "ragline_index_up"), 1.0);
+    // A new document while it follows.
+    fs::write(corpus.join("p6.md"), "# Page 6\n\nA late page.\n").unwrap();
+    ingest();
+    wait_done(7.0);
+    // What this process did (its counters follow its progress ticks).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while value(
+        &get(&url).1,
+        "ragline_enrich_documents_total{outcome=\"done\"}",
+    ) != 7.0
+    {
+        assert!(Instant::now() < deadline, "{}", get(&url).1);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = enrich.kill();
+    let _ = enrich.wait();
+}
