@@ -65,16 +65,19 @@ pub struct EmbedArgs {
     remote: RemoteArgs,
 }
 
+/// A text's vector, or why it has none.
+type Vector = Result<Vec<f32>, String>;
+
 /// What computes the vectors: the model here, or a service.
 enum Engine {
     Local {
-        model: EmbeddingModel,
+        model: Box<EmbeddingModel>,
         prompt: Vec<u32>,
         batch_tokens: usize,
     },
     Remote {
         remote: Arc<RemoteEmbedder>,
-        tokenizer: TextTokenizer,
+        tokenizer: Box<TextTokenizer>,
     },
 }
 
@@ -87,7 +90,7 @@ impl Engine {
     }
 
     /// One result per text, and the tokens embedded.
-    fn embed(&self, texts: &[&str]) -> anyhow::Result<(Vec<Result<Vec<f32>, String>>, usize)> {
+    fn embed(&self, texts: &[&str]) -> anyhow::Result<(Vec<Vector>, usize)> {
         match self {
             Engine::Local {
                 model,
@@ -143,7 +146,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         let files = ragline::pipeline::model_files(&model_config.name)?;
         Engine::Remote {
             remote: ragline::pipeline::remote::remote_embedder(&config.stages.embed.remote)?,
-            tokenizer: ragline::embed::remote::load_tokenizer(&files)?,
+            tokenizer: Box::new(ragline::embed::remote::load_tokenizer(&files)?),
         }
     } else {
         let (_, devices, model) = load_first(&model_config)?;
@@ -157,7 +160,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             Prompt::Passage => model.tokenizer.passage_prompt_ids().to_vec(),
         };
         Engine::Local {
-            model,
+            model: Box::new(model),
             prompt,
             batch_tokens,
         }

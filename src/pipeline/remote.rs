@@ -109,23 +109,6 @@ pub fn config_of_index(model: &str, dir: &str) -> Option<RemoteEmbedConfig> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_index_names_the_service_it_was_embedded_by() {
-        let c = config_of_index("openai:all-MiniLM-L6-v2", "http://127.0.0.1:8080").unwrap();
-        assert_eq!(c.api, EmbedApi::Openai);
-        assert_eq!(c.model.as_deref(), Some("all-MiniLM-L6-v2"));
-        assert_eq!(c.url.as_deref(), Some("http://127.0.0.1:8080"));
-        let c = config_of_index("tei:http://h:80", "http://h:80").unwrap();
-        assert_eq!((c.api, c.model), (EmbedApi::Tei, None));
-        assert!(config_of_index("sentence-transformers/all-MiniLM-L6-v2", "/models/x").is_none());
-        assert!(config_of_index("openai:x", "/models/x").is_none());
-    }
-}
-
 /// Tell the index's lifecycle when `endpoint`'s circuit opens and closes, as the state of
 /// `stage` (`ragline status` shows it). The store is written from a thread of its own, never
 /// from the endpoint's I/O runtime. Does nothing for an index without a lifecycle.
@@ -168,5 +151,22 @@ pub fn settle_circuit(endpoint: &Endpoint, uri: &crate::indexers::IndexUri, stag
         && endpoint.circuit() == CircuitState::Closed
     {
         let _ = crate::indexers::open_store(uri).and_then(|mut s| s.set_circuit(stage, None));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_index_names_the_service_it_was_embedded_by() {
+        let c = config_of_index("openai:all-MiniLM-L6-v2", "http://127.0.0.1:8080").unwrap();
+        assert_eq!(c.api, EmbedApi::Openai);
+        assert_eq!(c.model.as_deref(), Some("all-MiniLM-L6-v2"));
+        assert_eq!(c.url.as_deref(), Some("http://127.0.0.1:8080"));
+        let c = config_of_index("tei:http://h:80", "http://h:80").unwrap();
+        assert_eq!((c.api, c.model), (EmbedApi::Tei, None));
+        assert!(config_of_index("sentence-transformers/all-MiniLM-L6-v2", "/models/x").is_none());
+        assert!(config_of_index("openai:x", "/models/x").is_none());
     }
 }
