@@ -24,26 +24,7 @@ mkdir -p "$OUT"
 [ -x "$RAGLINE" ] || cargo build --release --quiet
 [ -f "$MODEL/model.safetensors" ] || scripts/fetch-model.sh
 
-if [ ! -s "$OUT/passages.jsonl" ]; then
-  "$PYTHON" - "$OUT/passages.jsonl" <<'PY'
-import json, os, random, re, sys
-data = os.path.join(os.getcwd(), "..", "shared", "data")
-paras = []
-for sub in ("react-docs", "mdn"):
-    for d, _, names in sorted(os.walk(os.path.join(data, sub))):
-        for n in sorted(names):
-            if n.endswith(".md"):
-                text = open(os.path.join(d, n), encoding="utf-8").read()
-                for p in re.split(r"\n\s*\n", text):
-                    p = p.strip()
-                    if 200 <= len(p) <= 2500 and not p.startswith(("---", "<", "|")):
-                        paras.append(p)
-random.Random(7).shuffle(paras)
-with open(sys.argv[1], "w", encoding="utf-8") as f:
-    for p in paras[:2000]:
-        f.write(json.dumps({"text": p}, ensure_ascii=False) + "\n")
-PY
-fi
+[ -s "$OUT/passages.jsonl" ] || python3 scripts/bench-passages.py "$OUT/passages.jsonl"
 
 export RAYON_NUM_THREADS=$THREADS OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 "$PYTHON" - "$OUT/passages.jsonl" "$MODEL" "$RAGLINE" "$THREADS" "$RUNS" "$DEVICE" "${DTYPE:-auto}" <<'PY'
