@@ -2,7 +2,9 @@
 """Load for an embeddings server speaking OpenAI's POST /v1/embeddings: CLIENTS threads,
 each with its own keep-alive connection, send for SECONDS either one text or a batch of 8-64
 (half and half, from a seeded generator), asking for base64 vectors (what the official
-client asks for). A 503 is counted and retried after its Retry-After.
+client asks for). A 503 is counted and retried after its Retry-After. Every text sent is
+unique (a request number goes before it), so a server that remembers vectors (ragline serve
+does, by input) computes every one, as it would for a corpus without repeats.
 
     scripts/bench-serve-load.py URL TEXTS.jsonl [--clients 64] [--seconds 60]
 
@@ -47,6 +49,13 @@ def main():
     lock = threading.Lock()
     stats = {"requests": 0, "inputs": 0, "overloaded": 0, "errors": 0, "usage_tokens": 0}
     latencies = []
+    seq = [0]
+
+    def stats_seq():
+        with lock:
+            seq[0] += 1
+            return seq[0]
+
     start_tokens = tokens_from_metrics(args.url)
     t0 = time.perf_counter()
     deadline = t0 + args.seconds
@@ -57,7 +66,8 @@ def main():
         while time.perf_counter() < deadline:
             n = 1 if rng.random() < 0.5 else rng.randint(8, 64)
             at = rng.randrange(len(texts))
-            batch = [texts[(at + i) % len(texts)] for i in range(n)]
+            sent_n = seed * 1_000_000 + stats_seq()
+            batch = [f"{sent_n}.{i} {texts[(at + i) % len(texts)]}" for i in range(n)]
             body = json.dumps({"input": batch, "model": args.model, "encoding_format": "base64"})
             sent = time.perf_counter()
             try:

@@ -900,7 +900,27 @@ pub fn check(config: &PipelineConfig) -> Result<CheckReport, PipelineError> {
         }
         _ => config.index.uri.value.to_string(),
     };
-    let model = if config.chunk.enabled {
+    let model = if config.chunk.enabled && config.stages.embed.remote.enabled() {
+        // The service answers (one probe), and the tokenizer that sizes chunks loads.
+        let r = &config.stages.embed.remote;
+        let files = model_files(&config.model.name)?;
+        let tokenizer = crate::embed::remote::load_tokenizer(&files)
+            .map_err(|e| PipelineError::Setup(format!("model `{}`: {e}", files.name)))?;
+        let service = remote::remote_embedder(r)?;
+        Some(format!(
+            "the {} API at {}{}: {} dimensions; chunks sized by the tokenizer of `{}` ({} \
+             tokens at most)",
+            r.api.name(),
+            r.url.as_deref().unwrap_or(""),
+            r.model
+                .as_deref()
+                .map(|m| format!(", model `{m}`"))
+                .unwrap_or_default(),
+            service.dimension().unwrap_or(0),
+            files.name,
+            tokenizer.max_len()
+        ))
+    } else if config.chunk.enabled {
         let files = model_files(&config.model.name)?;
         let devices = devices(&config.model)?;
         let m = load_model(&files, &devices[0], &config.model)?;

@@ -1069,6 +1069,47 @@ fn check_validates_the_file_the_index_and_the_model() {
             "[model]\nname = \"/no/such/model\"\ndevice = \"cpu\"\n".to_string(),
             vec!["cannot find the model `/no/such/model`"],
         ),
+        // The services' sections: the URL, the API key's variable, the limits.
+        (
+            "remote_url.toml",
+            "[stages.embed.remote]\nurl = \"ftp://x\"\n".to_string(),
+            vec!["stages.embed.remote.url", "not an http:// or https:// URL"],
+        ),
+        (
+            "remote_key.toml",
+            "[stages.embed.remote]\nurl = \"https://api.example.com\"\napi = \"tei\"\n\
+             api_key_env = \"RAGLINE_TEST_NO_SUCH_KEY\"\n"
+                .to_string(),
+            vec!["RAGLINE_TEST_NO_SUCH_KEY", "is not set"],
+        ),
+        (
+            "remote_limits.toml",
+            "[stages.embed.remote]\nurl = \"http://127.0.0.1:9\"\napi = \"tei\"\n\
+             concurrency = 0\n"
+                .to_string(),
+            vec!["stages.embed.remote", "concurrency"],
+        ),
+        (
+            "remote_down.toml",
+            format!(
+                "[model]\nname = \"{}\"\n\n[stages.embed.remote]\nurl = \
+                 \"http://127.0.0.1:9\"\napi = \"tei\"\ntimeout = \"1s\"\nretries = 1\n",
+                model_dir().display()
+            ),
+            vec!["did not answer a probe", "is it running"],
+        ),
+        (
+            "summary.toml",
+            "[stages.summary]\nurl = \"http://127.0.0.1:9\"\n".to_string(),
+            vec!["stages.summary.model"],
+        ),
+        (
+            "llm_prompt.toml",
+            "[[stages.llm]]\nname = \"tags\"\nurl = \"http://127.0.0.1:9\"\nmodel = \"m\"\n\
+             prompt = \"Say hi\"\n"
+                .to_string(),
+            vec!["stages.tags.prompt", "{text}"],
+        ),
     ] {
         let p = write(name, text);
         let o = run(ragline().args(["check", "--config"]).arg(&p));
