@@ -36,6 +36,16 @@ fn word_offsets(text: &str) -> Vec<(usize, usize)> {
     out
 }
 
+/// Whether a chunk may start at token `j`: not between two pieces of one word.
+fn starts_clean(text: &str, offsets: &[(usize, usize)], j: usize) -> bool {
+    if j == 0 || j >= offsets.len() || offsets[j - 1].1 < offsets[j].0 {
+        return true;
+    }
+    let before = text[..offsets[j].0].chars().next_back();
+    let after = text[offsets[j].0..].chars().next();
+    !(before.is_some_and(char::is_alphanumeric) && after.is_some_and(char::is_alphanumeric))
+}
+
 fn word() -> impl Strategy<Value = String> {
     prop_oneof![
         "[a-z]{1,8}",
@@ -111,9 +121,25 @@ proptest! {
                     c1 - c0 <= sizes.limit && (a.tokens.1 == c0 || b.tokens.1 == c1 || (b.tokens.0 > c0 && b.tokens.0 < c1))
                 });
                 if !near_code {
-                    prop_assert_eq!(overlap, sizes.overlap, "{:?} then {:?}", a, b);
+                    // `overlap` tokens back, unless that is inside a word: then the start of
+                    // that word when it is at most `overlap` further back, else the next word.
+                    let want = a.tokens.1.saturating_sub(sizes.overlap).max(a.tokens.0);
+                    let floor = want.saturating_sub(sizes.overlap).max(a.tokens.0);
+                    let clean = |j: usize| starts_clean(&text, &offsets, j);
+                    let expected = if clean(want) {
+                        want
+                    } else {
+                        (floor..want)
+                            .rev()
+                            .find(|&j| clean(j))
+                            .or_else(|| (want + 1..a.tokens.1).find(|&j| clean(j)))
+                            .unwrap_or(want)
+                    };
+                    prop_assert_eq!(b.tokens.0, expected, "{:?} then {:?}", a, b);
+                    prop_assert!(overlap <= 2 * sizes.overlap);
                 } else {
-                    prop_assert!(overlap <= sizes.overlap);
+                    // Less where the block took the room; more only to start at a word.
+                    prop_assert!(overlap <= 2 * sizes.overlap);
                 }
             }
         }
