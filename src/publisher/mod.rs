@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::document::{Document, RunId};
 use crate::event::{Event, EventKind};
+use crate::queue::wire::Wire;
 use crate::queue::{push_until_stopped, Queue, Stopped, POLL};
 use crate::signal::RunSignal;
 pub use tracker::{Applied, Counts, Outcome, RunTracker};
@@ -74,10 +75,32 @@ impl Publisher {
     /// Stamp the document, count it as pending, and queue it for the workers. Waits while the
     /// work queue is full (backpressure); fails only when the run is stopped meanwhile.
     pub fn publish(&self, mut doc: Document) -> Result<(), Stopped> {
+        if let Some(reason) = self.too_large(&doc) {
+            let source = doc.fields.source.clone();
+            self.publish_failed(&doc.id, source.as_deref(), "queue", &reason);
+            return Ok(());
+        }
         doc.run_id = self.run_id;
         doc.instance = self.tracker().publish();
         self.remember(&doc.id);
         push_until_stopped(&self.work, doc, &self.signal)
+    }
+
+    /// Why the work queue cannot carry the document (a broker's largest message), if so.
+    fn too_large(&self, doc: &Document) -> Option<String> {
+        let limit = self.work.max_item_bytes()?;
+        let rough = doc.fields.text.len() + doc.raw.as_ref().map_or(0, Vec::len);
+        if rough < limit / 2 {
+            return None;
+        }
+        let size = Wire::encode(doc).len();
+        (size > limit).then(|| {
+            format!(
+                "the document is {size} bytes on the wire, more than the broker's largest \
+                 message ({limit} bytes): raise `max_payload` in the nats-server configuration \
+                 (up to 64 MB), or ingest this file without --queue"
+            )
+        })
     }
 
     /// A document the connector found but could not make (unreadable, not UTF-8...): it is

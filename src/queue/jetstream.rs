@@ -3,8 +3,8 @@
 //!
 //! Layout, under a prefix (`ragline` unless the URL says `?prefix=`):
 //! - one stream per queue, `<PREFIX>_WORK`, `_EMBED`, `_INDEX`, `_EVENTS`, with work-queue
-//!   retention (a message is gone once acknowledged), file storage, and a message limit with
-//!   new messages refused when full: a full stream makes its producers wait, so a slow
+//!   retention (a message is gone once acknowledged), file storage, and limits in messages and
+//!   bytes with new messages refused when full: a full stream makes its producers wait, so a slow
 //!   indexer slows the connector and no process buffers without bound;
 //! - a subject per run in each (`<prefix>.work.<run>`), and one durable pull consumer per run
 //!   and queue (`work-<run>`), shared by every process of that role;
@@ -20,6 +20,14 @@
 //! consumer's `AckWait`), so a long batch keeps its lease while a killed process loses its
 //! messages to the others after `AckWait`; after `MaxDeliver` deliveries the server gives up
 //! and says so in an advisory, which the run's publisher turns into a FAIL.
+//!
+//! Publishes to one subject that wait behind each other in the output task go out as one
+//! message carrying them all (up to 256 items or 256 KiB): under load a document costs a
+//! fraction of a message instead of three, so the broker stops being the bottleneck. A
+//! consumer hands out the items one by one and acknowledges the message when every item of it
+//! is acknowledged. A batch delivered a second time (a process died holding it) is split: each
+//! item is published alone (marked redelivered) and the batch acknowledged after them, so an
+//! item that kills its consumer reaches MaxDeliver alone, never taking its neighbours with it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -43,12 +51,68 @@ use super::{Delivery, DeliveryTag, PushError, Queue, QueueError};
 use crate::document::RunId;
 
 /// The format of the messages (`queue::wire`); a process reading another refuses the run.
-pub const WIRE_VERSION: u32 = 1;
+pub const WIRE_VERSION: u32 = 2;
 
-/// Publishes in flight (sent, not yet confirmed) per connection, at most.
+/// Bytes of a message that are not the item's own (its fields' names, ids, the batch
+/// envelope), kept free under the server's largest message.
+const ENVELOPE_ROOM: usize = 16 << 10;
+/// Publishes in flight (sent, not yet confirmed) per connection, at most, and their bytes.
 const PUBLISH_WINDOW: usize = 4096;
+const IN_FLIGHT_BYTES: usize = 32 << 20;
 /// Outgoing messages waiting for the output task, at most.
 const OUTGOING: usize = 1024;
+/// Items one message carries at most when publishes are coalesced, and its bytes (well under
+/// the server's largest message, 1 MiB by default: a message over it is refused every time).
+const COALESCE_ITEMS: usize = 256;
+const COALESCE_BYTES: usize = 256 << 10;
+/// The first byte of a message that carries items in the batch envelope: 0xC1 is never the
+/// first byte of MessagePack, which is what a single item is.
+const BATCH_MAGIC: u8 = 0xC1;
+/// Envelope flag: the items were delivered before, inside a batch that was split.
+const FLAG_REDELIVERED: u8 = 1;
+
+/// Items in the batch envelope: the magic byte, flags, the count (u32 LE), then each item's
+/// length (u32 LE) and bytes.
+fn encode_batch(items: &[Bytes], flags: u8) -> Bytes {
+    let size = 6 + items.iter().map(|i| 4 + i.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    out.push(BATCH_MAGIC);
+    out.push(flags);
+    out.extend_from_slice(&(items.len() as u32).to_le_bytes());
+    for item in items {
+        out.extend_from_slice(&(item.len() as u32).to_le_bytes());
+        out.extend_from_slice(item);
+    }
+    Bytes::from(out)
+}
+
+/// The items of a message and its envelope's flags (a plain message is one item, flags 0).
+fn split_message(payload: &Bytes) -> Result<(Vec<Bytes>, u8), String> {
+    if payload.first() != Some(&BATCH_MAGIC) {
+        return Ok((vec![payload.clone()], 0));
+    }
+    let bad = || "a batch envelope cut short".to_string();
+    let flags = *payload.get(1).ok_or_else(bad)?;
+    let count = u32::from_le_bytes(payload.get(2..6).ok_or_else(bad)?.try_into().expect("4"));
+    let mut at = 6usize;
+    let mut items = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let len = u32::from_le_bytes(
+            payload
+                .get(at..at + 4)
+                .ok_or_else(bad)?
+                .try_into()
+                .expect("4"),
+        ) as usize;
+        at += 4;
+        if at + len > payload.len() {
+            return Err(bad());
+        }
+        items.push(payload.slice(at..at + len));
+        at += len;
+    }
+    Ok((items, flags))
+}
 
 /// The four queues of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,8 +139,8 @@ impl Lane {
 /// Where the broker is and how a run's streams are set up: `nats://HOST:PORT[,nats://...]`
 /// with `?prefix=NAME` (streams, subjects and bucket names), `replicas=N` (stream replicas
 /// in a cluster), `ack_wait=SECONDS`, `max_deliver=N`, `max_pending=N` (messages one consumer
-/// may hold unacknowledged), `limit=N` (messages a stream holds before producers wait) and
-/// `max_hold=SECONDS` (how long a process may keep one item alive with in-progress acks).
+/// may hold unacknowledged), `limit=N` and `limit_mb=N` (messages and MiB a stream holds
+/// before producers wait) and `max_hold=SECONDS` (how long a process may keep one item alive with in-progress acks).
 #[derive(Clone, Debug, PartialEq)]
 pub struct BrokerConfig {
     pub servers: Vec<String>,
@@ -86,6 +150,8 @@ pub struct BrokerConfig {
     pub max_deliver: i64,
     pub max_pending: i64,
     pub limit: i64,
+    /// MiB a stream holds before producers wait (a message may carry many items).
+    pub limit_mb: i64,
     /// How long a process keeps one item with in-progress acknowledgements, at most.
     pub max_hold: Duration,
 }
@@ -100,6 +166,7 @@ impl Default for BrokerConfig {
             max_deliver: 5,
             max_pending: 4096,
             limit: 20_000,
+            limit_mb: 256,
             max_hold: Duration::from_secs(600),
         }
     }
@@ -155,13 +222,14 @@ impl BrokerConfig {
                 "max_deliver" => config.max_deliver = number("number")?,
                 "max_pending" => config.max_pending = number("number")?,
                 "limit" => config.limit = number("number")?,
+                "limit_mb" => config.limit_mb = number("number of MiB")?,
                 "max_hold" => {
                     config.max_hold = Duration::from_secs(number("number of seconds")? as u64)
                 }
                 _ => {
                     return Err(format!(
                         "queue URL `{url}`: unknown setting `{key}` (prefix, replicas, ack_wait, \
-                         max_deliver, max_pending, limit, max_hold)"
+                         max_deliver, max_pending, limit, limit_mb, max_hold)"
                     ))
                 }
             }
@@ -223,10 +291,18 @@ pub enum RunState {
     Aborted,
 }
 
-type Ordered = Pin<Box<dyn Future<Output = Option<(jetstream::Message, AckKind)>> + Send>>;
+/// What the output task waits on, in order: a reply to send when its turn comes, and the bytes
+/// of a publish that it held.
+type Ordered = Pin<Box<dyn Future<Output = (Option<(jetstream::Message, AckKind)>, usize)> + Send>>;
 
 enum Outgoing {
+    /// Coalesced with the publishes to the same subject that wait behind it.
     Publish {
+        subject: String,
+        payload: Bytes,
+    },
+    /// Published as it is (an item split out of a redelivered batch).
+    PublishAlone {
         subject: String,
         payload: Bytes,
     },
@@ -373,6 +449,7 @@ impl Broker {
                     Lane::Events => c.limit * 8,
                     _ => c.limit,
                 },
+                max_bytes: c.limit_mb.saturating_mul(1 << 20),
                 num_replicas: c.replicas,
                 ..Default::default()
             };
@@ -529,14 +606,39 @@ impl Broker {
         run: RunId,
         consume: Option<usize>,
     ) -> JetStreamQueue<T> {
+        self.make_queue(lane, run, consume, false)
+    }
+
+    fn make_queue<T: Wire + 'static>(
+        &self,
+        lane: Lane,
+        run: RunId,
+        consume: Option<usize>,
+        direct_acks: bool,
+    ) -> JetStreamQueue<T> {
         let inbox = consume.map(|prefetch| Inbox::start(self, lane, run, prefetch));
         JetStreamQueue {
             broker: self.clone(),
             lane,
             prefix: self.inner.config.prefix.clone(),
             inbox,
+            direct_acks,
             _item: PhantomData,
         }
+    }
+
+    /// A queue of the run on `lane` whose deliveries cause no publishes (the publisher
+    /// following the events): its acknowledgements go out at once instead of behind this
+    /// process's publishes. Those may be waiting for room in a full stream that only these
+    /// acknowledgements make (the connector's work waits on the workers, which wait on the
+    /// indexer, which waits on the events), so ordering them would close the circle.
+    pub fn follower<T: Wire + 'static>(
+        &self,
+        lane: Lane,
+        run: RunId,
+        prefetch: usize,
+    ) -> JetStreamQueue<T> {
+        self.make_queue(lane, run, Some(prefetch), true)
     }
 
     /// Messages a consumer of the run still has to deliver or see acknowledged (an estimate).
@@ -587,8 +689,15 @@ impl Broker {
                 };
                 if let Ok(m) = stream.get_raw_message(a.stream_seq).await {
                     let _ = stream.delete_message(a.stream_seq).await;
-                    if tx.send((lane, m.payload)).is_err() {
-                        return;
+                    // Every item of the message (a batch is split on its second delivery,
+                    // so this is one item unless MaxDeliver is 1).
+                    let Ok((items, _)) = split_message(&m.payload) else {
+                        continue;
+                    };
+                    for item in items {
+                        if tx.send((lane, item)).is_err() {
+                            return;
+                        }
                     }
                 }
             }
@@ -645,25 +754,59 @@ impl Broker {
 async fn output(js: jetstream::Context, mut rx: tokio::sync::mpsc::Receiver<Outgoing>) {
     let mut ordered: FuturesOrdered<Ordered> = FuturesOrdered::new();
     let mut open = true;
+    // What coalescing took from the channel that belongs to the next turn.
+    let mut carry: Option<Outgoing> = None;
+    // Bytes of the publishes in flight: with coalesced messages the window's count alone
+    // would not bound memory.
+    let mut in_flight = 0usize;
     loop {
         tokio::select! {
-            next = rx.recv(), if open && ordered.len() < PUBLISH_WINDOW => match next {
+            next = next_outgoing(&mut rx, &mut carry), if open && ordered.len() < PUBLISH_WINDOW && in_flight < IN_FLIGHT_BYTES => match next {
                 Some(Outgoing::Publish { subject, payload }) => {
-                    ordered.push_back(Box::pin(publish(js.clone(), subject, payload)));
+                    // The publishes to this subject already waiting go in the same message.
+                                        let mut bytes = 6 + 4 + payload.len();
+                    let mut items = vec![payload];
+                    while items.len() < COALESCE_ITEMS {
+                        match rx.try_recv() {
+                            Ok(Outgoing::Publish { subject: s, payload: p })
+                                if s == subject && bytes + 4 + p.len() <= COALESCE_BYTES =>
+                            {
+                                bytes += 4 + p.len();
+                                items.push(p);
+                            }
+                            Ok(other) => {
+                                carry = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let payload = if items.len() == 1 {
+                        items.pop().expect("one item")
+                    } else {
+                        encode_batch(&items, 0)
+                    };
+                    in_flight += payload.len();
+                    ordered.push_back(publish(js.clone(), subject, payload));
+                }
+                Some(Outgoing::PublishAlone { subject, payload }) => {
+                    in_flight += payload.len();
+                    ordered.push_back(publish(js.clone(), subject, payload));
                 }
                 Some(Outgoing::Ack(msg, kind)) => {
-                    ordered.push_back(Box::pin(async move { Some((*msg, kind)) }));
+                    ordered.push_back(Box::pin(async move { (Some((*msg, kind)), 0) }));
                 }
                 Some(Outgoing::Flush(done)) => {
                     ordered.push_back(Box::pin(async move {
                         let _ = done.send(());
-                        None
+                        (None, 0)
                     }));
                 }
                 None => open = false,
             },
-            Some(done) = ordered.next(), if !ordered.is_empty() => {
-                if let Some((msg, kind)) = done {
+            Some((reply, bytes)) = ordered.next(), if !ordered.is_empty() => {
+                in_flight -= bytes;
+                if let Some((msg, kind)) = reply {
                     let _ = msg.ack_with(kind).await;
                 }
             }
@@ -672,54 +815,110 @@ async fn output(js: jetstream::Context, mut rx: tokio::sync::mpsc::Receiver<Outg
     }
 }
 
-/// Publish until the stream has stored the message.
-async fn publish(
-    js: jetstream::Context,
-    subject: String,
-    payload: Bytes,
-) -> Option<(jetstream::Message, AckKind)> {
-    let mut pause = Duration::from_millis(5);
-    loop {
-        if let Ok(ack) = js.publish(subject.clone(), payload.clone()).await {
-            if ack.await.is_ok() {
-                return None;
-            }
-        }
-        // Full stream (backpressure), no leader, or no server: wait and send it again. A
-        // duplicate (stored, but the ack was lost) is harmless: every stage is idempotent.
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(50));
+/// The next outgoing message: the one coalescing carried over, else the channel's next.
+async fn next_outgoing(
+    rx: &mut tokio::sync::mpsc::Receiver<Outgoing>,
+    carry: &mut Option<Outgoing>,
+) -> Option<Outgoing> {
+    match carry.take() {
+        Some(o) => Some(o),
+        None => rx.recv().await,
     }
 }
 
-/// Messages of one consumer delivered to this process: pulled ahead of `pop` (their tags wait
-/// in `rx`) or popped and not yet acknowledged. All of them get in-progress acks, so what a
-/// live process holds stays its own; a dead process's come back after AckWait.
+/// Publish until the stream has stored the message.
+fn publish(js: jetstream::Context, subject: String, payload: Bytes) -> Ordered {
+    Box::pin(async move {
+        let bytes = payload.len();
+        let mut pause = Duration::from_millis(5);
+        loop {
+            if let Ok(ack) = js.publish(subject.clone(), payload.clone()).await {
+                if ack.await.is_ok() {
+                    return (None, bytes);
+                }
+            }
+            // Full stream (backpressure), no leader, or no server: wait and send it again. A
+            // duplicate (stored, but the ack was lost) is harmless: every stage is idempotent.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    })
+}
+
+/// Messages of one consumer delivered to this process: their items pulled ahead of `pop`
+/// (their tags wait in `rx`) or popped and not yet acknowledged. All of them get in-progress
+/// acks, so what a live process holds stays its own; a dead process's come back after
+/// AckWait. A message is acknowledged when every item of it is.
 struct Inbox {
     rx: Receiver<u64>,
     held: Arc<Mutex<HashMap<u64, Held>>>,
     stop: Arc<AtomicBool>,
 }
 
+/// One item of a delivered message.
 struct Held {
+    message: Arc<HeldMessage>,
+    payload: Bytes,
+    /// Delivered before (the message, or the batch it was split from).
+    redelivered: bool,
+}
+
+/// A delivered message and what its items came to so far.
+struct HeldMessage {
     msg: jetstream::Message,
     since: Instant,
+    /// Items not acknowledged (or given back) yet.
+    left: AtomicU64,
+    /// An item was given back: the whole message goes back (after the longest delay asked).
+    nak: Mutex<Option<Option<Duration>>>,
+}
+
+impl HeldMessage {
+    /// One item is done with (`nak`: given back after a delay); when it is the last, what
+    /// to reply to the message.
+    fn settle(&self, nak: Option<Option<Duration>>) -> Option<AckKind> {
+        if let Some(delay) = nak {
+            let mut n = self.nak.lock().unwrap_or_else(|e| e.into_inner());
+            *n = Some(match (*n, delay) {
+                (Some(Some(a)), Some(b)) => Some(a.max(b)),
+                (Some(a), None) => a,
+                (_, b) => b,
+            });
+        }
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return None;
+        }
+        Some(match *self.nak.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(delay) => AckKind::Nak(delay),
+            None => AckKind::Ack,
+        })
+    }
 }
 
 impl Inbox {
     fn start(broker: &Broker, lane: Lane, run: RunId, prefetch: usize) -> Inbox {
-        let (tx, rx) = bounded::<u64>(prefetch.max(1));
+        let prefetch = prefetch.max(1);
+        // Unbounded: what waits here is bounded by `held` (the pull asks only for the room
+        // left), and the pull must never block on it. A batch read slowly is ended by the
+        // client (its expiry plus a margin) with messages still in its buffer, which then
+        // come back only after AckWait.
+        let (tx, rx) = crossbeam_channel::unbounded::<u64>();
         let held: Arc<Mutex<HashMap<u64, Held>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let c = broker.inner.config.clone();
         let js = broker.inner.js.clone();
+        let out = broker.inner.outgoing.clone();
         let (stream_name, name) = (c.stream(lane), c.consumer(lane, run));
         let (stop2, held1) = (Arc::clone(&stop), Arc::clone(&held));
-        let batch = prefetch.max(1);
         let tags = Arc::clone(&broker.inner.tags_arc);
         broker.inner.rt.spawn(async move {
+            // Items per message seen so far (a running average): how many messages to ask for
+            // so that about `prefetch` items are held, never far more (the others' share).
+            // Start as if messages were well filled, so that a process's first pull does
+            // not take far more than its share.
+            let mut per_message = 32.0f64;
             // Pull; after any error (server restart, consumer not there yet), start again.
-            while !stop2.load(Ordering::Relaxed) {
+            'outer: while !stop2.load(Ordering::Relaxed) {
                 let consumer: Option<consumer::PullConsumer> = async {
                     let stream = js.get_stream(&stream_name).await.ok()?;
                     stream.get_consumer(&name).await.ok()
@@ -729,48 +928,99 @@ impl Inbox {
                     tokio::time::sleep(Duration::from_millis(250)).await;
                     continue;
                 };
-                let Ok(mut messages) = consumer
-                    .stream()
-                    .max_messages_per_batch(batch)
-                    .heartbeat(Duration::from_secs(5))
-                    .expires(Duration::from_secs(30))
-                    .messages()
-                    .await
-                else {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                    continue;
-                };
-                while let Some(next) = messages.next().await {
-                    let Ok(msg) = next else { break };
-                    let tag = tags.fetch_add(1, Ordering::Relaxed);
-                    held1.lock().unwrap_or_else(|e| e.into_inner()).insert(
-                        tag,
-                        Held {
+                while !stop2.load(Ordering::Relaxed) {
+                    let holding = held1.lock().unwrap_or_else(|e| e.into_inner()).len();
+                    let room = prefetch.saturating_sub(holding);
+                    if room == 0 {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    let want = ((room as f64 / per_message).floor() as usize).clamp(1, prefetch);
+                    let Ok(mut messages) = consumer
+                        .batch()
+                        .max_messages(want)
+                        .expires(Duration::from_secs(1))
+                        .messages()
+                        .await
+                    else {
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        continue 'outer;
+                    };
+                    // Replies and republishes wait until the batch is read: reading it must
+                    // never wait on the output task (see `tx`).
+                    let mut later: Vec<Outgoing> = Vec::new();
+                    let mut broken = false;
+                    while let Some(next) = messages.next().await {
+                        let Ok(msg) = next else {
+                            broken = true;
+                            break;
+                        };
+                        let delivered = msg.info().map_or(1, |i| i.delivered.max(1));
+                        let (items, flags) = match split_message(&msg.payload) {
+                            Ok(x) => x,
+                            Err(e) => {
+                                eprintln!(
+                                    "warning: an unreadable message on {} ({e}) was dropped",
+                                    msg.subject
+                                );
+                                later.push(Outgoing::Ack(Box::new(msg), AckKind::Term));
+                                continue;
+                            }
+                        };
+                        per_message = 0.7 * per_message + 0.3 * items.len().max(1) as f64;
+                        if items.len() > 1 && delivered > 1 {
+                            // A batch delivered again: one of its items may be what its
+                            // consumers die on. Each item goes on alone, then the batch is
+                            // acknowledged (after them: the output task keeps the order).
+                            let subject = msg.subject.to_string();
+                            for item in items {
+                                later.push(Outgoing::PublishAlone {
+                                    subject: subject.clone(),
+                                    payload: encode_batch(&[item], FLAG_REDELIVERED),
+                                });
+                            }
+                            later.push(Outgoing::Ack(Box::new(msg), AckKind::Ack));
+                            continue;
+                        }
+                        let redelivered = delivered > 1 || flags & FLAG_REDELIVERED != 0;
+                        let message = Arc::new(HeldMessage {
                             msg,
                             since: Instant::now(),
-                        },
-                    );
-                    loop {
-                        match tx.try_send(tag) {
-                            Ok(()) => break,
-                            Err(crossbeam_channel::TrySendError::Full(_)) => {
-                                if stop2.load(Ordering::Relaxed) {
-                                    return;
-                                }
-                                tokio::time::sleep(Duration::from_millis(1)).await;
+                            left: AtomicU64::new(items.len() as u64),
+                            nak: Mutex::new(None),
+                        });
+                        if items.is_empty() {
+                            let m = clone_message(&message.msg);
+                            later.push(Outgoing::Ack(Box::new(m), AckKind::Ack));
+                            continue;
+                        }
+                        for payload in items {
+                            let tag = tags.fetch_add(1, Ordering::Relaxed);
+                            held1.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                                tag,
+                                Held {
+                                    message: Arc::clone(&message),
+                                    payload,
+                                    redelivered,
+                                },
+                            );
+                            if tx.send(tag).is_err() {
+                                return;
                             }
-                            Err(crossbeam_channel::TrySendError::Disconnected(_)) => return,
                         }
                     }
-                    if stop2.load(Ordering::Relaxed) {
-                        return;
+                    for o in later {
+                        let _ = out.send(o).await;
+                    }
+                    if broken {
+                        continue 'outer;
                     }
                 }
             }
         });
         // In-progress acknowledgements for what this process holds, every third of AckWait.
-        // A process stuck on one item for longer than `max_hold` stops keeping it: the item
-        // goes to another process after AckWait, and after MaxDeliver to the dead letters.
+        // A process stuck on one message for longer than `max_hold` stops keeping it: it goes
+        // to another process after AckWait, and after MaxDeliver to the dead letters.
         let every = (c.ack_wait / 3).max(Duration::from_millis(100));
         let max_hold = c.max_hold;
         let (held2, stop3) = (Arc::clone(&held), Arc::clone(&stop));
@@ -779,9 +1029,11 @@ impl Inbox {
                 tokio::time::sleep(every).await;
                 let replies: Vec<jetstream::Message> = {
                     let held = held2.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut seen = std::collections::HashSet::new();
                     held.values()
-                        .filter(|h| h.since.elapsed() < max_hold)
-                        .map(|h| clone_message(&h.msg))
+                        .filter(|h| h.message.since.elapsed() < max_hold)
+                        .filter(|h| seen.insert(Arc::as_ptr(&h.message)))
+                        .map(|h| clone_message(&h.message.msg))
                         .collect()
                 };
                 for m in replies {
@@ -807,6 +1059,8 @@ pub struct JetStreamQueue<T> {
     lane: Lane,
     prefix: String,
     inbox: Option<Inbox>,
+    /// Acknowledgements bypass the output task (see [`Broker::follower`]).
+    direct_acks: bool,
     _item: PhantomData<fn() -> T>,
 }
 
@@ -816,11 +1070,14 @@ impl<T> Drop for JetStreamQueue<T> {
         if let Some(inbox) = &self.inbox {
             inbox.stop.store(true, Ordering::Relaxed);
             let held = std::mem::take(&mut *inbox.held.lock().unwrap_or_else(|e| e.into_inner()));
+            let mut seen = std::collections::HashSet::new();
             for h in held.into_values() {
-                let _ = self.broker.send(
-                    Outgoing::Ack(Box::new(h.msg), AckKind::Nak(None)),
-                    Duration::from_secs(1),
-                );
+                if seen.insert(Arc::as_ptr(&h.message)) {
+                    let _ = self.broker.send(
+                        Outgoing::Ack(Box::new(clone_message(&h.message.msg)), AckKind::Nak(None)),
+                        Duration::from_secs(1),
+                    );
+                }
             }
         }
     }
@@ -845,14 +1102,29 @@ impl<T> JetStreamQueue<T> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&tag.0);
-        let Some(msg) = held.map(|h| h.msg) else {
+        let Some(h) = held else {
             return Err(backend(
                 self.name_static(),
                 format!("no delivery {}", tag.0),
             ));
         };
+        // The message is answered when its last item is.
+        let nak = match kind {
+            AckKind::Nak(delay) => Some(delay),
+            _ => None,
+        };
+        let Some(reply) = h.message.settle(nak) else {
+            return Ok(());
+        };
+        let msg = clone_message(&h.message.msg);
+        if self.direct_acks {
+            self.broker.inner.rt.spawn(async move {
+                let _ = msg.ack_with(reply).await;
+            });
+            return Ok(());
+        }
         self.broker
-            .send(Outgoing::Ack(Box::new(msg), kind), Duration::from_secs(60))
+            .send(Outgoing::Ack(Box::new(msg), reply), Duration::from_secs(60))
             .map_err(|_| QueueError::Closed {
                 queue: self.name_static(),
             })
@@ -883,6 +1155,12 @@ impl<T: Wire + 'static> Queue<T> for JetStreamQueue<T> {
         }
     }
 
+    fn max_item_bytes(&self) -> Option<usize> {
+        // The server refuses a larger message every time; leave room for the envelope.
+        let max = self.broker.inner.client.server_info().max_payload;
+        (max > 0).then(|| max.saturating_sub(ENVELOPE_ROOM))
+    }
+
     fn pop(&self, timeout: Duration) -> Result<Option<Delivery<T>>, QueueError> {
         let Some(inbox) = &self.inbox else {
             return Err(backend(self.lane.name(), "this queue does not consume"));
@@ -895,10 +1173,18 @@ impl<T: Wire + 'static> Queue<T> for JetStreamQueue<T> {
                     Err(_) => return Ok(None),
                 },
             };
-            let mut held = inbox.held.lock().unwrap_or_else(|e| e.into_inner());
+            let held = inbox.held.lock().unwrap_or_else(|e| e.into_inner());
             let Some(h) = held.get(&tag) else { continue };
-            let attempt = h.msg.info().map_or(1, |i| i.delivered.max(1) as u32);
-            match T::decode(&h.msg.payload) {
+            let delivered = h
+                .message
+                .msg
+                .info()
+                .map_or(1, |i| i.delivered.max(1) as u32);
+            let attempt = delivered + u32::from(h.redelivered && delivered == 1);
+            let decoded = T::decode(&h.payload);
+            let subject = h.message.msg.subject.to_string();
+            drop(held);
+            match decoded {
                 Ok(mut item) => {
                     if attempt > 1 {
                         item.mark_redelivered();
@@ -910,19 +1196,13 @@ impl<T: Wire + 'static> Queue<T> for JetStreamQueue<T> {
                     }));
                 }
                 Err(e) => {
-                    // Not ours, or corrupt: say so and stop its redelivery; it belongs to no
+                    // Not ours, or corrupt: say so and let it go (as done); it belongs to no
                     // document this process could name.
-                    let h = held.remove(&tag).expect("looked up above");
-                    drop(held);
                     eprintln!(
-                        "warning: queue `{}`: an unreadable message on {} ({e}) was dropped",
+                        "warning: queue `{}`: an unreadable item on {subject} ({e}) was dropped",
                         self.lane.name(),
-                        h.msg.subject
                     );
-                    let _ = self.broker.send(
-                        Outgoing::Ack(Box::new(h.msg), AckKind::Term),
-                        Duration::from_secs(5),
-                    );
+                    let _ = self.reply(DeliveryTag(tag), AckKind::Ack);
                 }
             }
         }
@@ -948,7 +1228,7 @@ mod tests {
     #[test]
     fn a_queue_url_names_servers_and_settings() {
         let c = BrokerConfig::parse(
-            "nats://a:4222,nats://b:4223?prefix=docs_1&replicas=3&ack_wait=7&max_deliver=2&limit=50",
+            "nats://a:4222,nats://b:4223?prefix=docs_1&replicas=3&ack_wait=7&max_deliver=2&limit=50&limit_mb=8",
         )
         .unwrap();
         assert_eq!(c.servers, ["nats://a:4222", "nats://b:4223"]);
@@ -957,11 +1237,32 @@ mod tests {
         assert_eq!(c.ack_wait, Duration::from_secs(7));
         assert_eq!(c.max_deliver, 2);
         assert_eq!(c.limit, 50);
+        assert_eq!(c.limit_mb, 8);
         assert_eq!(c.max_pending, BrokerConfig::default().max_pending);
         let run = RunId(0xab);
         assert_eq!(c.stream(Lane::Embed), "DOCS_1_EMBED");
         assert_eq!(c.subject(Lane::Work, run), "docs_1.work.00000000000000ab");
         assert_eq!(c.consumer(Lane::Index, run), "index-00000000000000ab");
+    }
+
+    #[test]
+    fn batches_carry_their_items_and_plain_messages_are_one() {
+        let items: Vec<Bytes> = vec![
+            Bytes::from_static(b"\x92\x01\x02"),
+            Bytes::new(),
+            Bytes::from(vec![7u8; 300]),
+        ];
+        let batch = encode_batch(&items, FLAG_REDELIVERED);
+        assert_eq!(
+            split_message(&batch).unwrap(),
+            (items.clone(), FLAG_REDELIVERED)
+        );
+        let plain = Bytes::from_static(b"\x92\x01\x02");
+        assert_eq!(split_message(&plain).unwrap(), (vec![plain.clone()], 0));
+        // A cut envelope is an error, never a panic.
+        for cut in [2, 6, 9, batch.len() - 1] {
+            assert!(split_message(&batch.slice(..cut)).is_err(), "cut at {cut}");
+        }
     }
 
     #[test]

@@ -68,6 +68,11 @@ pub trait Queue<T>: Send + Sync {
         let _ = (tag, delay);
         Ok(())
     }
+    /// The largest item the queue can carry, in encoded bytes (a broker's largest message),
+    /// when it has such a limit.
+    fn max_item_bytes(&self) -> Option<usize> {
+        None
+    }
     /// Items waiting (for a broker, an estimate).
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {

@@ -94,7 +94,7 @@ pub fn publish(
     let work: Arc<dyn Queue<Document>> =
         Arc::new(broker.queue::<Document>(Lane::Work, run_id, None));
     let events: Arc<dyn Queue<Event>> =
-        Arc::new(broker.queue::<Event>(Lane::Events, run_id, Some(4096)));
+        Arc::new(broker.follower::<Event>(Lane::Events, run_id, 4096));
     let dead = broker.dead_letters(run_id).map_err(RunError::Setup)?;
     let publisher = Publisher::new(run_id, Arc::clone(&work), Arc::clone(&signal), track_ids);
 

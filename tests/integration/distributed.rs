@@ -532,6 +532,88 @@ fn an_embedder_with_another_model_refuses_the_run() {
     let _ = ingest.wait();
 }
 
+/// Streams so small that every lane is full most of the time (20 messages, 1 MiB): the
+/// connector waits on the workers, which wait on the indexer, which waits for the publisher to
+/// take its events. The publisher's acknowledgements of events must not wait behind its own
+/// publishes of work (which wait for room only those acknowledgements make): the run
+/// completes, every document indexed once.
+#[test]
+fn full_streams_slow_the_connector_and_never_close_a_circle() {
+    let Some(nats) = Nats::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("c");
+    fs::create_dir_all(&c).unwrap();
+    let n = 400;
+    for i in 0..n {
+        let body = format!("# Doc {i}\n\nParagraph one of {i}.\n\nParagraph two of {i}.\n");
+        fs::write(c.join(format!("d{i:03}.md")), body).unwrap();
+    }
+    let model = test_model(dir.path());
+    let index = TestIndex::Sqlite(dir.path().join("full.db"));
+    let url = format!("{}?limit=20&limit_mb=1", nats.url());
+    let mut procs = roles(&url, 2, dir.path(), &model, &index);
+    let report = dir.path().join("d.json");
+    let mut ingest = distributed_ingest(&c, &index.uri(), &url, &report, &model);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while ingest.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = ingest.kill();
+            for p in procs.iter_mut() {
+                p.kill9();
+            }
+            panic!("the run is stuck with full streams");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (code, got) = finish(ingest, &report);
+    assert_eq!(code, Some(0), "{got}");
+    assert_eq!(counts(&got)["published"], n);
+    assert_eq!(counts(&got)["indexed"], n);
+    for p in procs.iter_mut() {
+        assert_eq!(p.wait(Duration::from_secs(30)), Some(0), "{}", p.log());
+    }
+    assert_eq!(index.counts().0, n);
+}
+
+/// A document larger than the broker's largest message (1 MiB by default) cannot be queued:
+/// it fails at once with the fix in its reason, instead of being sent again forever, and the
+/// run completes with the others indexed.
+#[test]
+fn a_document_over_the_brokers_largest_message_fails_with_the_fix() {
+    let Some(nats) = Nats::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("c");
+    fs::create_dir_all(&c).unwrap();
+    fs::write(c.join("a.md"), "# A\n\nSome text about effects.\n").unwrap();
+    fs::write(c.join("b.md"), "# B\n\nSome text about state.\n").unwrap();
+    let big = format!("# Big\n\n{}\n", "many words ".repeat(200_000));
+    fs::write(c.join("big.md"), big).unwrap();
+    let model = test_model(dir.path());
+    let index = TestIndex::Sqlite(dir.path().join("big.db"));
+    let url = nats.url();
+    let mut procs = roles(&url, 1, dir.path(), &model, &index);
+    let report = dir.path().join("d.json");
+    let ingest = distributed_ingest(&c, &index.uri(), &url, &report, &model);
+    let (code, got) = finish(ingest, &report);
+    assert_eq!(code, Some(1), "a document failed: {got}");
+    let counts = counts(&got);
+    assert_eq!(counts["published"], 3, "{got}");
+    assert_eq!(counts["failed"], 1, "{got}");
+    assert_eq!(counts["indexed"], 2, "{got}");
+    let failures = got["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0]["id"], "big.md");
+    let reason = failures[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("max_payload"),
+        "the reason says what to do: {reason}"
+    );
+    for p in procs.iter_mut() {
+        assert_eq!(p.wait(Duration::from_secs(30)), Some(0), "{}", p.log());
+    }
+    assert_eq!(index.counts().0, 2);
+}
+
 /// Workers that lose three documents every time (as if they died on them): after MaxDeliver
 /// the run counts them failed, says why, and completes; the others are indexed. The three are
 /// in the index's dead-letter queue with their error; a requeue on the broker (with workers
