@@ -73,6 +73,7 @@ pub fn run(args: BackfillArgs, config_file: Option<&Path>) -> anyhow::Result<Exi
         follow: args.follow,
         model_override: None,
         metrics: None,
+        queue: None,
     };
     let mut observer = super::observer(config.run.progress);
     let outcome = pipeline::backfill(

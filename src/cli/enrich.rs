@@ -54,6 +54,15 @@ pub struct EnrichArgs {
     /// services (requests, retries, 429s, errors, tokens). Port 0 picks a free port.
     #[arg(long, value_name = "ADDR")]
     pub(super) metrics_addr: Option<std::net::SocketAddr>,
+
+    /// Take the work through a NATS JetStream broker instead of claiming it from the index:
+    /// each enrich process (on any machine, same URL and index) feeds the broker from the
+    /// index's queue, highest priority first, and works what the broker hands it; a subject
+    /// per stage and priority level (`<prefix>.lifecycle.<stage>.<interactive|fresh|backfill>`),
+    /// AckWait = the stage's visibility timeout, MaxDeliver = its retry limit.
+    /// nats://HOST:PORT[,nats://...][?prefix=NAME&replicas=N&max_pending=N&limit=N&limit_mb=N].
+    #[arg(long, value_name = "URL")]
+    pub(super) queue: Option<String>,
 }
 
 impl EnrichArgs {
@@ -74,6 +83,7 @@ impl EnrichArgs {
             follow: self.follow,
             model_override: name,
             metrics: None,
+            queue: self.queue.clone(),
         })
     }
 }

@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 
 pub use owner::Owner;
 pub use store::{
-    ChunkVector, Claim, ClaimRequest, DocumentText, EnrichStore, KnownDocument, LifecycleStore,
-    Maintenance, PendingChunk, StoreError, StoredVectors, WorkItem, WorkKey,
+    ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText, EnrichStore, KnownDocument,
+    LifecycleStore, Maintenance, PendingChunk, StoreError, StoredVectors, WorkItem, WorkKey,
 };
 
 /// The chunk stage: done by `ingest` (extract, chunk, write documents and chunks).

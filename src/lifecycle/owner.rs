@@ -23,6 +23,13 @@ impl Owner {
         ))
     }
 
+    /// An owner that is no process: `enrich --queue` holds the work it hands to the broker
+    /// under one name shared by every process of the queue (the broker says who works it).
+    /// It is never reaped as a dead process; its leases only expire.
+    pub fn shared(name: &str) -> Owner {
+        Owner(name.to_string())
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -55,6 +55,23 @@ pub struct WorkItem {
     pub input_version: String,
     /// The order claims were made in (for showing that priority works).
     pub claim_seq: i64,
+    /// Its work (embed: tokens still to embed), as the claim measured it.
+    pub cost: u64,
+}
+
+/// A failed delivery of work a broker carries (`enrich --queue`): the broker counts the
+/// attempts and retries with its own backoff, so the store records the error, and
+/// dead-letters the work when the broker will not deliver it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryFailure {
+    pub key: WorkKey,
+    /// Which delivery failed, from 1.
+    pub attempt: u32,
+    pub message: String,
+    /// The broker gives up on it (its last delivery): dead-letter it.
+    pub dead: bool,
+    /// Who made the attempt (a process's [`crate::lifecycle::Owner`]), for the error's record.
+    pub worker: String,
 }
 
 /// What a worker asks for.
@@ -163,6 +180,18 @@ pub trait LifecycleStore: Send {
         settings: &StageSettings,
     ) -> Result<Vec<Status>, StoreError>;
 
+    /// Record failed deliveries of work `owner` holds for a broker (`enrich --queue`): each
+    /// error is kept with its attempt; the work stays held (its lease extended by `lease`,
+    /// the attempts made recorded) while the broker retries it, or goes dead. Returns the new
+    /// status of each: `Failed` (the broker retries), `Dead`, or `InProgress` when `owner` no
+    /// longer holds it (the failure is void).
+    fn fail_deliveries(
+        &mut self,
+        owner: &str,
+        failures: &[DeliveryFailure],
+        lease: Duration,
+    ) -> Result<Vec<Status>, StoreError>;
+
     /// Mark work done whose result is the status itself (no data to write).
     fn complete(&mut self, owner: &str, keys: &[WorkKey]) -> Result<(), StoreError>;
 
@@ -261,6 +290,15 @@ impl<T: LifecycleStore + ?Sized> LifecycleStore for Box<T> {
         settings: &StageSettings,
     ) -> Result<Vec<Status>, StoreError> {
         (**self).fail(owner, failures, settings)
+    }
+
+    fn fail_deliveries(
+        &mut self,
+        owner: &str,
+        failures: &[DeliveryFailure],
+        lease: Duration,
+    ) -> Result<Vec<Status>, StoreError> {
+        (**self).fail_deliveries(owner, failures, lease)
     }
 
     fn complete(&mut self, owner: &str, keys: &[WorkKey]) -> Result<(), StoreError> {

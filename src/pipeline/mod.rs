@@ -462,6 +462,8 @@ pub struct EnrichRequest {
     pub model_override: Option<String>,
     /// Where the calls to services are counted for `/metrics` (`--metrics-addr`).
     pub metrics: Option<Arc<metrics::EnrichMetrics>>,
+    /// Take the work through this broker (`--queue nats://...`) instead of claiming it.
+    pub queue: Option<String>,
 }
 
 /// Work the lifecycle queue of the index until nothing is runnable (or forever with
@@ -609,7 +611,14 @@ pub fn enrich(
         llm: llm.clone(),
         ..EnrichOptions::default()
     };
-    let result = run::enrich::execute(list, &options, uri.to_string(), observer);
+    let result = match &request.queue {
+        None => run::enrich::execute(list, &options, uri.to_string(), observer),
+        Some(url) => {
+            let run = queued_run(url, &options)?;
+            let feeder = lifecycle_store(config)?;
+            run::enrich::execute_on_broker(list, feeder, &run, &options, uri.to_string(), observer)
+        }
+    };
     observer.finish();
     let mut summary = result?;
     if let Some(s) = &service {
@@ -638,6 +647,52 @@ pub fn enrich(
     }
     summary.notes.extend(lifecycle_store(config)?.finish_run()?);
     Ok(summary)
+}
+
+/// The broker side of `enrich --queue`: its stages' consumers (AckWait = the stage's
+/// visibility timeout, MaxDeliver = its retry limit), SIGTERM handling, and the store's lease
+/// on published work, long enough for every delivery and backoff of the longest stage.
+fn queued_run(
+    url: &str,
+    options: &run::enrich::EnrichOptions,
+) -> Result<run::enrich::QueuedRun, PipelineError> {
+    use crate::queue::jetstream::lifecycle::{LifecycleQueue, StageQueue};
+    let broker = distributed::connect(url)?;
+    let stages: Vec<(String, crate::lifecycle::StageSettings)> = options
+        .stages
+        .iter()
+        .map(|s| {
+            let settings = options
+                .llm
+                .iter()
+                .find(|l| &l.name == s)
+                .map_or_else(|| options.settings.clone(), |l| l.settings.clone());
+            (s.clone(), settings)
+        })
+        .collect();
+    let lease = stages
+        .iter()
+        .map(|(_, st)| {
+            st.visibility_timeout * (st.retry_limit + 1) + st.max_backoff * st.retry_limit
+        })
+        .max()
+        .unwrap_or_default()
+        .max(std::time::Duration::from_secs(600));
+    let queue = LifecycleQueue::open(
+        &broker,
+        stages
+            .iter()
+            .map(|(name, st)| StageQueue {
+                stage: name.clone(),
+                ack_wait: st.visibility_timeout,
+                max_deliver: st.retry_limit.max(1),
+            })
+            .collect(),
+    )
+    .map_err(PipelineError::Setup)?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    broker.stop_on_signals(Arc::clone(&stop));
+    Ok(run::enrich::QueuedRun::new(queue, lease, stop))
 }
 
 /// The LLM stages among `stages`, with their clients (one endpoint each, shared by every

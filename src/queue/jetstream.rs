@@ -46,6 +46,8 @@ use futures::stream::FuturesOrdered;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
+pub mod lifecycle;
+
 use super::wire::Wire;
 use super::{Delivery, DeliveryTag, PushError, Queue, QueueError};
 use crate::document::RunId;

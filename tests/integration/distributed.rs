@@ -935,3 +935,109 @@ fn killing_the_stream_leader_of_a_three_node_cluster_loses_nothing() {
     assert_eq!(&c, counts(&want));
     assert_same_index(&spread, &local);
 }
+
+/// The lifecycle's work on the broker (`enrich --queue`'s queues): a subject per priority
+/// level, taken highest first whatever the order of publishing, FIFO within a level; a
+/// negative acknowledgement with a delay brings the work back after it as its next delivery;
+/// a terminated one never comes back.
+#[test]
+fn lifecycle_work_on_the_broker_is_taken_highest_priority_first() {
+    use ragline::lifecycle::{Priority, WorkItem, WorkKey};
+    use ragline::queue::jetstream::lifecycle::{LifecycleQueue, StageQueue, Verdict};
+    use ragline::queue::jetstream::{Broker, BrokerConfig};
+
+    let Some(nats) = Nats::start() else { return };
+    let config = BrokerConfig::parse(&format!("{}?prefix=prio", nats.url())).unwrap();
+    let broker = Broker::connect(config, Duration::from_secs(10)).unwrap();
+    let queue = LifecycleQueue::open(
+        &broker,
+        vec![StageQueue {
+            stage: "noop".into(),
+            ack_wait: Duration::from_secs(30),
+            max_deliver: 3,
+        }],
+    )
+    .unwrap();
+    let item = |n: i64, priority: Priority| WorkItem {
+        key: WorkKey {
+            document_id: format!("doc{n:03}"),
+            stage: "noop".into(),
+            vector_set: 0,
+        },
+        attempts: 1,
+        priority,
+        input_version: "v".into(),
+        claim_seq: n,
+        cost: 1,
+    };
+    // Backfill first, then fresh, then interactive: the reverse of how they must come out.
+    let mut n = 0;
+    for level in [Priority::Backfill, Priority::Fresh, Priority::Interactive] {
+        let items: Vec<WorkItem> = (0..7)
+            .map(|_| {
+                n += 1;
+                item(n, level)
+            })
+            .collect();
+        queue.publish(&items).unwrap();
+    }
+    // Published twice (a feeder retrying a publish whose acknowledgement it lost): stored once.
+    queue.publish(&[item(1, Priority::Backfill)]).unwrap();
+    assert_eq!(queue.depth().unwrap(), (21, 0));
+    let mut order: Vec<(Priority, i64)> = Vec::new();
+    loop {
+        let batch = queue.fetch(|_| 4).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        assert!(batch.len() <= 4);
+        for d in &batch {
+            assert_eq!(d.item.attempts, 1);
+            order.push((d.item.priority, d.item.claim_seq));
+        }
+        let answers: Vec<_> = batch.iter().map(|d| (d, Verdict::Ack)).collect();
+        queue.settle(&answers);
+    }
+    let levels: Vec<Priority> = order.iter().map(|o| o.0).collect();
+    assert_eq!(order.len(), 21, "{order:?}");
+    assert!(
+        levels.windows(2).all(|w| w[0] >= w[1]),
+        "highest level first: {levels:?}"
+    );
+    for level in [Priority::Backfill, Priority::Fresh, Priority::Interactive] {
+        let seqs: Vec<i64> = order.iter().filter(|o| o.0 == level).map(|o| o.1).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "FIFO: {seqs:?}");
+    }
+    assert_eq!(queue.depth().unwrap(), (0, 0));
+
+    // A retry after a delay, as the second delivery; then terminated for good.
+    queue.publish(&[item(100, Priority::Fresh)]).unwrap();
+    let first = queue.fetch(|_| 4).unwrap();
+    assert_eq!(first.len(), 1);
+    queue.settle(&[(&first[0], Verdict::Retry(Duration::from_millis(700)))]);
+    assert!(
+        queue.fetch(|_| 4).unwrap().is_empty(),
+        "not back before its delay"
+    );
+    let start = Instant::now();
+    let again = loop {
+        let b = queue.fetch(|_| 4).unwrap();
+        if !b.is_empty() {
+            break b;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "never came back");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(again[0].item.key.document_id, "doc100");
+    assert_eq!(again[0].item.attempts, 2);
+    assert!(!again[0].is_last());
+    queue.settle(&[(&again[0], Verdict::Term)]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(queue.fetch(|_| 4).unwrap().is_empty());
+    assert_eq!(queue.depth().unwrap(), (0, 0));
+    assert_eq!(
+        queue.stored().unwrap(),
+        0,
+        "answered work leaves the stream"
+    );
+}

@@ -407,6 +407,22 @@ fn two_enrich_processes_on(kind: &crate::backend::BackendKind) {
     }
 }
 
+/// The `embed` stage of a document's lifecycle, as `ragline dlq show DOC --json` reports it.
+fn embed_lifecycle(config: &Path, db: &TestIndex, doc: &str) -> Value {
+    let shown = stdout_json(&ok(&mut with_config(
+        config,
+        db,
+        &["dlq", "show", doc, "--json"],
+    )));
+    shown["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == "embed")
+        .unwrap()
+        .clone()
+}
+
 /// A pipeline file for the fast lifecycle tests: the random model, quick retries.
 fn quick_config(dir: &Path, model: &Path, extra: &str) -> PathBuf {
     let path = dir.join("ragline.toml");
@@ -479,18 +495,7 @@ fn poison_documents_on(kind: &crate::backend::BackendKind) {
         &["dlq", "list", "--json"],
     )));
     assert_eq!(dlq.as_array().unwrap().len(), 3);
-    let shown = stdout_json(&ok(&mut with_config(
-        &config,
-        &db,
-        &["dlq", "show", "doc005.md", "--json"],
-    )));
-    let embed = shown["stages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["stage"] == "embed")
-        .unwrap()
-        .clone();
+    let embed = embed_lifecycle(&config, &db, "doc005.md");
     assert_eq!(embed["status"], "dead");
     let errors = embed["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 3, "every attempt's error");
@@ -574,18 +579,7 @@ fn documents_a_search_hits_on(kind: &crate::backend::BackendKind) {
     ok(&mut with_config(&config, &db, &["enrich"]));
     // The claim order, from the documents' lifecycle (`ragline dlq show` prints it too).
     let show = |doc: &str| -> (i64, i64, String) {
-        let v = stdout_json(&ok(&mut with_config(
-            &config,
-            &db,
-            &["dlq", "show", doc, "--json"],
-        )));
-        let e = v["stages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["stage"] == "embed")
-            .unwrap()
-            .clone();
+        let e = embed_lifecycle(&config, &db, doc);
         (
             e["claim_seq"].as_i64().unwrap(),
             e["claimed_at"].as_i64().unwrap(),
@@ -793,18 +787,7 @@ fn edits_requeue_on(kind: &crate::backend::BackendKind) {
         ),
         (Some(0), Some(1))
     );
-    let shown = stdout_json(&ok(&mut with_config(
-        &config,
-        &db,
-        &["dlq", "show", "doc004.md", "--json"],
-    )));
-    let embed = shown["stages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["stage"] == "embed")
-        .unwrap()
-        .clone();
+    let embed = embed_lifecycle(&config, &db, "doc004.md");
     assert_eq!(
         (
             embed["attempts"].as_u64(),
@@ -1154,4 +1137,164 @@ fn a_plain_ingest_on(kind: &crate::backend::BackendKind) {
     // Nothing for enrich to do.
     let o = ok(&mut rag(&db, &["enrich", "--progress", "none"]));
     assert!(String::from_utf8_lossy(&o.stdout).contains("0 documents claimed"));
+}
+
+/// `enrich --queue`: the lifecycle's work through NATS JetStream. Two enrich processes share
+/// it (every document done once, every vector written once); three poison documents are
+/// retried by the broker with backoff and dead-lettered after MaxDeliver (the stage's retry
+/// limit) with every attempt's error; two documents whose work is lost by its worker every
+/// time (as by a killed one) are dead-lettered from the server's MaxDeliver advisory.
+/// Requeued, all five are completed through the broker.
+#[cfg(feature = "failpoints")]
+#[test]
+fn enrich_through_the_broker_shares_the_work_and_dead_letters_after_max_deliver() {
+    let Some(nats) = crate::distributed::Nats::start() else {
+        return;
+    };
+    for (i, kind) in backend_kinds().iter().enumerate() {
+        enrich_through_the_broker_on(kind, &format!("{}?prefix=lc{i}", nats.url()));
+    }
+}
+
+#[cfg(feature = "failpoints")]
+fn enrich_through_the_broker_on(kind: &crate::backend::BackendKind, queue: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = random_model(dir.path(), 32, 5);
+    // AckWait = the visibility timeout: lost work comes back after a second.
+    let config = quick_config(dir.path(), &model, "visibility_timeout = \"1s\"\n");
+    let corpus = synthetic_corpus(dir.path(), 60, 4, &[4, 11, 19], "xyzzy");
+    for lost in ["doc030.md", "doc041.md"] {
+        fs::rename(corpus.join(lost), corpus.join(lost.replace("doc", "lost"))).unwrap();
+    }
+    let db = kind.index(dir.path(), "enrich_queue");
+    ok(with_config(&config, &db, &["ingest", "--defer", "embed"]).arg(&corpus));
+    let chunks = status(&db)["chunks"].as_u64().unwrap();
+    let spawn = |name: &str| {
+        let rep = dir.path().join(format!("{name}.json"));
+        let child = with_config(&config, &db, &["enrich", "--queue", queue, "--report"])
+            .arg(&rep)
+            .env(
+                "FAILPOINTS",
+                "embed::document=return(xyzzy);enrich::lose=return(lost)",
+            )
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(dir.path().join(format!("{name}.err"))).unwrap())
+            .spawn()
+            .unwrap();
+        (child, rep)
+    };
+    let (mut a, ra) = spawn("a");
+    let (mut b, rb) = spawn("b");
+    let mut codes = Vec::new();
+    for child in [&mut a, &mut b] {
+        let start = Instant::now();
+        let code = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s.code();
+            }
+            if start.elapsed() > Duration::from_secs(180) {
+                kill9(child);
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        codes.push(code);
+    }
+    for name in ["a", "b"] {
+        eprintln!(
+            "--- {name}: {}",
+            fs::read_to_string(dir.path().join(format!("{name}.err"))).unwrap()
+        );
+    }
+    assert!(
+        codes.iter().all(|c| matches!(c, Some(0) | Some(1))) && codes.contains(&Some(1)),
+        "both end by themselves, the dead letters make one exit 1: {codes:?}"
+    );
+    let (ra, rb) = (report(&ra), report(&rb));
+    eprintln!("a: {}\nb: {}", ra["counts"], rb["counts"]);
+    let sum = |k: &str| ra["counts"][k].as_u64().unwrap() + rb["counts"][k].as_u64().unwrap();
+    assert_eq!(sum("indexed"), 55, "every good document done once");
+    assert_eq!(sum("failed"), 5);
+    assert!(
+        sum("redelivered") >= 6,
+        "the poisoned three were delivered three times each (the lost ones are dropped \
+         before they are counted, as by a killed worker), and the redeliveries reported"
+    );
+    let mut failed: Vec<String> = [&ra, &rb]
+        .iter()
+        .flat_map(|r| r["failures"].as_array().unwrap().clone())
+        .map(|f| {
+            let reason = f["reason"].as_str().unwrap();
+            assert!(reason.contains("dead-lettered"), "{reason}");
+            f["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    failed.sort();
+    assert_eq!(
+        failed,
+        [
+            "doc004.md",
+            "doc011.md",
+            "doc019.md",
+            "lost030.md",
+            "lost041.md"
+        ]
+    );
+    for r in [&ra, &rb] {
+        let notes = r["notes"].to_string();
+        assert!(notes.contains("through the broker"), "{notes}");
+    }
+    let s = status(&db);
+    assert_eq!(s["stages"]["embed"]["done"], 55);
+    assert_eq!(s["stages"]["embed"]["dead"], 5);
+    let written = vectors(&db).len() as u64;
+    assert_eq!(
+        sum("children_indexed"),
+        written,
+        "every vector written once"
+    );
+    assert!(written < chunks);
+
+    // The broker's attempts, each with its error and the backoff between them.
+    let errors = |doc: &str| -> Vec<Value> {
+        let embed = embed_lifecycle(&config, &db, doc);
+        assert_eq!(embed["status"], "dead");
+        embed["errors"].as_array().unwrap().clone()
+    };
+    let poisoned = errors("doc011.md");
+    assert_eq!(poisoned.len(), 3, "every delivery's error: {poisoned:?}");
+    for (i, e) in poisoned.iter().enumerate() {
+        assert_eq!(e["attempt"], i as u64 + 1);
+        assert!(e["message"].as_str().unwrap().contains("injected failure"));
+        let worker = e["worker"].as_str().unwrap();
+        assert!(
+            worker.contains(":enrich-"),
+            "the process that tried: {worker}"
+        );
+    }
+    let at: Vec<i64> = poisoned.iter().map(|e| e["at"].as_i64().unwrap()).collect();
+    assert!(at[1] - at[0] >= 25 && at[2] - at[1] >= 25, "{at:?}");
+    let lost = errors("lost030.md");
+    assert!(
+        lost.iter()
+            .any(|e| e["attempt"] == 3 && e["message"].as_str().unwrap().contains("killed")),
+        "{lost:?}"
+    );
+    let dlq = stdout_json(&ok(&mut with_config(
+        &config,
+        &db,
+        &["dlq", "list", "--json"],
+    )));
+    assert_eq!(dlq.as_array().unwrap().len(), 5);
+
+    // The faults are gone: requeue, and the broker path completes them.
+    ok(&mut with_config(&config, &db, &["dlq", "requeue", "--all"]));
+    let rep = dir.path().join("again.json");
+    ok(with_config(&config, &db, &["enrich", "--queue", queue, "--report"]).arg(&rep));
+    let r = report(&rep);
+    assert_eq!(r["counts"]["indexed"], 5, "{r}");
+    let s = status(&db);
+    assert_eq!(s["stages"]["embed"]["done"], 60);
+    assert_eq!(s["stages"]["embed"]["dead"], 0);
+    assert_eq!(vectors(&db).len() as u64, chunks);
 }

@@ -16,8 +16,9 @@ use crate::indexers::{SetState, VectorSet};
 use crate::lifecycle::backoff::{jitter_unit, retry_delay};
 use crate::lifecycle::owner::is_dead_here;
 use crate::lifecycle::{
-    ChunkVector, Claim, ClaimRequest, DocumentText, EnrichStore, LifecycleStore, Maintenance,
-    PendingChunk, Priority, StageSettings, Status, StoreError, WorkItem, WorkKey, CHUNK, EMBED,
+    ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText, EnrichStore, LifecycleStore,
+    Maintenance, PendingChunk, Priority, StageSettings, Status, StoreError, WorkItem, WorkKey,
+    CHUNK, EMBED,
 };
 
 /// Claims in a row that may come back empty before a worker is told to look again later.
@@ -336,6 +337,7 @@ impl PgStore {
                         priority: Priority::from_level(c.priority),
                         input_version: c.input_version,
                         claim_seq,
+                        cost: c.cost,
                     })
                     .collect(),
             ))
@@ -572,6 +574,59 @@ impl LifecycleStore for PgStore {
                         ),
                         &[&id, &(now + wait.as_millis() as i64), &now],
                     )?;
+                    out.push(Status::Failed);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn fail_deliveries(
+        &mut self,
+        owner: &str,
+        failures: &[DeliveryFailure],
+        lease: Duration,
+    ) -> Result<Vec<Status>, StoreError> {
+        self.write(|tx, s, now| {
+            let mut out = Vec::with_capacity(failures.len());
+            for f in failures {
+                let held = tx.query_opt(
+                    &format!(
+                        "SELECT id FROM {s}.enrichment
+                         WHERE document_id = $1 AND stage = $2 AND vector_set = $3
+                           AND status = 'in_progress' AND lease_owner = $4
+                         FOR UPDATE"
+                    ),
+                    &[
+                        &f.key.document_id,
+                        &f.key.stage,
+                        &(f.key.vector_set as i32),
+                        &owner,
+                    ],
+                )?;
+                let Some(row) = held else {
+                    out.push(Status::InProgress);
+                    continue;
+                };
+                let id: i64 = row.get(0);
+                record_error(tx, s, &f.key, f.attempt, &f.worker, &f.message, now)?;
+                tx.execute(
+                    &format!(
+                        "UPDATE {s}.enrichment SET attempts = GREATEST(attempts, $2),
+                             lease_expires = $3, updated_at = $4
+                         WHERE id = $1"
+                    ),
+                    &[
+                        &id,
+                        &(f.attempt as i32),
+                        &(now + lease.as_millis() as i64),
+                        &now,
+                    ],
+                )?;
+                if f.dead {
+                    set_dead(tx, s, id, now)?;
+                    out.push(Status::Dead);
+                } else {
                     out.push(Status::Failed);
                 }
             }

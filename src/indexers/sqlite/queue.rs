@@ -16,9 +16,9 @@ use crate::document::InputKey;
 use crate::lifecycle::backoff::{jitter_unit, retry_delay};
 use crate::lifecycle::owner::is_dead_here;
 use crate::lifecycle::{
-    now_ms, ChunkVector, Claim, ClaimRequest, DocumentText, EnrichStore, LifecycleStore,
-    Maintenance, PendingChunk, Priority, StageSettings, Status, StoreError, WorkItem, WorkKey,
-    EMBED,
+    now_ms, ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText, EnrichStore,
+    LifecycleStore, Maintenance, PendingChunk, Priority, StageSettings, Status, StoreError,
+    WorkItem, WorkKey, EMBED,
 };
 use crate::tokens::ids_from_bytes;
 
@@ -280,6 +280,7 @@ impl SqliteStore {
                     priority: Priority::from_level(c.priority),
                     input_version: c.input_version,
                     claim_seq,
+                    cost: c.cost,
                 });
             }
             Ok(Claim::Items(items))
@@ -480,6 +481,40 @@ impl LifecycleStore for SqliteStore {
                          WHERE id = ?1",
                     )
                     .and_then(|mut s| s.execute(params![id, now + wait.as_millis() as i64, now]))?;
+                    out.push(Status::Failed);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn fail_deliveries(
+        &mut self,
+        owner: &str,
+        failures: &[DeliveryFailure],
+        lease: Duration,
+    ) -> Result<Vec<Status>, StoreError> {
+        self.write(|tx| {
+            let now = now_ms();
+            let mut out = Vec::with_capacity(failures.len());
+            for f in failures {
+                let Some((id, _)) = held(tx, owner, &f.key)? else {
+                    out.push(Status::InProgress);
+                    continue;
+                };
+                record_error(tx, &f.key, f.attempt, &f.worker, &f.message, now)?;
+                tx.prepare_cached(
+                    "UPDATE enrichment SET attempts = MAX(attempts, ?2), lease_expires = ?3,
+                         updated_at = ?4
+                     WHERE id = ?1",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![id, f.attempt, now + lease.as_millis() as i64, now])
+                })?;
+                if f.dead {
+                    set_dead(tx, id, now)?;
+                    out.push(Status::Dead);
+                } else {
                     out.push(Status::Failed);
                 }
             }

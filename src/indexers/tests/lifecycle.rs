@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::lifecycle::{
-    ChunkVector, Claim, ClaimRequest, EnrichStore, LifecycleStore, Maintenance, Priority,
-    StageSettings, Status, WorkItem, WorkKey, EMBED,
+    ChunkVector, Claim, ClaimRequest, DeliveryFailure, EnrichStore, LifecycleStore, Maintenance,
+    Priority, StageSettings, Status, WorkItem, WorkKey, EMBED,
 };
 
 fn deferred(parent: &Document, ordinal: u32, text: &str) -> Document {
@@ -251,6 +251,76 @@ fn failures_back_off_then_go_dead_with_every_error_and_requeue_resets_attempts()
             3,
             "history kept"
         );
+    }
+}
+
+/// Work a broker carries (`enrich --queue`): a failed delivery keeps the work held by the
+/// queue's owner (nobody else claims it while the broker retries), records the error with the
+/// broker's attempt number and the worker that made it; the last one dead-letters it; a
+/// failure reported by someone who does not hold the work is void.
+#[test]
+fn failed_deliveries_keep_the_work_held_then_dead_letter_it() {
+    for ix in backends("failed_deliveries") {
+        let (_f, mut store) = deferred_index(&ix, &["a", "b"], 1);
+        let mut req = request("nats:q");
+        req.max_items = 2;
+        let got = items(store.claim(&req).unwrap());
+        assert_eq!(ids(&got), ["a", "b"]);
+        let key = got[0].key.clone();
+        let failure = |attempt: u32, dead: bool| DeliveryFailure {
+            key: key.clone(),
+            attempt,
+            message: format!("boom {attempt}"),
+            dead,
+            worker: format!("host:1:2:enrich-{attempt}"),
+        };
+        let lease = Duration::from_secs(600);
+        for attempt in 1..=2 {
+            let s = store
+                .fail_deliveries("nats:q", &[failure(attempt, false)], lease)
+                .unwrap();
+            assert_eq!(s, vec![Status::Failed]);
+            // Still the queue's: another worker finds nothing to claim.
+            assert!(matches!(
+                store.claim(&request("other")).unwrap(),
+                Claim::Idle { .. }
+            ));
+        }
+        // Not held by this owner: void, nothing recorded.
+        assert_eq!(
+            store
+                .fail_deliveries("other", &[failure(9, true)], lease)
+                .unwrap(),
+            vec![Status::InProgress]
+        );
+        let s = store
+            .fail_deliveries("nats:q", &[failure(3, true)], lease)
+            .unwrap();
+        assert_eq!(s, vec![Status::Dead]);
+        let dead = store.dead_letters(None).unwrap();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].document_id, "a");
+        assert_eq!(dead[0].attempts, 3, "the attempts the broker reported");
+        let doc = store.document_lifecycle("a").unwrap().unwrap();
+        let stage = doc.stages.iter().find(|s| s.stage == "embed").unwrap();
+        let errors: Vec<(u32, &str, &str)> = stage
+            .errors
+            .iter()
+            .map(|e| (e.attempt, e.message.as_str(), e.worker.as_str()))
+            .collect();
+        assert_eq!(
+            errors,
+            [
+                (1, "boom 1", "host:1:2:enrich-1"),
+                (2, "boom 2", "host:1:2:enrich-2"),
+                (3, "boom 3", "host:1:2:enrich-3")
+            ]
+        );
+        // `b` is untouched: still the queue's, completed by it.
+        store.complete("nats:q", &[got[1].key.clone()]).unwrap();
+        assert_eq!(store.requeue(Some("embed"), None).unwrap(), 1);
+        let again = items(store.claim(&request("other")).unwrap());
+        assert_eq!(ids(&again), ["a"]);
     }
 }
 

@@ -12,8 +12,10 @@
 
 mod embed;
 mod llm;
+mod queued;
 
 pub use llm::LlmStage;
+pub use queued::QueuedRun;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,8 +29,8 @@ use crate::document::RunId;
 use crate::embed::encoder::Encoder;
 use crate::embed::window::Recent;
 use crate::lifecycle::{
-    now_ms, Claim, ClaimRequest, EnrichStore, Maintenance, Owner, StageSettings, Status,
-    StoreError, WorkItem, WorkKey, EMBED, NOOP,
+    now_ms, Claim, ClaimRequest, EnrichStore, LifecycleStore, Maintenance, Owner, StageSettings,
+    Status, StoreError, WorkItem, WorkKey, EMBED, NOOP,
 };
 use crate::publisher::{Counts, Outcome};
 use crate::signal::RunSignal;
@@ -103,6 +105,11 @@ struct Tally {
     notes: Vec<String>,
     /// Chunks cut to a vector set's model limit.
     truncated: u64,
+    /// The work comes from a broker: a failed attempt is the broker's to retry (perhaps in
+    /// another process), so only dead letters count as failures here.
+    broker: bool,
+    /// Failed attempts handed back to the broker.
+    retries: u64,
 }
 
 impl Tally {
@@ -122,6 +129,10 @@ impl Tally {
     }
 
     fn failed(&mut self, key: &WorkKey, reason: &str, status: Status) {
+        if self.broker && status != Status::Dead {
+            self.retries += 1;
+            return;
+        }
         let outcome = Outcome {
             id: key.document_id.clone(),
             parent_id: None,
@@ -161,11 +172,51 @@ pub fn execute<S: EnrichStore + 'static>(
     index: String,
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, RunError> {
+    run_workers(workers, None, options, index, observer)
+}
+
+/// Run the workers on the broker's work (`enrich --queue`), with a feeder that claims from
+/// `feeder` (a store connection of its own) and publishes; see [`queued`].
+pub fn execute_on_broker<S: EnrichStore + 'static>(
+    workers: Vec<EnrichWorker<S>>,
+    feeder: S,
+    run: &QueuedRun,
+    options: &EnrichOptions,
+    index: String,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, RunError> {
+    let dead = run
+        .queue
+        .dead_letters()
+        .map_err(|e| RunError::Aborted(format!("broker: {e}")))?;
+    let mut summary = run_workers(workers, Some((feeder, run, dead)), options, index, observer)?;
+    summary.counts.redelivered = run.redeliveries();
+    summary.notes.push(run.note());
+    Ok(summary)
+}
+
+type Feeder<'r, S> = (
+    S,
+    &'r QueuedRun,
+    crossbeam_channel::Receiver<(WorkItem, u32)>,
+);
+
+fn run_workers<S: EnrichStore + 'static>(
+    workers: Vec<EnrichWorker<S>>,
+    feeder: Option<Feeder<'_, S>>,
+    options: &EnrichOptions,
+    index: String,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, RunError> {
     let started = Instant::now();
     let signal = RunSignal::new();
     let stats = RunStats::default();
-    let tally = Mutex::new(Tally::default());
-    let running = AtomicU64::new(workers.len() as u64);
+    let tally = Mutex::new(Tally {
+        broker: feeder.is_some(),
+        ..Tally::default()
+    });
+    let queued = feeder.as_ref().map(|f| f.1);
+    let running = AtomicU64::new(workers.len() as u64 + u64::from(feeder.is_some()));
     let shared = Shared {
         options,
         tally: &tally,
@@ -178,13 +229,35 @@ pub fn execute<S: EnrichStore + 'static>(
             let spawned = std::thread::Builder::new()
                 .name(format!("enrich-{i}"))
                 .spawn_scoped(scope, move || {
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        work(worker, shared)
-                    }));
+                    let result =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match queued {
+                            Some(run) => queued::work(worker, shared, run),
+                            None => work(worker, shared),
+                        }));
                     match result {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => shared.signal.abort(format!("enrich worker {i}: {e}")),
                         Err(_) => shared.signal.abort(format!("enrich worker {i} panicked")),
+                    }
+                    running.fetch_sub(1, Ordering::AcqRel);
+                });
+            if let Err(e) = spawned {
+                signal.abort(format!("cannot start a thread: {e}"));
+                running.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        if let Some((store, run, dead)) = feeder {
+            let (shared, running) = (&shared, &running);
+            let spawned = std::thread::Builder::new()
+                .name("enrich-feeder".into())
+                .spawn_scoped(scope, move || {
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        queued::feed(store, shared, run, dead)
+                    }));
+                    match result {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => shared.signal.abort(format!("enrich feeder: {e}")),
+                        Err(_) => shared.signal.abort("enrich feeder panicked"),
                     }
                     running.fetch_sub(1, Ordering::AcqRel);
                 });
@@ -230,22 +303,105 @@ pub fn execute<S: EnrichStore + 'static>(
         &stats,
     );
     summary.notes = tally.notes;
+    if tally.retries > 0 {
+        summary.notes.push(format!(
+            "{} failed attempts went back to the broker to be retried after their backoff",
+            tally.retries
+        ));
+    }
     Ok(summary)
 }
 
-/// One worker's loop.
-fn work<S: EnrichStore>(mut w: EnrichWorker<S>, shared: &Shared<'_>) -> Result<(), StoreError> {
-    let options = shared.options;
-    let owner = Owner::this_process("enrich");
-    let reaped = w.store.reap_dead_owners()?;
-    if reaped > 0 {
-        shared.tally().notes.push(format!(
-            "took over {reaped} documents from workers whose process is gone"
-        ));
+/// Do claimed work (one stage; for embed, one vector set) and record the results.
+fn dispatch<S: EnrichStore>(
+    w: &mut EnrichWorker<S>,
+    models: &mut HashMap<i64, (SetModel, Recent)>,
+    owner: &Owner,
+    items: Vec<WorkItem>,
+    shared: &Shared<'_>,
+) -> Result<(), StoreError> {
+    shared.tally().claimed(&items);
+    let stage = items[0].key.stage.clone();
+    match stage.as_str() {
+        EMBED => embed::process(w, models, owner, items, shared),
+        NOOP => {
+            let keys: Vec<WorkKey> = items.into_iter().map(|i| i.key).collect();
+            w.store.complete(owner.as_str(), &keys)?;
+            let mut t = shared.tally();
+            keys.iter().for_each(|k| t.done(k));
+            Ok(())
+        }
+        other => match shared.options.llm.iter().find(|l| l.name == other) {
+            Some(l) => llm::process(w, l, owner, items, shared),
+            None => Err(StoreError::Invalid(format!(
+                "claimed work of stage `{other}`, which enrich cannot do: a bug"
+            ))),
+        },
     }
-    // One claim for the model's stages, one per LLM stage (its own lease, retry limit and
-    // batch size: a claim is about what its requests in flight can answer within a lease);
-    // taken in turn, so no stage starves another.
+}
+
+/// What is done when nothing is claimable: queue new or changed documents for the LLM stages
+/// (with --follow, as they come), the next page of a backfill, or switch search to a
+/// completed one. True when it queued work (claim again at once).
+fn housekeep<S: EnrichStore>(
+    store: &mut S,
+    shared: &Shared<'_>,
+    last_sync: &mut Instant,
+) -> Result<bool, StoreError> {
+    let options = shared.options;
+    if options.follow && last_sync.elapsed() > Duration::from_secs(2) {
+        *last_sync = Instant::now();
+        let mut queued = 0;
+        for l in options
+            .llm
+            .iter()
+            .filter(|l| options.stages.contains(&l.name))
+        {
+            queued += store.sync_stage(&l.name, &l.fingerprint, l.settings.priority)?;
+        }
+        if queued > 0 {
+            return Ok(true);
+        }
+    }
+    match store.maintain()? {
+        Maintenance::Queued { .. } => return Ok(true),
+        Maintenance::Switched { set, model } => {
+            shared.tally().notes.push(format!(
+                "every chunk has a vector of `{model}` (vector set {set}): search now uses it"
+            ));
+            return Ok(true);
+        }
+        Maintenance::Blocked { set, dead } if !options.follow => {
+            let note = format!(
+                "the backfill of vector set {set} cannot finish: {dead} documents are \
+                 dead-lettered (`ragline dlq list`)"
+            );
+            let mut t = shared.tally();
+            if !t.notes.contains(&note) {
+                t.notes.push(note);
+            }
+        }
+        Maintenance::Blocked { .. } | Maintenance::Nothing => {}
+    }
+    Ok(false)
+}
+
+fn note_paused(shared: &Shared<'_>) {
+    let note = "a stage is paused: its work waits for `ragline resume`";
+    let mut t = shared.tally();
+    if !t.notes.iter().any(|n| n == note) {
+        t.notes.push(note.to_string());
+    }
+}
+
+/// What a worker asks the store for: one claim for the model's stages, one per LLM stage
+/// (its own lease, retry limit and batch size: a claim is about what its requests in flight
+/// can answer within a lease). `lease`: instead of the stages' visibility timeouts.
+fn claim_requests(
+    options: &EnrichOptions,
+    owner: &str,
+    lease: Option<Duration>,
+) -> Vec<ClaimRequest> {
     let llm_names: Vec<&str> = options.llm.iter().map(|l| l.name.as_str()).collect();
     let model_stages: Vec<String> = options
         .stages
@@ -261,7 +417,7 @@ fn work<S: EnrichStore>(mut w: EnrichWorker<S>, shared: &Shared<'_>) -> Result<(
             vector_sets: Vec::new(),
             max_items: options.claim_items,
             max_cost: options.claim_cost,
-            lease: options.settings.visibility_timeout,
+            lease: lease.unwrap_or(options.settings.visibility_timeout),
             retry_limit: options.settings.retry_limit,
         });
     }
@@ -276,107 +432,73 @@ fn work<S: EnrichStore>(mut w: EnrichWorker<S>, shared: &Shared<'_>) -> Result<(
             vector_sets: Vec::new(),
             max_items: l.settings.concurrency.max(1) * 4,
             max_cost: u64::MAX,
-            lease: l.settings.visibility_timeout,
+            lease: lease.unwrap_or(l.settings.visibility_timeout),
             retry_limit: l.settings.retry_limit,
         });
     }
+    requests
+}
+
+/// Claim with each request in turn, starting after the last that got work (so no stage
+/// starves another); Idle with what every request said when none got any.
+fn claim_next<S: LifecycleStore>(
+    store: &mut S,
+    requests: &[ClaimRequest],
+    turn: &mut usize,
+) -> Result<Claim, StoreError> {
+    let (mut paused, mut next_due) = (false, None::<i64>);
+    for k in 0..requests.len() {
+        let i = (*turn + k) % requests.len();
+        match store.claim(&requests[i])? {
+            Claim::Items(items) => {
+                *turn = i + 1;
+                return Ok(Claim::Items(items));
+            }
+            Claim::Idle {
+                paused: p,
+                next_due: d,
+            } => {
+                paused |= p;
+                next_due = match (next_due, d) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+        }
+    }
+    Ok(Claim::Idle { paused, next_due })
+}
+
+/// One worker's loop.
+fn work<S: EnrichStore>(mut w: EnrichWorker<S>, shared: &Shared<'_>) -> Result<(), StoreError> {
+    let options = shared.options;
+    let owner = Owner::this_process("enrich");
+    let reaped = w.store.reap_dead_owners()?;
+    if reaped > 0 {
+        shared.tally().notes.push(format!(
+            "took over {reaped} documents from workers whose process is gone"
+        ));
+    }
+    let requests = claim_requests(options, owner.as_str(), None);
     let mut models: HashMap<i64, (SetModel, Recent)> = HashMap::new();
     let mut last_reap = Instant::now();
     let mut last_sync = Instant::now();
     let mut said_paused = false;
     let mut turn = 0usize;
     while !shared.signal.is_stopped() && !requests.is_empty() {
-        let mut claimed = None;
-        let (mut paused, mut next_due) = (false, None::<i64>);
-        for k in 0..requests.len() {
-            let i = (turn + k) % requests.len();
-            match w.store.claim(&requests[i])? {
-                Claim::Items(items) => {
-                    turn = i + 1;
-                    claimed = Some(items);
-                    break;
-                }
-                Claim::Idle {
-                    paused: p,
-                    next_due: d,
-                } => {
-                    paused |= p;
-                    next_due = match (next_due, d) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                }
-            }
-        }
-        let claim = match claimed {
-            Some(items) => Claim::Items(items),
-            None => Claim::Idle { paused, next_due },
-        };
+        let claim = claim_next(&mut w.store, &requests, &mut turn)?;
         match claim {
             Claim::Items(items) => {
                 said_paused = false;
-                shared.tally().claimed(&items);
-                let stage = items[0].key.stage.clone();
-                match stage.as_str() {
-                    EMBED => embed::process(&mut w, &mut models, &owner, items, shared)?,
-                    NOOP => {
-                        let keys: Vec<WorkKey> = items.into_iter().map(|i| i.key).collect();
-                        w.store.complete(owner.as_str(), &keys)?;
-                        let mut t = shared.tally();
-                        keys.iter().for_each(|k| t.done(k));
-                    }
-                    other => match options.llm.iter().find(|l| l.name == other) {
-                        Some(l) => llm::process(&mut w, l, &owner, items, shared)?,
-                        None => {
-                            return Err(StoreError::Invalid(format!(
-                                "claimed work of stage `{other}`, which enrich cannot do: a bug"
-                            )))
-                        }
-                    },
-                }
+                dispatch(&mut w, &mut models, &owner, items, shared)?;
             }
             Claim::Idle { paused, next_due } => {
-                // New or changed documents for the LLM stages (with --follow, as they come).
-                if options.follow && last_sync.elapsed() > Duration::from_secs(2) {
-                    last_sync = Instant::now();
-                    let mut queued = 0;
-                    for l in options
-                        .llm
-                        .iter()
-                        .filter(|l| options.stages.contains(&l.name))
-                    {
-                        queued +=
-                            w.store
-                                .sync_stage(&l.name, &l.fingerprint, l.settings.priority)?;
-                    }
-                    if queued > 0 {
-                        continue;
-                    }
-                }
-                match w.store.maintain()? {
-                    Maintenance::Queued { .. } => continue,
-                    Maintenance::Switched { set, model } => {
-                        shared.tally().notes.push(format!(
-                            "every chunk has a vector of `{model}` (vector set {set}): search \
-                             now uses it"
-                        ));
-                        continue;
-                    }
-                    Maintenance::Blocked { set, dead } if !options.follow => {
-                        shared.tally().notes.push(format!(
-                            "the backfill of vector set {set} cannot finish: {dead} documents \
-                             are dead-lettered (`ragline dlq list`)"
-                        ));
-                    }
-                    Maintenance::Blocked { .. } | Maintenance::Nothing => {}
+                if housekeep(&mut w.store, shared, &mut last_sync)? {
+                    continue;
                 }
                 if paused && !said_paused {
                     said_paused = true;
-                    let note = "a stage is paused: its work waits for `ragline resume`";
-                    let mut t = shared.tally();
-                    if !t.notes.iter().any(|n| n == note) {
-                        t.notes.push(note.to_string());
-                    }
+                    note_paused(shared);
                 }
                 // Without --follow: wait only for retries that are due soon, never for a
                 // paused stage.
