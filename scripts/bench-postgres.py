@@ -1,13 +1,17 @@
 """The bulk-load reference for scripts/bench-postgres.sh: psycopg 3's binary COPY with
 pgvector's adapter (the fastest common way to load vectors from Python), into one table shaped
-like ragline's `chunks` (LIKE ... INCLUDING ALL: the generated tsvector, its GIN index, the
-unique id, the document index) plus the vector column ragline keeps in a table of its own
+like ragline's `chunks` (LIKE ... INCLUDING ALL: the unique id, the document index, the
+tsvector and its GIN index, see below) plus the vector column ragline keeps in a table of its own
 (`vectors_1`); no HNSW index during the load, as ragline does. The reference only appends: no
 upsert, no lifecycle rows, one transaction. Rows of the same shape as ragline's synthetic ones
 (src/indexers/synthetic.rs): 90 words from the same list, unit vectors. Prints one JSON
 object.
 
-    python bench-postgres.py URL LIKE_SCHEMA CHUNKS
+    python bench-postgres.py URL LIKE_SCHEMA CHUNKS [server|none]
+
+`server` (the default): the table's `tsvector` is a generated column, made by PostgreSQL's
+`to_tsvector('english', ...)`, with its GIN index maintained during the load (the common way);
+`none`: no full-text column at all, the floor of what the server takes for these rows.
 """
 
 import json
@@ -28,6 +32,8 @@ DIM = 384
 
 def main() -> None:
     url, like, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    fts = sys.argv[4] if len(sys.argv) > 4 else "server"
+    assert fts in ("server", "none"), fts
     rng = np.random.default_rng(7)
     vectors = rng.uniform(-1, 1, size=(n, DIM)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -41,6 +47,16 @@ def main() -> None:
         conn.execute("CREATE SCHEMA bench_psycopg")
         conn.execute(f"CREATE TABLE bench_psycopg.chunks (LIKE {like}.chunks INCLUDING ALL)")
         conn.execute(f"ALTER TABLE bench_psycopg.chunks ADD COLUMN embedding vector({DIM})")
+        # ragline's `fts` is a plain column it fills itself; the common way from Python is
+        # to have the server make the tsvector: a generated column, as ragline's schema
+        # had before version 3. `none`: no full text at all, the floor of this table.
+        conn.execute("ALTER TABLE bench_psycopg.chunks DROP COLUMN fts")
+        if fts == "server":
+            conn.execute(
+                "ALTER TABLE bench_psycopg.chunks ADD COLUMN fts tsvector GENERATED ALWAYS AS "
+                "(to_tsvector('english', heading_path || ' ' || text)) STORED"
+            )
+            conn.execute("CREATE INDEX ON bench_psycopg.chunks USING gin (fts)")
         conn.commit()
 
         started = time.perf_counter()
@@ -66,7 +82,7 @@ def main() -> None:
         assert count == n, (count, n)
         conn.execute("DROP SCHEMA bench_psycopg CASCADE")
         conn.commit()
-    print(json.dumps({"chunks": n, "seconds": seconds, "chunks_per_s": n / seconds}))
+    print(json.dumps({"chunks": n, "fts": fts, "seconds": seconds, "chunks_per_s": n / seconds}))
 
 
 if __name__ == "__main__":

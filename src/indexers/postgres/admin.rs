@@ -546,9 +546,8 @@ impl IndexStore for PgStore {
 
     fn finish_run(&mut self) -> Result<Vec<String>, StoreError> {
         let ty = self.vector_type;
-        let note = super::ensure_hnsw(&mut self.client, &self.target, ty)
-            .map_err(|e| StoreError::Io(e.to_string()))?;
-        Ok(note.into_iter().collect())
+        super::ensure_indexes(&mut self.client, &self.target, ty)
+            .map_err(|e| StoreError::Io(e.to_string()))
     }
 }
 

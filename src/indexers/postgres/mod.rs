@@ -17,6 +17,7 @@
 //! any number of machines share it.
 
 mod admin;
+mod fts;
 mod outputs;
 mod queue;
 mod reader;
@@ -246,13 +247,11 @@ impl BackendFactory for PostgresFactory {
         run(&mut client).map_err(|e| self.err(e))
     }
 
-    /// Build the HNSW index if the run started without one: once over the bulk-loaded rows
-    /// is much faster than maintaining it row by row during the load.
+    /// Build the GIN and HNSW indexes if the run started without them: once over the
+    /// bulk-loaded rows is much faster than maintaining them row by row during the load.
     fn finish(&self) -> Result<Vec<String>, BackendError> {
         let mut client = self.client()?;
-        Ok(ensure_hnsw(&mut client, &self.target, self.vector_type)?
-            .into_iter()
-            .collect())
+        ensure_indexes(&mut client, &self.target, self.vector_type)
     }
 }
 
@@ -302,9 +301,51 @@ pub(crate) fn stored_vector(
         .filter(|v| v.len() == set.dimension))
 }
 
+/// The indexes a first bulk load goes without (see `ensure_fts` and `ensure_hnsw`), built
+/// now if missing; a note for the summary for each one built.
+pub(crate) fn ensure_indexes(
+    client: &mut Client,
+    target: &PgTarget,
+    ty: VectorType,
+) -> Result<Vec<String>, BackendError> {
+    let mut notes: Vec<String> = ensure_fts(client, target)?.into_iter().collect();
+    notes.extend(ensure_hnsw(client, target, ty)?);
+    Ok(notes)
+}
+
+/// Build the chunks' GIN index (keyword search) if there is none and there are chunks: an
+/// index made empty leaves it out until its first load is in. Until then keyword search
+/// scans the table: slower, the same results.
+fn ensure_fts(client: &mut Client, target: &PgTarget) -> Result<Option<String>, BackendError> {
+    let err = |e: postgres::Error| pg_error(target, e);
+    let s = target.schema_sql();
+    let mut tx = client.transaction().map_err(err)?;
+    lock_schema(&mut tx, target).map_err(err)?;
+    if schema::has_index(&mut tx, &target.schema, schema::FTS_INDEX).map_err(err)? {
+        return Ok(None);
+    }
+    let any = tx
+        .query_opt(&format!("SELECT 1 FROM {s}.chunks LIMIT 1"), &[])
+        .map_err(err)?;
+    if any.is_none() {
+        return Ok(None);
+    }
+    let started = Instant::now();
+    tx.batch_execute(&format!(
+        "CREATE INDEX IF NOT EXISTS {} ON {s}.chunks USING gin (fts)",
+        schema::FTS_INDEX
+    ))
+    .map_err(err)?;
+    tx.commit().map_err(err)?;
+    Ok(Some(format!(
+        "built the keyword (GIN) index in {:.1}s",
+        started.elapsed().as_secs_f64()
+    )))
+}
+
 /// Build the HNSW index of the active set if it has none yet and holds vectors. Returns a
 /// note for the summary when it did.
-pub(crate) fn ensure_hnsw(
+fn ensure_hnsw(
     client: &mut Client,
     target: &PgTarget,
     ty: VectorType,

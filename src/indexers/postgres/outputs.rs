@@ -2,6 +2,7 @@
 //! (`indexers/sqlite/outputs.rs`): queueing, the document's text, outputs replaced in one
 //! transaction with the status, a `tsvector` when they go in the keyword index.
 
+use super::fts::TsVector;
 use super::queue::{PgStore, TxError};
 use crate::lifecycle::store::stitch;
 use crate::lifecycle::{DocumentText, Priority, StoreError, WorkKey};
@@ -106,14 +107,16 @@ impl PgStore {
                 return Ok(false);
             };
             let id: i64 = row.get(0);
+            // Analysed as chunks are (`fts.rs`), when it goes in the keyword index.
+            let fts = keyword.then(|| TsVector::of(&[output]));
             tx.execute(
                 &format!(
-                    "INSERT INTO {s}.stage_outputs(document_id, stage, output, keyword, at)
-                     VALUES ($1, $2, $3, $4, $5)
+                    "INSERT INTO {s}.stage_outputs(document_id, stage, output, keyword, at, fts)
+                     VALUES ($1, $2, $3, $4, $5, $6)
                      ON CONFLICT (document_id, stage) DO UPDATE SET output = excluded.output,
-                         keyword = excluded.keyword, at = excluded.at"
+                         keyword = excluded.keyword, at = excluded.at, fts = excluded.fts"
                 ),
-                &[&key.document_id, &key.stage, &output, &keyword, &now],
+                &[&key.document_id, &key.stage, &output, &keyword, &now, &fts],
             )?;
             tx.execute(
                 &format!(

@@ -181,25 +181,22 @@ impl IndexReader for PgReader {
     /// PostgreSQL's `ts_rank` with normalisation 1 (divided by 1 + the log of the chunk's
     /// length, as BM25 favours the shorter of two chunks with the same matches). Not BM25:
     /// `ts_rank_cd` (cover density) ranked long chunks with one query word repeated first.
+    /// The query's words are analysed as the chunks' text was (`fts.rs`).
     fn keyword(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
-        let terms: Vec<&str> = query
-            .split(|c: char| !c.is_alphanumeric())
-            .filter(|t| !t.is_empty())
-            .collect();
-        if terms.is_empty() {
+        let Some(tsquery) = super::fts::any_word_query(query) else {
             return Ok(Vec::new());
-        }
+        };
         let rows = self
             .client
             .borrow_mut()
             .query(
                 &format!(
                     "SELECT rowid, ts_rank(fts, q, 1)::float8 AS score
-                     FROM {}.chunks, to_tsquery('english', $1) q
+                     FROM {}.chunks, CAST($1::text AS tsquery) q
                      WHERE fts @@ q ORDER BY score DESC, rowid LIMIT $2",
                     self.target.schema_sql()
                 ),
-                &[&terms.join(" | "), &(k as i64)],
+                &[&tsquery, &(k as i64)],
             )
             .map_err(|e| self.err(e))?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
@@ -259,13 +256,9 @@ impl IndexReader for PgReader {
     }
 
     fn keyword_outputs(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
-        let terms: Vec<&str> = query
-            .split(|c: char| !c.is_alphanumeric())
-            .filter(|t| !t.is_empty())
-            .collect();
-        if terms.is_empty() {
+        let Some(tsquery) = super::fts::any_word_query(query) else {
             return Ok(Vec::new());
-        }
+        };
         let s = self.target.schema_sql();
         let rows = self
             .client
@@ -273,14 +266,14 @@ impl IndexReader for PgReader {
             .query(
                 &format!(
                     "SELECT first.rowid, ts_rank(o.fts, q, 1)::float8 AS score
-                     FROM {s}.stage_outputs o, to_tsquery('english', $1) q,
+                     FROM {s}.stage_outputs o, CAST($1::text AS tsquery) q,
                           LATERAL (SELECT c.rowid FROM {s}.chunks c
                                    WHERE c.document_id = o.document_id
                                      AND c.replaced_by IS NULL
                                    ORDER BY c.ordinal LIMIT 1) first
                      WHERE o.fts @@ q ORDER BY score DESC, first.rowid LIMIT $2"
                 ),
-                &[&terms.join(" | "), &(k as i64)],
+                &[&tsquery, &(k as i64)],
             )
             .map_err(|e| self.err(e))?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())

@@ -5,8 +5,9 @@
 //!   dimension), the vector type (`vector` or `halfvec`), the chunker's tokenizer.
 //! - `documents`: one row per source document: its content hash and pipeline fingerprint
 //!   (incremental runs), `version` (both hashed) and how many chunks that version has.
-//! - `chunks`: one row per chunk, `rowid` an identity the search results carry, and `fts`, a
-//!   generated `tsvector` of the heading path and text with a GIN index (keyword search).
+//! - `chunks`: one row per chunk, `rowid` an identity the search results carry, and `fts`,
+//!   the `tsvector` of the heading path and text (made by the writer since version 3, see
+//!   `fts.rs`) with a GIN index (keyword search), built after the first bulk load.
 //!   `replaced_by`: an old version of a chunk kept for vector search until the new version
 //!   has its vector (its `fts` is NULL, so keyword search has only the new text); the chunk
 //!   id is unique among current rows only.
@@ -39,8 +40,8 @@ use postgres::GenericClient;
 use super::target::VectorType;
 
 /// The schema this ragline writes. Version 1: the tables above; 2: `dead_documents` and
-/// `stage_control.circuit`.
-pub const SCHEMA_VERSION: i64 = 2;
+/// `stage_control.circuit`; 3: `chunks.fts` written by ragline (no longer generated).
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The steps from version `n - 1` to `n`, at index `n - 1`: each runs in the transaction
 /// that records the new version, so a migration is all or nothing. A new version appends
@@ -155,6 +156,14 @@ const MIGRATIONS: &[&str] = &[
              THEN to_tsvector('english', output) END) STORED,
          PRIMARY KEY (document_id, stage));
      CREATE INDEX stage_outputs_fts ON {s}.stage_outputs USING gin (fts);",
+    // 3: the `tsvector` of a chunk or a stage's output is made by the writer (`fts.rs`), no
+    // longer by the server; the values already there stay. The GIN index of an empty index goes: it is built after
+    // the first bulk load (`ensure_indexes`), as the HNSW index is.
+    "ALTER TABLE {s}.chunks ALTER COLUMN fts DROP EXPRESSION;
+     ALTER TABLE {s}.stage_outputs ALTER COLUMN fts DROP EXPRESSION;
+     DO $$ BEGIN
+         IF NOT EXISTS (SELECT 1 FROM {s}.chunks) THEN DROP INDEX {s}.chunks_fts; END IF;
+     END $$;",
 ];
 
 /// Create the schema or bring it from version `from` (0: nothing there) to
@@ -164,7 +173,17 @@ pub fn migrate(
     schema: &str,
     from: i64,
 ) -> Result<(), postgres::Error> {
-    if from >= SCHEMA_VERSION {
+    migrate_to(tx, schema, from, SCHEMA_VERSION)
+}
+
+/// [`migrate`] to version `to` (tests make older indexes with it).
+fn migrate_to(
+    tx: &mut impl GenericClient,
+    schema: &str,
+    from: i64,
+    to: i64,
+) -> Result<(), postgres::Error> {
+    if from >= to {
         return Ok(());
     }
     tx.batch_execute(&format!(
@@ -173,7 +192,7 @@ pub fn migrate(
              key text PRIMARY KEY,
              value text NOT NULL);"
     ))?;
-    for step in &MIGRATIONS[from.max(0) as usize..SCHEMA_VERSION as usize] {
+    for step in &MIGRATIONS[from.max(0) as usize..to as usize] {
         tx.batch_execute(&step.replace("{s}", schema))?;
     }
     tx.execute(
@@ -181,7 +200,7 @@ pub fn migrate(
             "INSERT INTO {schema}.meta(key, value) VALUES ('schema_version', $1)
              ON CONFLICT (key) DO UPDATE SET value = excluded.value"
         ),
-        &[&SCHEMA_VERSION.to_string()],
+        &[&to.to_string()],
     )?;
     Ok(())
 }
@@ -207,15 +226,95 @@ pub fn hnsw_index(table: &str) -> String {
     format!("{table}_hnsw")
 }
 
+/// The name of the chunks' GIN index (keyword search).
+pub const FTS_INDEX: &str = "chunks_fts";
+
+/// Whether the schema has the index `name`.
+pub fn has_index(
+    client: &mut impl GenericClient,
+    schema: &str,
+    name: &str,
+) -> Result<bool, postgres::Error> {
+    let row = client.query_opt(
+        "SELECT 1 FROM pg_indexes WHERE schemaname = $1 AND indexname = $2",
+        &[&schema, &name],
+    )?;
+    Ok(row.is_some())
+}
+
 /// Whether a set's table has its HNSW index.
 pub fn has_hnsw(
     client: &mut impl GenericClient,
     schema: &str,
     table: &str,
 ) -> Result<bool, postgres::Error> {
-    let row = client.query_opt(
-        "SELECT 1 FROM pg_indexes WHERE schemaname = $1 AND indexname = $2",
-        &[&schema, &hnsw_index(table)],
-    )?;
-    Ok(row.is_some())
+    has_index(client, schema, &hnsw_index(table))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Version 3 on a version-2 index (skipped without `RAGLINE_TEST_POSTGRES`): the server's
+    /// tsvectors stay, the column is no longer generated (ragline writes it), and the GIN
+    /// index stays where there are chunks and goes where there are none (built after the
+    /// first load).
+    #[test]
+    fn version_3_keeps_the_tsvectors_and_the_gin_index_of_a_loaded_index() {
+        let url = match std::env::var("RAGLINE_TEST_POSTGRES") {
+            Ok(u) if !u.is_empty() => u,
+            _ => {
+                eprintln!("SKIPPED (postgres): RAGLINE_TEST_POSTGRES is not set");
+                return;
+            }
+        };
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        let pid = std::process::id();
+        for (schema, loaded) in [
+            (format!("u_v3_loaded_{pid}"), true),
+            (format!("u_v3_empty_{pid}"), false),
+        ] {
+            c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                .unwrap();
+            let mut tx = c.transaction().unwrap();
+            migrate_to(&mut tx, &schema, 0, 2).unwrap();
+            if loaded {
+                tx.batch_execute(&format!(
+                    "INSERT INTO {schema}.chunks (id, document_id, ordinal, version, text,
+                         heading_path, start_byte, end_byte, token_count)
+                     VALUES ('a#0', 'a', 0, 'v', 'Effects run after rendering', 'Hooks', 0, 27, 5)"
+                ))
+                .unwrap();
+            }
+            migrate(&mut tx, &schema, 2).unwrap();
+            tx.commit().unwrap();
+            let generated: String = c
+                .query_one(
+                    "SELECT attgenerated::text FROM pg_attribute
+                     WHERE attrelid = $1::text::regclass AND attname = 'fts'",
+                    &[&format!("{schema}.chunks")],
+                )
+                .unwrap()
+                .get(0);
+            assert_eq!(generated, "", "fts is a plain column now");
+            assert_eq!(has_index(&mut c, &schema, FTS_INDEX).unwrap(), loaded);
+            if loaded {
+                let kept: String = c
+                    .query_one(&format!("SELECT fts::text FROM {schema}.chunks"), &[])
+                    .unwrap()
+                    .get(0);
+                assert_eq!(kept, "'effect':2 'hook':1 'render':5 'run':3");
+            }
+            let version: String = c
+                .query_one(
+                    &format!("SELECT value FROM {schema}.meta WHERE key = 'schema_version'"),
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            assert_eq!(version, SCHEMA_VERSION.to_string());
+            c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+                .unwrap();
+        }
+    }
 }

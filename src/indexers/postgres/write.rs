@@ -20,6 +20,7 @@ use postgres::error::SqlState;
 use postgres::types::{ToSql, Type};
 use postgres::{Client, Transaction};
 
+use super::fts::TsVector;
 use super::target::{PgTarget, VectorType};
 use super::{is_retryable, pg_error, server_now, sets, settle};
 use crate::document::Document;
@@ -49,10 +50,11 @@ const FIRST_ANALYZE: usize = 4096;
 /// Columns of a staged chunk, in COPY order.
 const STAGE_COLUMNS: &str = "id, document_id, ordinal, version, text, heading_path, \
                              start_byte, end_byte, token_count, input_key, page_start, \
-                             page_end, embedding, token_ids";
+                             page_end, fts, embedding, token_ids";
 /// Columns of a chunk row taken from the stage.
 const CHUNK_COLUMNS: &str = "id, document_id, ordinal, version, text, heading_path, \
-                             start_byte, end_byte, token_count, input_key, page_start, page_end";
+                             start_byte, end_byte, token_count, input_key, page_start, page_end, \
+                             fts";
 const DOCUMENT_COLUMNS: &str =
     "id, source, title, metadata, content_hash, fingerprint, version, chunk_count";
 
@@ -184,8 +186,8 @@ fn prepare_session(client: &mut Client) -> Result<Type, postgres::Error> {
          CREATE TEMP TABLE IF NOT EXISTS rl_stage_chunks (
              id text, document_id text, ordinal integer, version text, text text,
              heading_path text, start_byte bigint, end_byte bigint, token_count integer,
-             input_key bytea, page_start integer, page_end integer, embedding vector,
-             token_ids bytea) ON COMMIT DELETE ROWS;
+             input_key bytea, page_start integer, page_end integer, fts tsvector,
+             embedding vector, token_ids bytea) ON COMMIT DELETE ROWS;
          CREATE INDEX IF NOT EXISTS rl_stage_chunks_id ON rl_stage_chunks (id);",
     )?;
     let stmt = client.prepare("SELECT $1::vector")?;
@@ -206,6 +208,8 @@ struct ChunkRow<'a> {
     key: Option<&'a [u8]>,
     page_start: Option<i32>,
     page_end: Option<i32>,
+    /// The keyword index's lexemes of the heading path and text.
+    fts: TsVector,
     vector: Option<pgvector::Vector>,
     /// The chunker's ids travel only with a chunk that still needs its vector.
     token_ids: Option<Vec<u8>>,
@@ -221,13 +225,15 @@ impl<'a> ChunkRow<'a> {
             Some((a, b)) => (Some(a as i32), Some(b as i32)),
             None => (None, None),
         };
+        let heading_path = c.heading_path.join(" > ");
         ChunkRow {
+            fts: TsVector::of(&[&heading_path, &doc.fields.text]),
             id: &doc.id,
             parent: doc.parent_id.as_deref().unwrap_or(""),
             ordinal: c.ordinal as i32,
             version: version_of(doc),
             text: &doc.fields.text,
-            heading_path: c.heading_path.join(" > "),
+            heading_path,
             start: c.start as i64,
             end: c.end as i64,
             token_count: c.token_count as i32,
@@ -243,7 +249,7 @@ impl<'a> ChunkRow<'a> {
     }
 
     /// The values of `CHUNK_COLUMNS`.
-    fn columns(&self) -> [&(dyn ToSql + Sync); 12] {
+    fn columns(&self) -> [&(dyn ToSql + Sync); 13] {
         [
             &self.id,
             &self.parent,
@@ -257,12 +263,13 @@ impl<'a> ChunkRow<'a> {
             &self.key,
             &self.page_start,
             &self.page_end,
+            &self.fts,
         ]
     }
 }
 
 /// The types of `CHUNK_COLUMNS`.
-const CHUNK_TYPES: [Type; 12] = [
+const CHUNK_TYPES: [Type; 13] = [
     Type::TEXT,
     Type::TEXT,
     Type::INT4,
@@ -275,6 +282,7 @@ const CHUNK_TYPES: [Type; 12] = [
     Type::BYTEA,
     Type::INT4,
     Type::INT4,
+    Type::TS_VECTOR,
 ];
 
 fn copy_chunks(
@@ -393,7 +401,7 @@ fn write_chunks(
     tx.execute(
         &format!(
             "WITH kept AS (
-                 UPDATE {s}.chunks c SET replaced_by = c.id FROM rl_stage_chunks st
+                 UPDATE {s}.chunks c SET replaced_by = c.id, fts = NULL FROM rl_stage_chunks st
                  WHERE {current} AND st.embedding IS NULL
                    AND c.input_key IS DISTINCT FROM st.input_key AND {has}
                  RETURNING c.rowid)
@@ -529,7 +537,7 @@ fn write_documents(
         tx.execute(
             &format!(
                 "WITH kept AS (
-                     UPDATE {s}.chunks c SET replaced_by = '' FROM rl_stage_documents d
+                     UPDATE {s}.chunks c SET replaced_by = '', fts = NULL FROM rl_stage_documents d
                      WHERE {tail} AND {has} RETURNING c.rowid)
                  DELETE FROM {s}.chunk_tokens WHERE rowid IN (SELECT rowid FROM kept)",
                 has = sets::has_vector(s, active)
