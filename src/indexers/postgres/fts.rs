@@ -439,14 +439,9 @@ mod tests {
     /// sent in binary, is the one `to_tsvector('english', ...)` makes: lexemes and positions.
     #[test]
     fn agrees_with_postgres_to_tsvector_on_ordinary_words() {
-        let url = match std::env::var("RAGLINE_TEST_POSTGRES") {
-            Ok(u) if !u.is_empty() => u,
-            _ => {
-                eprintln!("SKIPPED (postgres): RAGLINE_TEST_POSTGRES is not set");
-                return;
-            }
+        let Some(mut c) = crate::indexers::postgres::test_server() else {
+            return;
         };
-        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
         let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
         let mut text = std::fs::read_to_string(fixtures.join("react/useEffect.md")).unwrap();
         text += &std::fs::read_to_string(fixtures.join("scifact-mini/corpus.jsonl")).unwrap();

@@ -564,3 +564,16 @@ pub fn execute(target: &PgTarget, sql: &str) -> Result<(), BackendError> {
     let mut client = target.connect()?;
     client.batch_execute(sql).map_err(|e| pg_error(target, e))
 }
+
+/// A connection to the test server `RAGLINE_TEST_POSTGRES` names; `None`, with a message,
+/// when it names none (the test skips).
+#[cfg(test)]
+pub(crate) fn test_server() -> Option<Client> {
+    match std::env::var("RAGLINE_TEST_POSTGRES") {
+        Ok(url) if !url.is_empty() => Some(Client::connect(&url, postgres::NoTls).unwrap()),
+        _ => {
+            eprintln!("SKIPPED (postgres): RAGLINE_TEST_POSTGRES is not set");
+            None
+        }
+    }
+}

@@ -261,14 +261,9 @@ mod tests {
     /// first load).
     #[test]
     fn version_3_keeps_the_tsvectors_and_the_gin_index_of_a_loaded_index() {
-        let url = match std::env::var("RAGLINE_TEST_POSTGRES") {
-            Ok(u) if !u.is_empty() => u,
-            _ => {
-                eprintln!("SKIPPED (postgres): RAGLINE_TEST_POSTGRES is not set");
-                return;
-            }
+        let Some(mut c) = crate::indexers::postgres::test_server() else {
+            return;
         };
-        let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
         let pid = std::process::id();
         for (schema, loaded) in [
             (format!("u_v3_loaded_{pid}"), true),
