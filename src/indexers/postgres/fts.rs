@@ -249,26 +249,41 @@ impl TsVector {
         for text in texts {
             position = analyse(text, position, |lexeme, p| words.push((lexeme, p)));
         }
-        // By lexeme, then position: the order PostgreSQL stores them in.
-        words.sort_unstable();
-        let mut entries: Vec<(Arc<str>, Vec<u16>)> = Vec::new();
-        let mut bytes = 0;
+        // Grouped by word first: a word's lexeme is one shared string (the cache's), so
+        // grouping compares addresses, and only the distinct lexemes are compared as text
+        // (a chunk repeats its words: sorting every word by its text was most of this).
+        words.sort_unstable_by_key(|(lexeme, p)| (Arc::as_ptr(lexeme) as *const u8 as usize, *p));
+        let mut groups: Vec<(Arc<str>, Vec<u16>)> = Vec::new();
         for (lexeme, p) in words {
+            match groups.last_mut() {
+                Some((last, positions)) if Arc::ptr_eq(last, &lexeme) => positions.push(p as u16),
+                _ => groups.push((lexeme, vec![p as u16])),
+            }
+        }
+        // By lexeme, then position: the order PostgreSQL stores them in. Words with one
+        // lexeme (`render`, `renders`) meet here.
+        groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut entries: Vec<(Arc<str>, Vec<u16>)> = Vec::with_capacity(groups.len());
+        let mut bytes = 0;
+        for (lexeme, positions) in groups {
             match entries.last_mut() {
-                Some((last, positions)) if *last == lexeme => {
-                    // Positions past the limit all read as the last one; kept once.
-                    if positions.len() < MAX_POSITIONS && positions.last() != Some(&(p as u16)) {
-                        positions.push(p as u16);
-                    }
+                Some((last, mine)) if *last == lexeme => {
+                    mine.extend(positions);
+                    mine.sort_unstable();
                 }
                 _ => {
                     bytes += lexeme.len();
                     if bytes > MAX_BYTES {
                         break;
                     }
-                    entries.push((lexeme, vec![p as u16]));
+                    entries.push((lexeme, positions));
                 }
             }
+        }
+        for (_, positions) in &mut entries {
+            // Positions past the limit all read as the last one; kept once.
+            positions.dedup();
+            positions.truncate(MAX_POSITIONS);
         }
         TsVector { entries }
     }

@@ -42,10 +42,14 @@ pub(super) struct PgBackend {
     /// statistics (see `keep_statistics`).
     written: usize,
     analyze_at: usize,
+    /// `chunks.rowid`'s sequence as a regclass literal, looked up once (see `copy_new_chunks`).
+    rowid_sequence: Option<String>,
 }
 
-/// Rows written before the first refresh of the statistics; each refresh doubles it.
+/// Rows a table has before its first refresh of the statistics (see `keep_statistics`).
 const FIRST_ANALYZE: usize = 4096;
+/// Rows a connection writes between two looks at whether a table needs new statistics.
+const ANALYZE_CHECK: usize = 4096;
 
 /// Columns of a staged chunk, in COPY order.
 const STAGE_COLUMNS: &str = "id, document_id, ordinal, version, text, heading_path, \
@@ -76,33 +80,74 @@ impl PgBackend {
             vector_oid,
             written: 0,
             analyze_at: FIRST_ANALYZE,
+            rowid_sequence: None,
         })
     }
 
     /// A bulk load makes the index's tables grow far faster than autovacuum analyses them
     /// (a minute at best): with statistics of a table a tenth of its size, the planner joins
     /// each batch against the whole table, and every batch costs more than the one before.
-    /// So each time this connection has doubled what it wrote, it analyses them itself: a
-    /// few times in a load of any size, a fraction of a second each. (Without the right to,
-    /// PostgreSQL skips with a warning; autovacuum still catches up.)
+    /// So a table that has doubled since its statistics were made is analysed by the writer
+    /// that sees it: a few times in a load of any size, a fraction of a second each. The
+    /// table's size and the rows its statistics counted are the server's (`n_live_tup`,
+    /// `reltuples`), so writers share one schedule (each counting its own rows, four writers
+    /// analysed four times as often), and a try-lock makes one of them do it, the others go
+    /// on writing. Only the columns the writes and the queue join and filter on: the chunks'
+    /// text, lexemes and vectors are most of an ANALYZE's work (perf: sorting texts,
+    /// decoding vectors) and no plan here depends on them. (A column list leaves the
+    /// table's change count alone, so autovacuum still makes the full statistics later;
+    /// without the right to, PostgreSQL skips with a warning.)
     fn keep_statistics(&mut self, rows: usize) {
         self.written += rows;
         if self.written < self.analyze_at {
             return;
         }
-        self.analyze_at = self.written * 2;
+        self.analyze_at = self.written + ANALYZE_CHECK;
         let s = self.target.schema_sql();
-        let mut tables = vec![
-            format!("{s}.chunks"),
-            format!("{s}.documents"),
-            format!("{s}.enrichment"),
-        ];
+        let mut columns: HashMap<String, &str> = HashMap::from([
+            (
+                "chunks".to_string(),
+                " (rowid, id, document_id, replaced_by, ordinal, input_key)",
+            ),
+            ("documents".to_string(), " (id)"),
+            ("enrichment".to_string(), ""),
+        ]);
         if let Ok(all) = sets::all(&mut self.client, &s) {
-            tables.extend(all.iter().map(|x| format!("{s}.{}", x.vec_table)));
+            columns.extend(all.into_iter().map(|x| (x.vec_table, " (rowid)")));
         }
-        let _ = self
-            .client
-            .batch_execute(&format!("ANALYZE {}", tables.join(", ")));
+        let names: Vec<&String> = columns.keys().collect();
+        let Ok(rows) = self.client.query(
+            "SELECT c.relname::text FROM pg_class c
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             JOIN pg_stat_user_tables t ON t.relid = c.oid
+             WHERE n.nspname = $1 AND c.relname = ANY($2)
+               AND t.n_live_tup >= GREATEST($3::bigint, 2 * c.reltuples::bigint)",
+            &[&self.target.schema, &names, &(FIRST_ANALYZE as i64)],
+        ) else {
+            return;
+        };
+        let stale: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                let t: String = r.get(0);
+                format!("{s}.{t}{}", columns[&t])
+            })
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        let Ok(mut tx) = self.client.transaction() else {
+            return;
+        };
+        let mine = tx
+            .query_one(
+                "SELECT pg_try_advisory_xact_lock(hashtext($1))",
+                &[&format!("ragline-analyze:{}", self.target.schema)],
+            )
+            .is_ok_and(|r| r.get::<_, bool>(0));
+        if mine && tx.batch_execute(&format!("ANALYZE {}", stale.join(", "))).is_ok() {
+            let _ = tx.commit();
+        }
     }
 
     /// After a connection error: connect again (waiting for a restarting server).
@@ -139,6 +184,21 @@ impl PgBackend {
         };
         let (chunks, parents): (Vec<&Document>, Vec<&Document>) =
             items.iter().partition(|d| d.chunk.is_some());
+        let sequence = match &self.rowid_sequence {
+            Some(q) => q.clone(),
+            None => {
+                let name: String = self
+                    .client
+                    .query_one(
+                        "SELECT pg_get_serial_sequence($1, 'rowid')",
+                        &[&format!("{s}.chunks")],
+                    )?
+                    .get(0);
+                let q = format!("'{}'::regclass", name.replace('\'', "''"));
+                self.rowid_sequence = Some(q.clone());
+                q
+            }
+        };
         let mut tx = self.client.transaction()?;
         // Every statement below is driven by the staged rows (one batch) and touches a few
         // rows of the index per staged row, by index: nested loops are the right plan at any
@@ -156,7 +216,13 @@ impl PgBackend {
                 "chunks are refused before writing when the index has no vectors; this is a bug",
             );
             if fast && self.vector_type == VectorType::Vector && all_new(&mut tx, &s, &chunks)? {
-                copy_new_chunks(&mut tx, &s, &self.vector_oid, &chunks, &version_of, active)?;
+                let to = NewChunks {
+                    s: &s,
+                    sequence: &sequence,
+                    vector_oid: &self.vector_oid,
+                    active,
+                };
+                copy_new_chunks(&mut tx, &to, &chunks, &version_of)?;
             } else {
                 copy_chunks(&mut tx, &self.vector_oid, &chunks, &version_of)?;
                 write_chunks(&mut tx, &s, &all, active, self.vector_type)?;
@@ -330,22 +396,34 @@ fn all_new(
 /// PostgreSQL loads fastest): rowids reserved from the table's identity, the rows, their
 /// vectors in the active set, the token ids of those still to embed. Two writers racing to
 /// add one chunk meet at the unique index; the loser writes its batch again as upserts.
+/// Where `copy_new_chunks` writes: the schema, `chunks.rowid`'s sequence (a regclass
+/// literal: a constant, where a name looked up in the query would be looked up per row), the
+/// `vector` type's OID on this connection, the active set.
+struct NewChunks<'a> {
+    s: &'a str,
+    sequence: &'a str,
+    vector_oid: &'a Type,
+    active: &'a VectorSet,
+}
+
 fn copy_new_chunks(
     tx: &mut Transaction<'_>,
-    s: &str,
-    vector_oid: &Type,
+    to: &NewChunks<'_>,
     chunks: &[&Document],
     version_of: &dyn Fn(&Document) -> String,
-    active: &VectorSet,
 ) -> Result<(), postgres::Error> {
+    let NewChunks {
+        s,
+        sequence,
+        vector_oid,
+        active,
+    } = to;
     let rowids: Vec<i64> = tx
-        .query(
-            "SELECT nextval(pg_get_serial_sequence($1, 'rowid')) FROM generate_series(1, $2)",
-            &[&format!("{s}.chunks"), &(chunks.len() as i32)],
+        .query_one(
+            &format!("SELECT array_agg(nextval({sequence})) FROM generate_series(1, $1)"),
+            &[&(chunks.len() as i32)],
         )?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .get(0);
     let rows: Vec<ChunkRow> = chunks.iter().map(|d| ChunkRow::of(d, version_of)).collect();
     let mut types = vec![Type::INT8];
     types.extend(CHUNK_TYPES);
@@ -364,7 +442,7 @@ fn copy_new_chunks(
             "COPY {s}.{} (rowid, embedding) FROM STDIN (FORMAT BINARY)",
             active.vec_table
         ))?;
-        let mut w = BinaryCopyInWriter::new(sink, &[Type::INT8, vector_oid.clone()]);
+        let mut w = BinaryCopyInWriter::new(sink, &[Type::INT8, (*vector_oid).clone()]);
         for (r, rowid) in rows.iter().zip(&rowids) {
             if let Some(v) = &r.vector {
                 w.write(&[rowid, v])?;
@@ -668,5 +746,79 @@ fn item_error(target: &PgTarget, e: &postgres::Error) -> ItemError {
     ItemError {
         retryable: is_retryable(e),
         message: format!("{target}: {why}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::indexers::synthetic;
+
+    /// Two writers loading one index (skipped without `RAGLINE_TEST_POSTGRES`) refresh the
+    /// statistics of the tables as they grow, on the server's count of their rows, and only
+    /// of the columns plans depend on: the chunks' text and the vectors are left to
+    /// autovacuum (turned off here, so what is analysed is the writers' doing). The tables
+    /// of documents and lifecycle rows (1,200 each) are under the first threshold.
+    #[test]
+    fn writers_analyse_growing_tables_on_the_columns_plans_use() {
+        let Some(mut c) = crate::indexers::postgres::test_server() else {
+            return;
+        };
+        let url = std::env::var("RAGLINE_TEST_POSTGRES").unwrap();
+        let schema = format!("u_analyse_{}", std::process::id());
+        c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .unwrap();
+        let uri = format!("{url}?schema={schema}").parse().unwrap();
+        let factory = crate::indexers::open(&uri, synthetic::identity(8)).unwrap();
+        for table in ["chunks", "documents", "enrichment", "vectors_1"] {
+            c.batch_execute(&format!(
+                "ALTER TABLE {schema}.{table} SET (autovacuum_enabled = false)"
+            ))
+            .unwrap();
+        }
+        let mut writers = [factory.connect().unwrap(), factory.connect().unwrap()];
+        // 12,000 chunks in 6 rounds of a batch (1,000 chunks) per writer. Each writer looks
+        // after its 4,096th row, in round 5; a pause before round 4 lets the server's row
+        // counts (each connection sends its own at most once a second) catch up.
+        let docs = synthetic::documents(12_000, 8, 1);
+        let batches: Vec<&[crate::document::Document]> = docs.chunks(1100).collect();
+        for (round, pair) in batches.chunks(2).enumerate() {
+            if round == 3 {
+                std::thread::sleep(std::time::Duration::from_millis(1500));
+            }
+            for (w, batch) in writers.iter_mut().zip(pair) {
+                assert!(w.write(batch).iter().all(|r| r.is_ok()));
+            }
+        }
+        let analysed = |table: &str, c: &mut postgres::Client| -> Vec<String> {
+            c.query(
+                "SELECT attname::text FROM pg_stats WHERE schemaname = $1 AND tablename = $2
+                 ORDER BY 1",
+                &[&schema, &table],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+        };
+        assert_eq!(
+            analysed("chunks", &mut c),
+            ["document_id", "id", "input_key", "ordinal", "replaced_by", "rowid"]
+        );
+        assert_eq!(analysed("vectors_1", &mut c), ["rowid"]);
+        let tuples: f32 = c
+            .query_one(
+                &format!("SELECT reltuples FROM pg_class WHERE oid = '{schema}.chunks'::regclass"),
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert!(
+            tuples >= 4096.0,
+            "the statistics count {tuples} chunks of {}",
+            docs.len()
+        );
+        drop(writers);
+        c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .unwrap();
     }
 }
