@@ -39,7 +39,8 @@ pub struct IngestArgs {
     #[arg(long)]
     pub(super) workers: Option<usize>,
 
-    /// Indexer threads writing to the index. [default: 1]
+    /// Indexer threads writing to the index. [default: 1; 2 for postgres://, where one
+    /// writer leaves the server waiting on it]
     #[arg(long)]
     pub(super) indexers: Option<usize>,
 
@@ -181,7 +182,7 @@ impl IngestArgs {
         let index = &mut config.index;
         index.prune |= self.prune;
         if let Some(n) = self.indexers {
-            index.indexers = n;
+            index.indexers = Some(n);
         }
         if let Some(n) = self.batch_size {
             index.batch_size = n;

@@ -93,6 +93,12 @@ pub trait BackendFactory: Send + Sync {
 
     fn connect(&self) -> Result<Box<dyn Backend>, BackendError>;
 
+    /// How many writers a run connects when it is not told: one (a file has one writer);
+    /// a database server takes writes on several connections at once.
+    fn writers(&self) -> usize {
+        1
+    }
+
     /// What the index holds completely, by document id (empty for backends that cannot
     /// tell): the incremental stage skips these when their content is unchanged.
     fn known_documents(&self) -> Result<HashMap<String, KnownDocument>, BackendError> {

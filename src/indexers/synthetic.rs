@@ -165,7 +165,10 @@ pub fn write_throughput(
             for d in range {
                 pending.extend(document(d, dim, seed));
                 if pending.len() >= batch {
-                    out.push(std::mem::replace(&mut pending, Vec::with_capacity(batch + 16)));
+                    out.push(std::mem::replace(
+                        &mut pending,
+                        Vec::with_capacity(batch + 16),
+                    ));
                 }
             }
             out.push(pending);

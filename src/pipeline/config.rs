@@ -196,8 +196,9 @@ pub struct IndexConfig {
     pub batch_bytes: usize,
     /// Milliseconds a partial bulk write waits for more items.
     pub batch_timeout_ms: u64,
-    /// Indexer threads.
-    pub indexers: usize,
+    /// Indexer threads; unset: what the backend takes well (`BackendFactory::writers`: one
+    /// for a file, two for PostgreSQL).
+    pub indexers: Option<usize>,
 }
 
 /// The index used when none is named.
@@ -214,7 +215,7 @@ impl Default for IndexConfig {
             batch_size: crate::indexers::batch::DEFAULT_MAX_ITEMS,
             batch_bytes: crate::indexers::batch::DEFAULT_MAX_BYTES,
             batch_timeout_ms: 100,
-            indexers: 1,
+            indexers: None,
         }
     }
 }
@@ -387,7 +388,10 @@ impl PipelineConfig {
         if self.run.workers == Some(0) {
             return bad("run.workers (--workers) must be at least 1".into());
         }
-        if self.index.indexers == 0 || self.index.batch_size == 0 || self.index.batch_bytes == 0 {
+        if self.index.indexers == Some(0)
+            || self.index.batch_size == 0
+            || self.index.batch_bytes == 0
+        {
             return bad(
                 "index.indexers, index.batch_size and index.batch_bytes must be at least 1".into(),
             );

@@ -320,7 +320,7 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, Pipeli
     if let Some(w) = config.run.workers {
         options.workers = w;
     }
-    options.indexers = config.index.indexers;
+    options.indexers = config.index.indexers.unwrap_or_else(|| backend.writers());
     options.track_ids = in_index.is_some();
     options.batch = BatchConfig {
         max_items: config.index.batch_size,

@@ -145,7 +145,11 @@ impl PgBackend {
                 &[&format!("ragline-analyze:{}", self.target.schema)],
             )
             .is_ok_and(|r| r.get::<_, bool>(0));
-        if mine && tx.batch_execute(&format!("ANALYZE {}", stale.join(", "))).is_ok() {
+        if mine
+            && tx
+                .batch_execute(&format!("ANALYZE {}", stale.join(", ")))
+                .is_ok()
+        {
             let _ = tx.commit();
         }
     }
@@ -802,7 +806,14 @@ mod tests {
         };
         assert_eq!(
             analysed("chunks", &mut c),
-            ["document_id", "id", "input_key", "ordinal", "replaced_by", "rowid"]
+            [
+                "document_id",
+                "id",
+                "input_key",
+                "ordinal",
+                "replaced_by",
+                "rowid"
+            ]
         );
         assert_eq!(analysed("vectors_1", &mut c), ["rowid"]);
         let tuples: f32 = c
