@@ -212,6 +212,12 @@ impl PgBackend {
             "SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;
              SET LOCAL enable_seqscan = off",
         )?;
+        let touched: BTreeSet<String> = items
+            .iter()
+            .map(|d| d.parent_id.clone().unwrap_or_else(|| d.id.clone()))
+            .collect();
+        let touched: Vec<String> = touched.into_iter().collect();
+        lock_documents(&mut tx, &self.target.schema, &touched)?;
         let now = server_now(&mut tx)?;
         let all = sets::all(&mut tx, &s)?;
         let active = all.iter().find(|x| x.state == SetState::Active).cloned();
@@ -236,14 +242,30 @@ impl PgBackend {
             copy_documents(&mut tx, &parents, &self.fingerprint, &version_of)?;
             write_documents(&mut tx, &s, &all, active.as_ref())?;
         }
-        let touched: BTreeSet<String> = items
-            .iter()
-            .map(|d| d.parent_id.clone().unwrap_or_else(|| d.id.clone()))
-            .collect();
-        let touched: Vec<String> = touched.into_iter().collect();
         settle::settle(&mut tx, &s, &touched, &all, self.priority, now)?;
         tx.commit()
     }
+}
+
+/// One writer at a time per document, until commit: a document's parent and chunks can be
+/// in batches of two writers at once, and each transaction's settling sees only what is
+/// committed and its own rows, so two writers settling one document at once would each miss
+/// the other's chunks and leave its `chunk` stage pending for good. Taken first, before any
+/// row is written (so a writer waiting here holds no row another needs), in the order of the
+/// keys (so two writers never wait on each other); a transaction lock, in its own key
+/// space (two keys: the schema's and the document's hash). Writers of different documents
+/// never wait; a hash collision only makes two of them take turns.
+fn lock_documents(
+    tx: &mut Transaction<'_>,
+    schema: &str,
+    ids: &[String],
+) -> Result<(), postgres::Error> {
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext($1), k)
+         FROM (SELECT DISTINCT hashtext(x) AS k FROM unnest($2::text[]) x ORDER BY 1) t",
+        &[&schema, &ids],
+    )?;
+    Ok(())
 }
 
 /// The staging tables (temporary: this connection's own, emptied at each commit); returns
@@ -756,6 +778,54 @@ fn item_error(target: &PgTarget, e: &postgres::Error) -> ItemError {
 #[cfg(test)]
 mod tests {
     use crate::indexers::synthetic;
+
+    /// A document whose parent and chunks two writers write at the same moment (as two
+    /// indexers taking batches from one queue do) ends with its `chunk` stage done: neither
+    /// writer's settling may miss the other's rows (skipped without `RAGLINE_TEST_POSTGRES`).
+    #[test]
+    fn a_document_split_between_two_writers_at_once_is_settled_done() {
+        let Some(mut c) = crate::indexers::postgres::test_server() else {
+            return;
+        };
+        let url = std::env::var("RAGLINE_TEST_POSTGRES").unwrap();
+        let schema = format!("u_split_{}", std::process::id());
+        c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .unwrap();
+        let uri = format!("{url}?schema={schema}").parse().unwrap();
+        let factory = crate::indexers::open(&uri, synthetic::identity(8)).unwrap();
+        const DOCUMENTS: usize = 100;
+        let docs: Vec<Vec<crate::document::Document>> = (0..DOCUMENTS)
+            .map(|d| synthetic::document(d, 8, 1))
+            .collect();
+        let together = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            for half in 0..2 {
+                let (docs, together) = (&docs, &together);
+                let mut writer = factory.connect().unwrap();
+                s.spawn(move || {
+                    for doc in docs {
+                        // The parent and half the chunks, or the other half.
+                        let part = if half == 0 { &doc[..6] } else { &doc[6..] };
+                        together.wait();
+                        assert!(writer.write(part).iter().all(|r| r.is_ok()));
+                    }
+                });
+            }
+        });
+        let stuck: i64 = c
+            .query_one(
+                &format!(
+                    "SELECT count(*) FILTER (WHERE status <> 'done') FROM {schema}.enrichment
+                     WHERE stage = 'chunk' HAVING count(*) = $1"
+                ),
+                &[&(DOCUMENTS as i64)],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(stuck, 0, "documents whose chunk stage stayed pending");
+        c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .unwrap();
+    }
 
     /// Two writers loading one index (skipped without `RAGLINE_TEST_POSTGRES`) refresh the
     /// statistics of the tables as they grow, on the server's count of their rows, and only
