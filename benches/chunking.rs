@@ -1,6 +1,7 @@
 //! Chunking throughput per core: extract + token-aware chunking of real corpora with the
 //! model's tokenizer, one thread. Needs the model (scripts/fetch-model.sh) and the shared data
-//! (../shared/data); a corpus that is absent is skipped with a message.
+//! (../shared/data, or `$RAGLINE_DATA_DIR` as the tests read it); a corpus that is absent is
+//! skipped with a message.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -51,11 +52,14 @@ fn chunking(c: &mut Criterion) {
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(20));
+    let data = std::env::var_os("RAGLINE_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("../shared/data"));
     for (name, dir, limit) in [
-        ("react-docs", "../shared/data/react-docs", usize::MAX),
-        ("mdn-8MB", "../shared/data/mdn", 8 << 20),
+        ("react-docs", "react-docs", usize::MAX),
+        ("mdn-8MB", "mdn", 8 << 20),
     ] {
-        let dir = root.join(dir);
+        let dir = data.join(dir);
         if !dir.exists() {
             eprintln!("SKIPPED: {} is absent", dir.display());
             continue;

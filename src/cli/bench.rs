@@ -56,6 +56,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2)]
     writers: usize,
 
+    /// With --write: items per bulk write (the ingest's --batch-size). [default: 1024]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    batch_size: Option<u64>,
+
     /// With --write: afterwards, time this many vector and keyword searches (10 results
     /// each) and report p50/p99.
     #[arg(long, default_value_t = 0)]
@@ -276,7 +280,7 @@ fn bench_write(args: &BenchArgs, uri: &str) -> anyhow::Result<ExitCode> {
         chunks.div_ceil(CHUNKS_PER_DOCUMENT),
         args.dim,
         args.writers,
-        synthetic::BATCH,
+        args.batch_size.map_or(synthetic::BATCH, |n| n as usize),
         args.seed,
     )?;
     let latency = if args.queries > 0 {

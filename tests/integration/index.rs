@@ -219,6 +219,31 @@ fn a_broken_index_path_or_another_model_exits_2_and_leaves_the_file_alone() {
     assert_eq!(fs::read(&db).unwrap(), before);
 }
 
+/// `ragline bench --write` writes in the batches it is told (`--batch-size`, the ingest's
+/// flag), every chunk lands, and a batch of 0 is refused as bad usage.
+#[test]
+fn bench_write_takes_the_batch_size_and_writes_every_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bench.db");
+    let bench = |batch: &str| {
+        run(ragline()
+            .args(["bench", "--json", "--chunks", "2000", "--writers", "1"])
+            .args(["--batch-size", batch, "--write"])
+            .arg(format!("sqlite://{}", db.display())))
+    };
+    let o = bench("300");
+    assert_eq!(o.status.code(), Some(0));
+    let report = stdout_json(&o);
+    assert_eq!(report["batch"], 300, "{report}");
+    assert_eq!(report["chunks"], 2000, "{report}");
+    let rows: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM chunks", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 2000);
+    assert_eq!(bench("0").status.code(), Some(2));
+}
+
 /// `ragline eval --truncate --json` of the SciFact slice on the CPU, into an index in `dir`.
 fn eval_scifact_mini(dir: &Path) -> std::process::Command {
     let data = root().join("tests/fixtures/scifact-mini");
