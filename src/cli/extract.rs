@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use ragline::connectors::filesystem::{read_document, Unusable};
 use ragline::document::{BlockKind, Document};
-use ragline::stages::extract::{Extract, ExtractConfig, DEFAULT_MAX_FILE_SECONDS};
+use ragline::stages::extract::{
+    Extract, ExtractConfig, DEFAULT_MAX_EXTRACT_MB, DEFAULT_MAX_FILE_SECONDS,
+};
 use ragline::stages::{Stage, StageError};
 use serde::Serialize;
 
@@ -30,6 +32,10 @@ pub struct ExtractArgs {
     /// Seconds one file may take to extract; past it the file fails.
     #[arg(long, default_value_t = DEFAULT_MAX_FILE_SECONDS)]
     max_file_seconds: u64,
+
+    /// MiB one file's extraction may hold; past it the file fails.
+    #[arg(long, value_name = "MIB", default_value_t = DEFAULT_MAX_EXTRACT_MB)]
+    max_extract_mb: u64,
 
     /// Files larger than this many bytes fail instead of being read.
     #[arg(long, default_value_t = 100 << 20)]
@@ -69,6 +75,7 @@ pub fn run(args: ExtractArgs) -> anyhow::Result<ExitCode> {
     }
     let mut stage = Extract::new(ExtractConfig {
         max_file_time: Duration::from_secs(args.max_file_seconds),
+        max_memory: args.max_extract_mb.max(16) << 20,
     });
     let mut out = std::io::stdout().lock();
     let mut failed = false;

@@ -88,10 +88,15 @@ pub struct IngestArgs {
     #[arg(long)]
     pub(super) max_file_bytes: Option<u64>,
 
-    /// Seconds one file (a PDF, a DOCX) may take to extract; past it the file fails with the
-    /// reason and the run goes on. [default: 60]
+    /// Seconds one file may take to extract; past it the file fails with the reason and the
+    /// run goes on. [default: 60]
     #[arg(long)]
     pub(super) max_file_seconds: Option<u64>,
+
+    /// MiB one file's extraction may hold (what its parser allocated and still holds); past
+    /// it the file fails with the reason and the run goes on. [default: 1024]
+    #[arg(long, value_name = "MIB")]
+    pub(super) max_extract_mb: Option<u64>,
 
     /// JSONL: the field holding the document id [default: id, else _id, else FILE:LINE].
     #[arg(long)]
@@ -155,6 +160,9 @@ impl IngestArgs {
         }
         if let Some(n) = self.max_file_seconds {
             src.max_file_seconds = n;
+        }
+        if let Some(n) = self.max_extract_mb {
+            src.max_extract_mb = n;
         }
         if self.id_field.is_some() {
             src.id_field = self.id_field.clone();
@@ -316,6 +324,7 @@ pub(super) fn print_summary(
     for (label, list) in [
         ("failed", &s.failures),
         ("dropped", &s.dropped),
+        ("unreadable", &s.unreadable),
         ("warning", &s.warnings),
     ] {
         for o in list.iter().take(SHOWN) {

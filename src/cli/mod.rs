@@ -115,9 +115,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Extract(args) => extract::run(args),
         Command::Search(args) => search::run(args, config),
         Command::Eval(args) => eval::run(args, config),
-        Command::Worker(args) => role::run(ragline::run::distributed::Role::Worker, args, None),
-        Command::Embedder(args) => role::run_embedder(args),
-        Command::Indexer(args) => role::run(ragline::run::distributed::Role::Indexer, args, None),
+        Command::Worker(args) => {
+            role::run(ragline::run::distributed::Role::Worker, args, None, config)
+        }
+        Command::Embedder(args) => role::run_embedder(args, config),
+        Command::Indexer(args) => {
+            role::run(ragline::run::distributed::Role::Indexer, args, None, config)
+        }
         Command::RandomModel(args) => random_model::run(args),
     }
 }

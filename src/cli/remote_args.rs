@@ -1,7 +1,7 @@
 //! Flags that make the embed stage call a service instead of a model in this process
 //! (`ingest`, `enrich`, `embed`). Each overrides `[stages.embed.remote]` of ragline.toml. The
-//! API key is never a flag: it is read from the variable `api_key_env` names
-//! (OPENAI_API_KEY by default).
+//! API key is never a flag: it is read from the variable `--embed-api-key-env` (or
+//! `api_key_env`) names, and no key is sent unless one is named.
 
 use clap::Args;
 use ragline::pipeline::config::Parsed;
@@ -23,6 +23,11 @@ pub struct RemoteArgs {
     /// The model name sent to an OpenAI-compatible service (needed there; TEI ignores it).
     #[arg(long, value_name = "NAME")]
     pub embed_model: Option<String>,
+
+    /// The environment variable holding the service's API key (e.g. OPENAI_API_KEY), sent as
+    /// a bearer token, only over https or to a loopback address. Without it no key is sent.
+    #[arg(long, value_name = "VAR")]
+    pub embed_api_key_env: Option<String>,
 }
 
 impl RemoteArgs {
@@ -38,8 +43,18 @@ impl RemoteArgs {
         if let Some(m) = &self.embed_model {
             r.model = Some(m.clone());
         }
-        if r.url.is_none() && (self.embed_api.is_some() || self.embed_model.is_some()) {
-            anyhow::bail!("--embed-api and --embed-model need --embed-url (the service's URL)");
+        if let Some(v) = &self.embed_api_key_env {
+            r.api_key_env = Some(v.clone());
+        }
+        if r.url.is_none()
+            && (self.embed_api.is_some()
+                || self.embed_model.is_some()
+                || self.embed_api_key_env.is_some())
+        {
+            anyhow::bail!(
+                "--embed-api, --embed-model and --embed-api-key-env need --embed-url (the \
+                 service's URL, from you: a key is never sent to a URL read from an index)"
+            );
         }
         Ok(())
     }

@@ -2,6 +2,10 @@
 //! Each connects to the broker, waits for a run (`ragline ingest --queue`), builds its part
 //! from the run's settings, and works the run's queue until the run is over; then the next
 //! run. SIGTERM: finish what is held, acknowledge it, exit.
+//!
+//! The places a role sends data or keys to (the index, the services) are its own: `--index`
+//! and the services' sections of its own ragline.toml (`--config`). A run whose settings name
+//! other places is refused with the difference.
 
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -24,8 +28,9 @@ pub struct RoleArgs {
     #[arg(long)]
     model: Option<String>,
 
-    /// The index, when this process reaches it by another URI than the publisher (the run's
-    /// settings never hold a password: use PGPASSWORD or ~/.pgpass, or give it here).
+    /// The index (the same as the run's publisher wrote to; the run's settings never hold a
+    /// password: give it here, or in PGPASSWORD or ~/.pgpass). A run whose index is another
+    /// is refused.
     #[arg(long, env = "RAGLINE_INDEX")]
     index: Option<String>,
 
@@ -50,10 +55,17 @@ pub struct EmbedderArgs {
     device: Option<String>,
 }
 
-pub fn run(role: Role, args: RoleArgs, device: Option<String>) -> anyhow::Result<ExitCode> {
+pub fn run(
+    role: Role,
+    args: RoleArgs,
+    device: Option<String>,
+    config_file: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    let mut own = super::load_config(config_file)?;
+    super::apply_index(&mut own, &args.index)?;
     let request = RoleRequest {
+        own,
         model: args.model,
-        index: args.index,
         device,
         threads: args.threads,
         once: args.once,
@@ -70,6 +82,9 @@ pub fn run(role: Role, args: RoleArgs, device: Option<String>) -> anyhow::Result
     Ok(ExitCode::from(EXIT_OK))
 }
 
-pub fn run_embedder(args: EmbedderArgs) -> anyhow::Result<ExitCode> {
-    run(Role::Embedder, args.role, args.device)
+pub fn run_embedder(
+    args: EmbedderArgs,
+    config_file: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    run(Role::Embedder, args.role, args.device, config_file)
 }

@@ -65,6 +65,26 @@ pub struct ServeArgs {
     #[arg(long)]
     served_model_name: Option<String>,
 
+    /// The environment variable holding the server's API key: every route but /health then
+    /// needs `Authorization: Bearer <key>` (401 otherwise). Without it anyone who can reach
+    /// the port can use the server: keep it on 127.0.0.1 (the default --host) then.
+    #[arg(long, value_name = "VAR")]
+    api_key_env: Option<String>,
+
+    /// Requests being answered at once, at most; past it 503 with Retry-After (each may hold
+    /// up to --max-body-bytes).
+    #[arg(long, default_value_t = ServeOptions::DEFAULT_MAX_CONCURRENT_REQUESTS)]
+    max_concurrent_requests: usize,
+
+    /// The origin (https://app.example.com) whose web pages may call the server (CORS). None
+    /// by default: browsers refuse cross-origin calls.
+    #[arg(long, value_name = "ORIGIN")]
+    cors_origin: Option<String>,
+
+    /// Seconds one request may take, its body included; past it 408.
+    #[arg(long, value_name = "SECONDS", default_value_t = ServeOptions::DEFAULT_REQUEST_TIMEOUT.as_secs())]
+    request_timeout: u64,
+
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -74,6 +94,23 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     let (files, devices, first) = load_first(&model_config)?;
     if args.max_inputs == 0 {
         bail!("--max-inputs must be at least 1");
+    }
+    if args.max_concurrent_requests == 0 || args.request_timeout == 0 {
+        bail!("--max-concurrent-requests and --request-timeout must be at least 1");
+    }
+    let api_key = match &args.api_key_env {
+        None => None,
+        Some(var) => match std::env::var(var) {
+            Ok(k) if !k.is_empty() => Some(ragline::secret::Secret::new(k)),
+            _ => bail!("--api-key-env {var}: the variable is not set (or empty); export it"),
+        },
+    };
+    if api_key.is_none() && !args.host.is_loopback() {
+        eprintln!(
+            "warning: listening on {} without an API key: anyone who reaches the port can use \
+             the server (give --api-key-env)",
+            args.host
+        );
     }
     let batch_tokens = ragline::pipeline::batch_tokens(&model_config, &devices[0]);
     let prompt: Vec<u32> = match args.prompt {
@@ -115,6 +152,13 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         max_wait: Duration::from_millis(model_config.max_wait_ms),
         prompt,
         normalized,
+        api_key,
+        max_concurrent_requests: args.max_concurrent_requests,
+        // Each request holds a connection; idle keep-alive connections on top of those.
+        max_connections: args.max_concurrent_requests.saturating_mul(4).max(64),
+        cors_origin: args.cors_origin.clone(),
+        header_timeout: ServeOptions::DEFAULT_HEADER_TIMEOUT,
+        request_timeout: Duration::from_secs(args.request_timeout),
     };
     serve::serve(models, tokenizer, dimension, options, |addr| {
         // The first line on stdout, for scripts that start the server on port 0.

@@ -42,7 +42,8 @@ impl fmt::Display for Owner {
 }
 
 /// True only when `owner` names a process of this host that is certainly gone (no such pid,
-/// or a pid reused by a process that started at another time). Unknown means alive.
+/// a pid reused by a process that started at another time, or a process that has exited and
+/// waits only to be reaped by its parent: a zombie holds no lease). Unknown means alive.
 pub fn is_dead_here(owner: &str) -> bool {
     let mut parts = owner.splitn(4, ':');
     let (Some(h), Some(pid), Some(start)) = (parts.next(), parts.next(), parts.next()) else {
@@ -62,8 +63,16 @@ pub fn is_dead_here(owner: &str) -> bool {
     }
     match start_time(pid) {
         None => true,
-        Some(t) => start != 0 && t != start,
+        Some(t) if start != 0 && t != start => true,
+        // Exited (a zombie, or being torn down): it will never renew or complete anything.
+        Some(_) => matches!(state(pid), Some('Z' | 'X' | 'x')),
     }
+}
+
+/// The state of process `pid` (field 3 of /proc/PID/stat: R, S, D, Z for a zombie...).
+fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
 }
 
 fn host() -> String {
@@ -100,6 +109,28 @@ mod tests {
             child.wait().unwrap();
             let owner = format!("{}:{pid}:{start}:enrich-0", host());
             assert!(is_dead_here(&owner), "{owner}");
+            // Killed and not yet reaped by its parent (this test): a zombie, still in /proc
+            // with its pid and start time, is dead all the same.
+            let mut child = std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap();
+            let pid = child.id();
+            let start = start_time(pid).unwrap();
+            let owner = format!("{}:{pid}:{start}:enrich-0", host());
+            assert!(!is_dead_here(&owner), "a live process is alive");
+            std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status()
+                .unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while state(pid) != Some('Z') && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            assert_eq!(state(pid), Some('Z'), "not reaped yet: a zombie");
+            assert_eq!(start_time(pid), Some(start));
+            assert!(is_dead_here(&owner), "a zombie holds nothing");
+            child.wait().unwrap();
         }
     }
 }

@@ -123,3 +123,38 @@ pub struct DocumentLifecycle {
     pub chunks: u64,
     pub stages: Vec<StageState>,
 }
+
+/// A time in ms since the epoch, as UTC.
+pub fn format_ms(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms.rem_euclid(1000)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn times_print_as_utc() {
+        assert_eq!(super::format_ms(0), "1970-01-01 00:00:00.000Z");
+        assert_eq!(
+            super::format_ms(1_796_083_200_123),
+            "2026-12-01 00:00:00.123Z"
+        );
+    }
+}

@@ -202,6 +202,9 @@ pub trait LifecycleStore: Send {
     /// many leases were freed.
     fn reap_dead_owners(&mut self) -> Result<usize, StoreError>;
 
+    /// Work in progress under a lease, by owner: what a run that ends leaves to others.
+    fn held_leases(&mut self) -> Result<Vec<HeldLease>, StoreError>;
+
     /// Housekeeping when no work is claimable: queue the next page of a backfill, or switch
     /// search to a backfilled vector set that is complete.
     fn maintain(&mut self) -> Result<Maintenance, StoreError>;
@@ -217,6 +220,16 @@ pub trait LifecycleStore: Send {
         fingerprint: &str,
         priority: Priority,
     ) -> Result<u64, StoreError>;
+}
+
+/// Work one owner holds under a lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldLease {
+    pub owner: String,
+    /// Documents (rows of any stage) it holds.
+    pub items: u64,
+    /// When the last of its leases expires (ms since the epoch).
+    pub until_ms: i64,
 }
 
 /// What [`LifecycleStore::maintain`] did.
@@ -311,6 +324,10 @@ impl<T: LifecycleStore + ?Sized> LifecycleStore for Box<T> {
 
     fn reap_dead_owners(&mut self) -> Result<usize, StoreError> {
         (**self).reap_dead_owners()
+    }
+
+    fn held_leases(&mut self) -> Result<Vec<HeldLease>, StoreError> {
+        (**self).held_leases()
     }
 
     fn maintain(&mut self) -> Result<Maintenance, StoreError> {

@@ -88,8 +88,10 @@ pub struct SourceConfig {
     pub exclude: Vec<String>,
     /// Files larger than this many bytes are reported as failed instead of read.
     pub max_file_bytes: u64,
-    /// Seconds one file (a PDF, a DOCX) may take to extract; past it the file fails.
+    /// Seconds one file may take to extract; past it the file fails.
     pub max_file_seconds: u64,
+    /// MiB one file's extraction may hold; past it the file fails.
+    pub max_extract_mb: u64,
     /// JSONL: the field holding the document id (default: id, else _id, else FILE:LINE).
     pub id_field: Option<String>,
     /// JSONL: the field holding the text.
@@ -109,6 +111,7 @@ impl Default for SourceConfig {
             exclude: Vec::new(),
             max_file_bytes: default_max_file_bytes(),
             max_file_seconds: crate::stages::extract::DEFAULT_MAX_FILE_SECONDS,
+            max_extract_mb: crate::stages::extract::DEFAULT_MAX_EXTRACT_MB,
             id_field: None,
             text_field: "text".into(),
             title_field: "title".into(),
@@ -384,6 +387,13 @@ impl PipelineConfig {
         }
         if self.source.max_file_seconds == 0 {
             return bad("source.max_file_seconds (--max-file-seconds) must be at least 1".into());
+        }
+        if self.source.max_extract_mb < 16 {
+            return bad(
+                "source.max_extract_mb (--max-extract-mb) must be at least 16: parsers need some \
+                 room"
+                    .into(),
+            );
         }
         if self.run.workers == Some(0) {
             return bad("run.workers (--workers) must be at least 1".into());

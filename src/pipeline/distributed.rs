@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::places::{adopt, Uses};
 use super::{
     connectors, devices, embedder_pool, finish_ingest, load_model, model_files, prepare, Build,
     PipelineConfig, PipelineError, Scope,
@@ -96,8 +97,9 @@ pub(crate) fn ingest_from(
     };
     eprintln!(
         "run {run_id} on {}: start `ragline worker`, `ragline embedder` and `ragline indexer` \
-         with --queue {url}",
-        broker.config().describe()
+         with --queue {} (and the same --index and services)",
+        broker.config().describe(),
+        crate::secret::redact_url(url)
     );
     let result = engine::publish(
         &broker,
@@ -161,13 +163,16 @@ fn dead_letter_sink(
     })))
 }
 
-/// What a role process is told on its command line, over the run's settings.
+/// What a role process is told by its operator: its command line and its own
+/// `ragline.toml`. The run's record on the broker gives everything else, but never a place
+/// (see [`super::places`]).
 #[derive(Clone, Debug, Default)]
 pub struct RoleRequest {
+    /// This process's own settings (`--config` or ./ragline.toml, `--index` applied): the
+    /// index and the services it may reach. A run naming other places is refused.
+    pub own: PipelineConfig,
     /// Where this process finds the run's model (it must be the same model).
     pub model: Option<String>,
-    /// The index, when this process reaches it by another URI than the publisher did.
-    pub index: Option<String>,
     /// `embedder`: the devices (cpu, cuda:0...).
     pub device: Option<String>,
     /// Threads (workers) or connections (indexers).
@@ -214,18 +219,20 @@ fn role_parts(
             env!("CARGO_PKG_VERSION")
         )));
     }
-    let mut config = PipelineConfig::parse(&record.config).map_err(|e| {
+    let theirs = PipelineConfig::parse(&record.config).map_err(|e| {
         PipelineError::Setup(format!(
             "run {}: its settings do not parse: {e}",
             record.run
         ))
     })?;
+    let uses = match role {
+        Role::Embedder => Uses::ServicesOnly,
+        Role::Worker | Role::Indexer => Uses::IndexAndServices,
+    };
+    let mut config = adopt(theirs, &request.own, uses, &format!("this {}", role.name()))
+        .map_err(|e| PipelineError::Setup(format!("run {}: {e}", record.run)))?;
     if let Some(model) = &request.model {
         config.model.name = model.clone();
-    }
-    if let Some(index) = &request.index {
-        config.index.uri = super::config::Parsed::parse(index)
-            .map_err(|e| PipelineError::Setup(format!("bad --index: {e}")))?;
     }
     let refuse = |found: &str| {
         PipelineError::Setup(format!(
@@ -268,19 +275,7 @@ fn role_parts(
         }
         Role::Worker | Role::Indexer => {
             config.model.device = super::config::Parsed::new("cpu", DeviceChoice::Cpu);
-            let no_password =
-                request.index.is_none() && matches!(config.index.uri.value, IndexUri::Postgres(_));
-            let prepared = prepare(&config, Build::NoEmbedders).map_err(|e| {
-                if no_password {
-                    PipelineError::Setup(format!(
-                        "{e} (a {} reads the index from the run's settings, which never hold \
-                         a password: set PGPASSWORD or ~/.pgpass here, or give --index)",
-                        role.name()
-                    ))
-                } else {
-                    e
-                }
-            })?;
+            let prepared = prepare(&config, Build::NoEmbedders)?;
             let found = prepared.model.as_ref().map(|m| m.fingerprint.clone());
             if found != record.model_fingerprint {
                 return Err(refuse(found.as_deref().unwrap_or("none")));

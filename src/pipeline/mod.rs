@@ -5,6 +5,7 @@
 pub mod config;
 pub mod distributed;
 pub mod metrics;
+pub mod places;
 pub mod remote;
 pub mod requeue;
 pub mod services;
@@ -290,6 +291,7 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, Pipeli
     let truncate = config.chunk.truncate;
     let extract = ExtractConfig {
         max_file_time: Duration::from_secs(config.source.max_file_seconds),
+        max_memory: config.source.max_extract_mb << 20,
     };
     let store = Arc::clone(&backend);
     let pipeline = move || -> Result<Pipeline, StageError> {
@@ -735,21 +737,17 @@ struct RemoteSet {
     batch_tokens: usize,
 }
 
-/// The service enrich embeds with: the config's (`--embed-url`), or the one the index's
-/// active vector set was embedded by. None when a model in this process embeds.
+/// The service enrich embeds with: the config's (`--embed-url`). None when a model in this
+/// process embeds. The service an index records is never called on the index's word alone
+/// (a received index could name any host): a set it embedded waits for `--embed-url`.
 fn remote_set(
     config: &PipelineConfig,
-    sets: &[VectorSet],
+    _sets: &[VectorSet],
 ) -> Result<Option<RemoteSet>, PipelineError> {
-    let rc = if config.stages.embed.remote.enabled() {
-        config.stages.embed.remote.clone()
-    } else {
-        let active = sets.iter().find(|s| s.state == indexers::SetState::Active);
-        match active.and_then(|s| remote::config_of_index(&s.model, &s.model_dir)) {
-            Some(rc) => rc,
-            None => return Ok(None),
-        }
-    };
+    if !config.stages.embed.remote.enabled() {
+        return Ok(None);
+    }
+    let rc = config.stages.embed.remote.clone();
     rc.validate()?;
     let embedder = remote::remote_embedder(&rc)?;
     remote::report_circuit(embedder.endpoint(), &config.index.uri.value, EMBED);
@@ -785,12 +783,27 @@ fn set_loader(
         {
             return Ok(SetModel {
                 batch_tokens: s.batch_tokens,
-                label: s.embedder.endpoint().settings().url.clone(),
+                label: s.embedder.endpoint().shown_url(""),
                 encoder: Box::new(crate::embed::remote::RemoteEncoder::new(
                     Arc::clone(&s.embedder),
                     s.tokenizer.clone(),
                 )),
             });
+        }
+        if let Some(rc) = remote::config_of_index(&set.model, &set.model_dir) {
+            return Err(format!(
+                "vector set {} was embedded by the service at {} (`{}`); ragline sends \
+                 documents only to a service you name: give --embed-url with that URL (and \
+                 --embed-api {}{}) to embed with it",
+                set.id,
+                crate::secret::redact_url(&set.model_dir),
+                set.model,
+                rc.api.name(),
+                rc.model
+                    .as_deref()
+                    .map(|m| format!(", --embed-model {m}"))
+                    .unwrap_or_default()
+            ));
         }
         let mut tried = Vec::new();
         let mut candidates: Vec<String> = override_name.iter().cloned().collect();

@@ -23,7 +23,7 @@ use crate::remote::Endpoint;
 pub fn remote_embedder(config: &RemoteEmbedConfig) -> Result<Arc<RemoteEmbedder>, PipelineError> {
     let endpoint = Endpoint::new(config.endpoint()?).map_err(PipelineError::Setup)?;
     let remote = Arc::new(RemoteEmbedder::new(endpoint, config.embed_settings()));
-    let url = config.url.as_deref().unwrap_or("");
+    let url = crate::secret::redact_url(config.url.as_deref().unwrap_or(""));
     let dimension = remote.probe().map_err(|e| {
         PipelineError::Setup(format!(
             "the embeddings service at {url} did not answer a probe: {e}; is it running, and \
@@ -67,7 +67,8 @@ pub fn remote_identity(
     );
     Ok(ModelIdentity {
         name: config.model_name(),
-        dir: config.url.clone().unwrap_or_default(),
+        // The index keeps the address, never a password or key it may hold.
+        dir: crate::secret::redact_url(config.url.as_deref().unwrap_or_default()),
         fingerprint: h.finalize().to_hex()[..16].to_string(),
         dimension,
         tokenizer: Some(tokenizer_fingerprint(files, tokenizer)?),
@@ -84,7 +85,7 @@ pub fn remote_pool(
     let r = &config.stages.embed.remote;
     EmbedderPool::new(vec![Embedder {
         encoder: Box::new(RemoteEncoder::new(Arc::clone(remote), tokenizer)),
-        label: r.url.clone().unwrap_or_default(),
+        label: crate::secret::redact_url(r.url.as_deref().unwrap_or_default()),
         policy: BatchPolicy {
             // Enough for every request slot to be busy.
             batch_tokens: r.max_tokens * r.concurrency.max(1),

@@ -124,12 +124,22 @@ fn settings_for(
     settings: Option<&str>,
 ) -> Result<PipelineConfig, PipelineError> {
     let mut run = match settings {
-        Some(text) => PipelineConfig::parse(text).map_err(|e| {
-            PipelineError::Setup(format!(
-                "the settings stored with a dead-lettered document do not parse ({e}): \
-                 run `ragline ingest` on its source again"
-            ))
-        })?,
+        Some(text) => {
+            let stored = PipelineConfig::parse(text).map_err(|e| {
+                PipelineError::Setup(format!(
+                    "the settings stored with a dead-lettered document do not parse ({e}): \
+                     run `ragline ingest` on its source again"
+                ))
+            })?;
+            // The copy in the index names places; only this process's own are used.
+            super::places::adopt(
+                stored,
+                config,
+                super::places::Uses::ServicesOnly,
+                "this requeue",
+            )
+            .map_err(PipelineError::Setup)?
+        }
         None => config.clone(),
     };
     run.index = config.index.clone();

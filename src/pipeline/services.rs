@@ -8,7 +8,9 @@
 //! url = "http://127.0.0.1:8080"   # ragline serve, TEI, vLLM, OpenAI...
 //! api = "openai"                  # POST /v1/embeddings; or "tei": POST /embed
 //! model = "text-embedding-3-small"
-//! api_key_env = "OPENAI_API_KEY"  # the variable holding the key (never the key itself)
+//! api_key_env = "OPENAI_API_KEY"  # the variable holding the key (never the key itself); no
+//!                                 # key is sent unless this names one, and only over https
+//!                                 # or to a loopback address
 //! max_inputs = 64                 # inputs per request
 //! max_tokens = 8192               # tokens per request (counted with --model's tokenizer)
 //! tpm = 1000000                   # tokens per minute, 0: no limit
@@ -36,9 +38,6 @@ use crate::remote::chat::ChatSettings;
 use crate::remote::embed::{EmbedApi, EmbedSettings};
 use crate::remote::EndpointSettings;
 
-/// The environment variable an API key is read from unless the config names another.
-pub const DEFAULT_API_KEY_ENV: &str = "OPENAI_API_KEY";
-
 /// The prompt of the `summary` stage. `{title}`, `{text}`, `{source}` and `{id}` are
 /// replaced by the document's.
 pub const DEFAULT_SUMMARY_PROMPT: &str = "Summarise the following document in two or three \
@@ -49,14 +48,17 @@ sentences, for a search result snippet. Answer with the summary only.\n\nTitle: 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RemoteEmbedConfig {
-    /// The service's base URL; unset: embed in this process (`--embed-url`).
+    /// The service's base URL; unset: embed in this process (`--embed-url`). Shown (and
+    /// written to a run's record) without any password or key it holds.
+    #[serde(serialize_with = "redacted_url")]
     pub url: Option<String>,
     /// `openai` (POST /v1/embeddings) or `tei` (POST /embed) (`--embed-api`).
     pub api: EmbedApi,
     /// The model name sent to an OpenAI-compatible API (`--embed-model`).
     pub model: Option<String>,
-    /// The environment variable holding the API key, sent as a bearer token when set.
-    pub api_key_env: String,
+    /// The environment variable holding the API key, sent as a bearer token (only over
+    /// https or to a loopback address). Unset: no key is sent.
+    pub api_key_env: Option<String>,
     /// Inputs per request, at most.
     pub max_inputs: usize,
     /// Tokens per request, at most (counted with `--model`'s tokenizer).
@@ -83,7 +85,7 @@ impl Default for RemoteEmbedConfig {
             url: None,
             api: EmbedApi::Openai,
             model: None,
-            api_key_env: DEFAULT_API_KEY_ENV.into(),
+            api_key_env: None,
             max_inputs: 64,
             max_tokens: 8192,
             concurrency: 4,
@@ -105,7 +107,7 @@ impl RemoteEmbedConfig {
         endpoint(
             "stages.embed.remote",
             self.url.as_deref().unwrap_or(""),
-            &self.api_key_env,
+            self.api_key_env.as_deref(),
             Limits {
                 concurrency: self.concurrency,
                 rpm: self.rpm,
@@ -146,15 +148,17 @@ impl RemoteEmbedConfig {
         Ok(())
     }
 
-    /// What the index records as the model: the service and the model it names.
+    /// What the index records as the model: the service and the model it names (or its
+    /// address, without secrets).
     pub fn model_name(&self) -> String {
-        format!(
-            "{}:{}",
-            self.api.name(),
-            self.model
-                .as_deref()
-                .unwrap_or(self.url.as_deref().unwrap_or(""))
-        )
+        match &self.model {
+            Some(m) => format!("{}:{m}", self.api.name()),
+            None => format!(
+                "{}:{}",
+                self.api.name(),
+                crate::secret::redact_url(self.url.as_deref().unwrap_or(""))
+            ),
+        }
     }
 }
 
@@ -167,11 +171,14 @@ pub struct LlmStageConfig {
     /// (`summary` for `[stages.summary]`).
     pub name: String,
     /// The chat endpoint's base URL (POST /v1/chat/completions); unset: the stage is off.
+    /// Shown without any password or key it holds.
+    #[serde(serialize_with = "redacted_url")]
     pub url: Option<String>,
     /// The model name sent.
     pub model: String,
-    /// The environment variable holding the API key.
-    pub api_key_env: String,
+    /// The environment variable holding the API key (only over https or to a loopback
+    /// address). Unset: no key is sent.
+    pub api_key_env: Option<String>,
     /// The user message; `{title}`, `{text}`, `{source}` and `{id}` are the document's.
     pub prompt: String,
     /// A system message, if any.
@@ -211,7 +218,7 @@ impl Default for LlmStageConfig {
             name: "summary".into(),
             url: None,
             model: String::new(),
-            api_key_env: DEFAULT_API_KEY_ENV.into(),
+            api_key_env: None,
             prompt: DEFAULT_SUMMARY_PROMPT.into(),
             system: None,
             max_input_tokens: 3000,
@@ -243,7 +250,7 @@ impl LlmStageConfig {
         endpoint(
             &self.key(),
             self.url.as_deref().unwrap_or(""),
-            &self.api_key_env,
+            self.api_key_env.as_deref(),
             Limits {
                 concurrency: self.concurrency,
                 rpm: self.rpm,
@@ -325,6 +332,14 @@ impl LlmStageConfig {
     }
 }
 
+/// A URL as settings show it: without its secrets.
+fn redacted_url<S: serde::Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match url {
+        Some(u) => s.serialize_some(&crate::secret::redact_url(u)),
+        None => s.serialize_none(),
+    }
+}
+
 struct Limits {
     concurrency: usize,
     rpm: u64,
@@ -333,26 +348,41 @@ struct Limits {
     retries: u32,
 }
 
-/// Endpoint settings from a config section: the URL checked, the key read from its variable.
+/// Endpoint settings from a config section: the URL checked, the key read from the variable
+/// the section names (none unless it names one).
 fn endpoint(
     key: &str,
     url: &str,
-    key_env: &str,
+    key_env: Option<&str>,
     l: Limits,
 ) -> Result<EndpointSettings, ConfigError> {
     let bad = |m: String| Err(ConfigError::Value(m));
+    let shown = crate::secret::redact_url(url);
     if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() < 10 {
         return bad(format!(
-            "{key}.url = `{url}` is not an http:// or https:// URL (e.g. http://127.0.0.1:8080)"
+            "{key}.url = `{shown}` is not an http:// or https:// URL (e.g. \
+             http://127.0.0.1:8080)"
         ));
     }
     if reqwest::Url::parse(url).is_err() {
-        return bad(format!("{key}.url = `{url}` does not parse as a URL"));
+        return bad(format!("{key}.url = `{shown}` does not parse as a URL"));
     }
-    if url.starts_with("https://") && std::env::var_os(key_env).is_none() {
+    let api_key = match key_env {
+        None => None,
+        Some(var) => match std::env::var(var) {
+            Ok(k) if !k.is_empty() => Some(crate::secret::Secret::new(k)),
+            _ => {
+                return bad(format!(
+                    "{key}: the API key variable `{var}` (api_key_env) is not set; export it, \
+                     or leave api_key_env out to send no key"
+                ))
+            }
+        },
+    };
+    if let Err(e) = crate::remote::check_key_transport(url, api_key.is_some()) {
         return bad(format!(
-            "{key}: the API key variable `{key_env}` is not set; export it (or name another \
-             variable with {key}.api_key_env)"
+            "{key}: {e} (the key is in `{}`)",
+            key_env.unwrap_or("")
         ));
     }
     if l.concurrency == 0 || l.retries == 0 {
@@ -361,7 +391,6 @@ fn endpoint(
     if l.timeout < Duration::from_millis(100) {
         return bad(format!("{key}.timeout is too short: use at least 100ms"));
     }
-    let api_key = std::env::var(key_env).ok().filter(|k| !k.is_empty());
     Ok(EndpointSettings {
         url: url.trim_end_matches('/').to_string(),
         api_key,
@@ -393,9 +422,22 @@ mod tests {
         r.validate().unwrap();
         assert_eq!(r.endpoint().unwrap().url, "http://127.0.0.1:8080");
         r.url = Some("https://api.example.com".into());
-        r.api_key_env = "RAGLINE_TEST_SURELY_UNSET_KEY".into();
+        r.validate().unwrap();
+        assert_eq!(
+            r.endpoint().unwrap().api_key,
+            None,
+            "no key unless one is named"
+        );
+        r.api_key_env = Some("RAGLINE_TEST_SURELY_UNSET_KEY".into());
         let e = r.validate().unwrap_err().to_string();
         assert!(e.contains("RAGLINE_TEST_SURELY_UNSET_KEY"), "{e}");
+        // A key never goes over plain http to another machine.
+        r.api_key_env = Some("PATH".into());
+        r.url = Some("http://embeddings.example.com".into());
+        let e = r.validate().unwrap_err().to_string();
+        assert!(e.contains("refusing to send an API key"), "{e}");
+        r.url = Some("http://127.0.0.1:8080".into());
+        assert!(r.endpoint().unwrap().api_key.is_some());
 
         let mut l = LlmStageConfig {
             url: Some("http://127.0.0.1:8000".into()),

@@ -46,6 +46,9 @@ pub struct Counts {
     pub children_dropped: u64,
     /// Documents (parents and children) a broker delivered more than once on their way.
     pub redelivered: u64,
+    /// Messages on the run's queues that no process could read (each dead-lettered, none a
+    /// document of the run).
+    pub unreadable: u64,
 }
 
 /// A document that failed or was dropped, with where and why.
@@ -88,6 +91,8 @@ pub struct RunTracker {
     counts: Counts,
     failures: Vec<Outcome>,
     drops: Vec<Outcome>,
+    /// Messages no process could read, by the message they name (counted once each).
+    unreadable: Vec<Outcome>,
     /// Chunks whose FINISH says they were embedded in this run, and their model tokens.
     embedded: (u64, u64),
 }
@@ -105,6 +110,7 @@ impl RunTracker {
             counts: Counts::default(),
             failures: Vec::new(),
             drops: Vec::new(),
+            unreadable: Vec::new(),
             embedded: (0, 0),
         }
     }
@@ -138,6 +144,16 @@ impl RunTracker {
             return Applied::OtherRun;
         }
         let child = event.parent_instance.is_some();
+        if let EventKind::Unreadable { lane, reason } = &event.kind {
+            // Not a document: nothing is pending on it. The same message reported twice
+            // (redelivered before it was taken off) counts once.
+            if self.unreadable.iter().any(|o| o.id == event.doc_id) {
+                return Applied::Duplicate;
+            }
+            self.counts.unreadable += 1;
+            self.unreadable.push(outcome(event, lane, reason));
+            return Applied::Counted;
+        }
         if event.kind == EventKind::Create {
             if !self.mark(event.instance, ARRIVED) {
                 return Applied::Duplicate;
@@ -164,7 +180,7 @@ impl RunTracker {
             );
         }
         match &event.kind {
-            EventKind::Create => unreachable!("handled above"),
+            EventKind::Create | EventKind::Unreadable { .. } => unreachable!("handled above"),
             EventKind::Finish { unchanged } => {
                 if child {
                     self.counts.children_indexed += 1;
@@ -214,6 +230,11 @@ impl RunTracker {
 
     pub fn drops(&self) -> &[Outcome] {
         &self.drops
+    }
+
+    /// Messages no process could read: the message, the queue and why.
+    pub fn unreadable(&self) -> &[Outcome] {
+        &self.unreadable
     }
 
     pub fn into_outcomes(self) -> (Counts, Vec<Outcome>, Vec<Outcome>) {

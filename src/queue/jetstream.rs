@@ -51,9 +51,11 @@ pub mod lifecycle;
 use super::wire::Wire;
 use super::{Delivery, DeliveryTag, PushError, Queue, QueueError};
 use crate::document::RunId;
+use crate::event::{Event, EventKind};
+use crate::secret::Secret;
 
 /// The format of the messages (`queue::wire`); a process reading another refuses the run.
-pub const WIRE_VERSION: u32 = 2;
+pub const WIRE_VERSION: u32 = 3;
 
 /// Bytes of a message that are not the item's own (its fields' names, ids, the batch
 /// envelope), kept free under the server's largest message.
@@ -75,7 +77,7 @@ const FLAG_REDELIVERED: u8 = 1;
 
 /// Items in the batch envelope: the magic byte, flags, the count (u32 LE), then each item's
 /// length (u32 LE) and bytes.
-fn encode_batch(items: &[Bytes], flags: u8) -> Bytes {
+pub(crate) fn encode_batch(items: &[Bytes], flags: u8) -> Bytes {
     let size = 6 + items.iter().map(|i| 4 + i.len()).sum::<usize>();
     let mut out = Vec::with_capacity(size);
     out.push(BATCH_MAGIC);
@@ -89,31 +91,81 @@ fn encode_batch(items: &[Bytes], flags: u8) -> Bytes {
 }
 
 /// The items of a message and its envelope's flags (a plain message is one item, flags 0).
-fn split_message(payload: &Bytes) -> Result<(Vec<Bytes>, u8), String> {
+/// The bytes come from the broker, so they are untrusted: nothing is allocated beyond what
+/// they hold (a count of 4 billion items in a 6-byte message is an error, not 137 GB).
+pub fn split_message(payload: &Bytes) -> Result<(Vec<Bytes>, u8), String> {
     if payload.first() != Some(&BATCH_MAGIC) {
         return Ok((vec![payload.clone()], 0));
     }
-    let bad = || "a batch envelope cut short".to_string();
-    let flags = *payload.get(1).ok_or_else(bad)?;
-    let count = u32::from_le_bytes(payload.get(2..6).ok_or_else(bad)?.try_into().expect("4"));
+    let bad = |why: String| format!("a batch envelope {why}");
+    let flags = *payload
+        .get(1)
+        .ok_or_else(|| bad("cut short in its header".into()))?;
+    let count = u32::from_le_bytes(
+        payload
+            .get(2..6)
+            .ok_or_else(|| bad("cut short in its header".into()))?
+            .try_into()
+            .expect("4 bytes"),
+    ) as usize;
+    // Every item takes at least its 4-byte length.
+    let room = (payload.len() - 6) / 4;
+    if count > room {
+        return Err(bad(format!(
+            "says it holds {count} items but has room for at most {room}"
+        )));
+    }
     let mut at = 6usize;
-    let mut items = Vec::with_capacity(count as usize);
-    for _ in 0..count {
-        let len = u32::from_le_bytes(
-            payload
-                .get(at..at + 4)
-                .ok_or_else(bad)?
-                .try_into()
-                .expect("4"),
-        ) as usize;
+    let mut items = Vec::with_capacity(count);
+    for i in 0..count {
+        let len = payload
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+            .ok_or_else(|| bad(format!("cut short before item {i} of {count}")))?;
         at += 4;
-        if at + len > payload.len() {
-            return Err(bad());
-        }
-        items.push(payload.slice(at..at + len));
-        at += len;
+        let end = at
+            .checked_add(len)
+            .filter(|&end| end <= payload.len())
+            .ok_or_else(|| bad(format!("cut short in item {i} of {count}")))?;
+        items.push(payload.slice(at..end));
+        at = end;
+    }
+    if at != payload.len() {
+        return Err(bad(format!(
+            "has {} bytes after its {count} items",
+            payload.len() - at
+        )));
     }
     Ok((items, flags))
+}
+
+/// The event that dead-letters a message no process can read: the run's publisher counts it
+/// and reports it with `reason`. `at` names the message (its subject and stream sequence).
+fn unreadable(run: RunId, lane: Lane, at: String, reason: &str, payload: &[u8]) -> Event {
+    let head: Vec<String> = payload
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Event {
+        run_id: run,
+        instance: 0,
+        doc_id: at,
+        parent_instance: None,
+        parent_id: None,
+        children: 0,
+        kind: EventKind::Unreadable {
+            lane: lane.name().to_string(),
+            reason: format!(
+                "unreadable message ({reason}; {} bytes, starting {}): dead-lettered; if no \
+                 process of this run published it, find who can publish to the broker",
+                payload.len(),
+                head.join(" ")
+            ),
+        },
+        redelivered: false,
+        tokens: 0,
+    }
 }
 
 /// The four queues of a run.
@@ -142,10 +194,26 @@ impl Lane {
 /// with `?prefix=NAME` (streams, subjects and bucket names), `replicas=N` (stream replicas
 /// in a cluster), `ack_wait=SECONDS`, `max_deliver=N`, `max_pending=N` (messages one consumer
 /// may hold unacknowledged), `limit=N` and `limit_mb=N` (messages and MiB a stream holds
-/// before producers wait) and `max_hold=SECONDS` (how long a process may keep one item alive with in-progress acks).
+/// before producers wait) and `max_hold=SECONDS` (how long a process may keep one item alive
+/// with in-progress acks).
+///
+/// A secured broker: `nats://USER:PASS@HOST:PORT` (user and password), `nats://TOKEN@HOST`
+/// (a token), `?creds=PATH` (a NATS credentials file: JWT and nkey seed); `tls://HOST:PORT` or
+/// `?tls=true` (TLS required), `?tls_ca=PATH` (the CA that signed the server's certificate),
+/// `?tls_cert=PATH&tls_key=PATH` (a client certificate). The credentials are held as
+/// [`Secret`]s and left out of every message ([`BrokerConfig::describe`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct BrokerConfig {
+    /// The servers' addresses, without credentials.
     pub servers: Vec<String>,
+    /// How this process proves who it is.
+    pub auth: NatsAuth,
+    /// TLS required for every server.
+    pub tls: bool,
+    /// The CA certificate (PEM) the server's certificate is checked against.
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// A client certificate and its key (PEM), for servers that verify clients.
+    pub tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
     pub prefix: String,
     pub replicas: usize,
     pub ack_wait: Duration,
@@ -158,10 +226,28 @@ pub struct BrokerConfig {
     pub max_hold: Duration,
 }
 
+/// How a process authenticates to NATS.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub enum NatsAuth {
+    #[default]
+    None,
+    UserPassword {
+        user: String,
+        password: Secret,
+    },
+    Token(Secret),
+    /// A credentials file (`.creds`: a user JWT and its nkey seed).
+    Creds(std::path::PathBuf),
+}
+
 impl Default for BrokerConfig {
     fn default() -> Self {
         BrokerConfig {
             servers: vec!["nats://127.0.0.1:4222".into()],
+            auth: NatsAuth::None,
+            tls: false,
+            tls_ca: None,
+            tls_client: None,
             prefix: "ragline".into(),
             replicas: 1,
             ack_wait: Duration::from_secs(30),
@@ -177,34 +263,88 @@ impl Default for BrokerConfig {
 impl BrokerConfig {
     pub fn parse(url: &str) -> Result<Self, String> {
         let mut config = BrokerConfig::default();
+        // Messages show the URL without its secrets.
+        let shown = crate::secret::redact_url(url);
+        let url = url.trim();
         let (servers, query) = url.split_once('?').unwrap_or((url, ""));
-        config.servers = servers
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(|s| {
-                if !s.starts_with("nats://") && !s.starts_with("tls://") {
-                    return Err(format!(
-                        "queue URL `{url}`: `{s}` is not a nats:// address (nats://HOST:PORT)"
-                    ));
-                }
-                ServerAddr::from_str(s)
-                    .map(|_| s.to_string())
-                    .map_err(|e| format!("queue URL `{url}`: `{s}`: {e}"))
-            })
-            .collect::<Result<_, _>>()?;
+        let mut auths = Vec::new();
+        let mut addresses = Vec::new();
+        for s in servers.split(',').filter(|s| !s.is_empty()) {
+            let safe = crate::secret::redact_url(s);
+            let Some((scheme, rest)) = s
+                .split_once("://")
+                .filter(|(scheme, _)| *scheme == "nats" || *scheme == "tls")
+            else {
+                return Err(format!(
+                    "queue URL `{shown}`: `{safe}` is not a nats:// address (nats://HOST:PORT, \
+                     or tls://HOST:PORT for TLS)"
+                ));
+            };
+            config.tls |= scheme == "tls";
+            let (auth, host) = match rest.rsplit_once('@') {
+                Some((userinfo, host)) => (userinfo_auth(userinfo), host),
+                None => (NatsAuth::None, rest),
+            };
+            let address = format!("{scheme}://{host}");
+            ServerAddr::from_str(&address)
+                .map_err(|e| format!("queue URL `{shown}`: `{safe}`: {e}"))?;
+            auths.push(auth);
+            addresses.push(address);
+        }
+        config.servers = addresses;
         if config.servers.is_empty() {
             return Err(format!(
-                "queue URL `{url}` names no server (nats://HOST:PORT)"
+                "queue URL `{shown}` names no server (nats://HOST:PORT)"
             ));
         }
+        // One identity for the whole cluster: every server names the same, or only some do.
+        let named: Vec<&NatsAuth> = auths.iter().filter(|a| **a != NatsAuth::None).collect();
+        if named.windows(2).any(|w| w[0] != w[1]) {
+            return Err(format!(
+                "queue URL `{shown}`: the servers name different credentials; give one user \
+                 (or token) for the cluster"
+            ));
+        }
+        config.auth = named.first().map_or(NatsAuth::None, |a| (*a).clone());
+        let (mut tls_cert, mut tls_key) = (None, None);
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             let number = |what: &str| -> Result<i64, String> {
                 value.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                    format!("queue URL `{url}`: `{key}={value}` must be a positive {what}")
+                    format!("queue URL `{shown}`: `{key}={value}` must be a positive {what}")
                 })
             };
+            let path = || -> Result<std::path::PathBuf, String> {
+                if value.is_empty() {
+                    return Err(format!("queue URL `{shown}`: `{key}=` needs a file's path"));
+                }
+                Ok(std::path::PathBuf::from(value))
+            };
             match key {
+                "creds" => {
+                    if config.auth != NatsAuth::None {
+                        return Err(format!(
+                            "queue URL `{shown}`: give either credentials in the address or \
+                             ?creds=, not both"
+                        ));
+                    }
+                    config.auth = NatsAuth::Creds(path()?);
+                }
+                "tls" => match value {
+                    "true" | "1" | "yes" => config.tls = true,
+                    "false" | "0" | "no" => {}
+                    _ => {
+                        return Err(format!(
+                            "queue URL `{shown}`: `tls={value}` must be true or false"
+                        ))
+                    }
+                },
+                "tls_ca" => {
+                    config.tls_ca = Some(path()?);
+                    config.tls = true;
+                }
+                "tls_cert" => tls_cert = Some(path()?),
+                "tls_key" => tls_key = Some(path()?),
                 "prefix" => {
                     if value.is_empty()
                         || !value
@@ -212,7 +352,7 @@ impl BrokerConfig {
                             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
                     {
                         return Err(format!(
-                            "queue URL `{url}`: prefix `{value}` must be letters, digits, - or _"
+                            "queue URL `{shown}`: prefix `{value}` must be letters, digits, - or _"
                         ));
                     }
                     config.prefix = value.to_string();
@@ -230,10 +370,23 @@ impl BrokerConfig {
                 }
                 _ => {
                     return Err(format!(
-                        "queue URL `{url}`: unknown setting `{key}` (prefix, replicas, ack_wait, \
-                         max_deliver, max_pending, limit, limit_mb, max_hold)"
+                        "queue URL `{shown}`: unknown setting `{key}` (prefix, replicas, \
+                         ack_wait, max_deliver, max_pending, limit, limit_mb, max_hold, creds, \
+                         tls, tls_ca, tls_cert, tls_key)"
                     ))
                 }
+            }
+        }
+        match (tls_cert, tls_key) {
+            (Some(c), Some(k)) => {
+                config.tls_client = Some((c, k));
+                config.tls = true;
+            }
+            (None, None) => {}
+            _ => {
+                return Err(format!(
+                    "queue URL `{shown}`: a client certificate needs both tls_cert= and tls_key="
+                ))
             }
         }
         Ok(config)
@@ -259,10 +412,120 @@ impl BrokerConfig {
         format!("{}_RUNS", self.prefix.to_uppercase())
     }
 
-    /// The URL without settings, for messages.
+    /// The URL without settings or credentials, for messages.
     pub fn describe(&self) -> String {
         self.servers.join(",")
     }
+}
+
+/// The client's options for `config`: identity, TLS, and reconnecting for as long as the
+/// process runs.
+async fn connect_options(config: &BrokerConfig) -> Result<async_nats::ConnectOptions, String> {
+    let mut options = match &config.auth {
+        NatsAuth::None => async_nats::ConnectOptions::new(),
+        NatsAuth::UserPassword { user, password } => async_nats::ConnectOptions::new()
+            .user_and_password(user.clone(), password.expose().to_string()),
+        NatsAuth::Token(token) => {
+            async_nats::ConnectOptions::new().token(token.expose().to_string())
+        }
+        NatsAuth::Creds(path) => async_nats::ConnectOptions::with_credentials_file(path)
+            .await
+            .map_err(|e| {
+                format!(
+                    "cannot read the NATS credentials file {} (?creds=): {e}",
+                    path.display()
+                )
+            })?,
+    };
+    options = options
+        .name("ragline")
+        .max_reconnects(None)
+        .connection_timeout(Duration::from_secs(2));
+    if config.tls {
+        options = options.require_tls(true);
+    }
+    if let Some(ca) = &config.tls_ca {
+        if !ca.is_file() {
+            return Err(format!(
+                "the CA certificate {} (?tls_ca=) is not a readable file",
+                ca.display()
+            ));
+        }
+        options = options.add_root_certificates(ca.clone());
+    }
+    if let Some((cert, key)) = &config.tls_client {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    Ok(options)
+}
+
+/// A TLS handshake that failed (a certificate not trusted, a name that does not match):
+/// the server answered, so waiting longer cannot help.
+fn tls_failure(e: &async_nats::ConnectError) -> bool {
+    if e.kind() == async_nats::ConnectErrorKind::Tls {
+        return true;
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+            {
+                return true;
+            }
+        }
+        let text = err.to_string();
+        if text.contains("certificate") || text.contains("handshake") {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// The innermost error's message.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+/// What the userinfo of a server address says: `USER:PASS` or a token.
+fn userinfo_auth(userinfo: &str) -> NatsAuth {
+    match userinfo.split_once(':') {
+        Some((user, password)) => NatsAuth::UserPassword {
+            user: percent_decode(user),
+            password: Secret::new(percent_decode(password)),
+        },
+        None => NatsAuth::Token(Secret::new(percent_decode(userinfo))),
+    }
+}
+
+/// `%XX` escapes decoded (a password with `@` or `:` is written `%40`, `%3A`).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).expect("hex") * 16 + hex(l).expect("hex")) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// What the runs bucket holds for a run: everything a worker, embedder or indexer needs.
@@ -359,36 +622,49 @@ impl Broker {
             .collect();
         let described = config.describe();
         let client = rt.block_on(async {
-            let connect = async_nats::ConnectOptions::new()
-                .name("ragline")
-                .retry_on_initial_connect()
-                .max_reconnects(None)
-                .connection_timeout(Duration::from_secs(2))
-                .connect(addrs);
-            let client = match tokio::time::timeout(wait, connect).await {
-                Err(_) => {
-                    return Err(format!(
-                        "cannot reach the NATS server at {described} within {}s: is it running \
-                         (`scripts/nats.sh start`), and is the address right?",
-                        wait.as_secs()
-                    ))
-                }
-                Ok(Err(e)) => return Err(format!("cannot connect to NATS at {described}: {e}")),
-                Ok(Ok(client)) => client,
-            };
-            // A first connect that is still retrying has not reached the server yet.
+            // Try until the server answers or `wait` passes (it may be starting); a server
+            // that answers and refuses the credentials or the TLS handshake is an error at
+            // once, said plainly.
             let deadline = Instant::now() + wait;
-            while client.connection_state() != async_nats::connection::State::Connected {
+            let mut last = String::from("no answer");
+            loop {
+                let options = connect_options(&config).await?;
+                let left = deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, options.connect(addrs.clone())).await {
+                    Ok(Ok(client)) => return Ok(client),
+                    Ok(Err(e)) => {
+                        use async_nats::ConnectErrorKind as K;
+                        match e.kind() {
+                            K::AuthorizationViolation | K::Authentication => {
+                                return Err(format!(
+                                    "the NATS server at {described} refused this process's \
+                                     credentials ({e}): check the user and password or token \
+                                     in --queue (nats://USER:PASS@HOST:PORT, nats://TOKEN@HOST) \
+                                     or the ?creds= file"
+                                ))
+                            }
+                            _ if tls_failure(&e) => {
+                                return Err(format!(
+                                    "TLS with the NATS server at {described} failed ({}): \
+                                     check ?tls_ca= (the CA that signed the server's \
+                                     certificate) and that the address is the name in it",
+                                    root_cause(&e)
+                                ))
+                            }
+                            _ => last = root_cause(&e),
+                        }
+                    }
+                    Err(_) => {}
+                }
                 if Instant::now() >= deadline {
                     return Err(format!(
-                        "cannot reach the NATS server at {described} within {}s: is it \
-                         running (`scripts/nats.sh start`), and is the address right?",
+                        "cannot reach the NATS server at {described} within {}s ({last}): is \
+                         it running (`scripts/nats.sh start`), and is the address right?",
                         wait.as_secs()
                     ));
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            Ok(client)
         })?;
         let _in_runtime = rt.enter();
         let js = jetstream::new(client.clone());
@@ -622,6 +898,7 @@ impl Broker {
         JetStreamQueue {
             broker: self.clone(),
             lane,
+            run,
             prefix: self.inner.config.prefix.clone(),
             inbox,
             direct_acks,
@@ -911,6 +1188,7 @@ impl Inbox {
         let js = broker.inner.js.clone();
         let out = broker.inner.outgoing.clone();
         let (stream_name, name) = (c.stream(lane), c.consumer(lane, run));
+        let events_subject = c.subject(Lane::Events, run);
         let (stop2, held1) = (Arc::clone(&stop), Arc::clone(&held));
         let tags = Arc::clone(&broker.inner.tags_arc);
         broker.inner.rt.spawn(async move {
@@ -961,10 +1239,16 @@ impl Inbox {
                         let (items, flags) = match split_message(&msg.payload) {
                             Ok(x) => x,
                             Err(e) => {
-                                eprintln!(
-                                    "warning: an unreadable message on {} ({e}) was dropped",
-                                    msg.subject
-                                );
+                                // Dead-lettered: the run's publisher hears why, and the
+                                // message is never delivered again.
+                                let seq = msg.info().map_or(0, |i| i.stream_sequence);
+                                let at = format!("message {}#{seq}", msg.subject);
+                                tracing::warn!("{at}: unreadable ({e}); dead-lettered");
+                                let event = unreadable(run, lane, at, &e, &msg.payload);
+                                later.push(Outgoing::PublishAlone {
+                                    subject: events_subject.clone(),
+                                    payload: Bytes::from(event.encode()),
+                                });
                                 later.push(Outgoing::Ack(Box::new(msg), AckKind::Term));
                                 continue;
                             }
@@ -1059,6 +1343,7 @@ fn clone_message(m: &jetstream::Message) -> jetstream::Message {
 pub struct JetStreamQueue<T> {
     broker: Broker,
     lane: Lane,
+    run: RunId,
     prefix: String,
     inbox: Option<Inbox>,
     /// Acknowledgements bypass the output task (see [`Broker::follower`]).
@@ -1185,6 +1470,8 @@ impl<T: Wire + 'static> Queue<T> for JetStreamQueue<T> {
             let attempt = delivered + u32::from(h.redelivered && delivered == 1);
             let decoded = T::decode(&h.payload);
             let subject = h.message.msg.subject.to_string();
+            let seq = h.message.msg.info().map_or(0, |i| i.stream_sequence);
+            let payload = h.payload.clone();
             drop(held);
             match decoded {
                 Ok(mut item) => {
@@ -1198,11 +1485,18 @@ impl<T: Wire + 'static> Queue<T> for JetStreamQueue<T> {
                     }));
                 }
                 Err(e) => {
-                    // Not ours, or corrupt: say so and let it go (as done); it belongs to no
-                    // document this process could name.
-                    eprintln!(
-                        "warning: queue `{}`: an unreadable item on {subject} ({e}) was dropped",
-                        self.lane.name(),
+                    // Not ours, or corrupt: it belongs to no document this process could
+                    // name. Dead-lettered: the run's publisher hears why (after this publish,
+                    // the item is let go as done).
+                    let at = format!("message {subject}#{seq}");
+                    tracing::warn!("{at}: unreadable item ({e}); dead-lettered");
+                    let event = unreadable(self.run, self.lane, at, &e, &payload);
+                    let _ = self.broker.send(
+                        Outgoing::PublishAlone {
+                            subject: self.broker.inner.config.subject(Lane::Events, self.run),
+                            payload: Bytes::from(event.encode()),
+                        },
+                        Duration::from_secs(60),
                     );
                     let _ = self.reply(DeliveryTag(tag), AckKind::Ack);
                 }
@@ -1226,6 +1520,59 @@ impl<T: Wire + 'static> Queue<T> for JetStreamQueue<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_and_tls_come_from_the_url_and_never_show() {
+        let c = BrokerConfig::parse("nats://alice:p%40ss@h1:4222,nats://h2:4223").unwrap();
+        assert_eq!(c.servers, ["nats://h1:4222", "nats://h2:4223"]);
+        assert_eq!(
+            c.auth,
+            NatsAuth::UserPassword {
+                user: "alice".into(),
+                password: Secret::new("p@ss"),
+            }
+        );
+        assert!(!format!("{c:?} {}", c.describe()).contains("p@ss"));
+        let c = BrokerConfig::parse("nats://s3cr3t@h:4222").unwrap();
+        assert_eq!(c.auth, NatsAuth::Token(Secret::new("s3cr3t")));
+        assert!(!format!("{c:?}").contains("s3cr3t"));
+        let c = BrokerConfig::parse("tls://h:4222?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem")
+            .unwrap();
+        assert!(c.tls);
+        assert_eq!(c.tls_ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert!(c.tls_client.is_some());
+        let c = BrokerConfig::parse("nats://h:4222?tls=true&creds=/u.creds").unwrap();
+        assert!(c.tls);
+        assert_eq!(c.auth, NatsAuth::Creds("/u.creds".into()));
+        for (bad, says) in [
+            ("nats://a:1@h1:1,nats://b:2@h2:2", "different credentials"),
+            ("nats://a:1@h:1?creds=/x", "not both"),
+            ("nats://h:1?tls_cert=/c.pem", "both tls_cert= and tls_key="),
+            ("nats://h:1?tls=maybe", "true or false"),
+            ("http://u:hunter2@h:1", "not a nats://"),
+        ] {
+            let e = BrokerConfig::parse(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_batch_envelope_never_allocates_more_than_its_bytes_hold() {
+        // The 6-byte message of the finding: 4 billion items announced.
+        let hostile = Bytes::from_static(&[0xC1, 0x00, 0xFF, 0xFF, 0xFF, 0xFF]);
+        let e = split_message(&hostile).unwrap_err();
+        assert!(e.contains("room for at most 0"), "{e}");
+        // Items that claim more bytes than there are.
+        let mut v = vec![0xC1, 0, 2, 0, 0, 0];
+        v.extend_from_slice(&u32::MAX.to_le_bytes());
+        v.extend_from_slice(&[1, 2, 3, 4]);
+        assert!(split_message(&Bytes::from(v)).is_err());
+        // Trailing bytes after the items.
+        let mut ok = encode_batch(&[Bytes::from_static(b"a")], 0).to_vec();
+        ok.push(9);
+        assert!(split_message(&Bytes::from(ok)).is_err());
+    }
 
     #[test]
     fn a_queue_url_names_servers_and_settings() {

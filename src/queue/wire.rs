@@ -18,6 +18,20 @@ pub trait Wire: Sized + Send {
     fn mark_redelivered(&mut self) {}
 }
 
+/// How deep MessagePack from a broker may nest (a document's metadata is JSON-like); deeper
+/// is refused instead of recursing (rmp-serde's own limit, 1024, is more stack than a worker
+/// thread has for serde_json values).
+const MAX_DEPTH: usize = 64;
+
+/// Decode bytes from a broker (untrusted): nesting bounded by [`MAX_DEPTH`]; every length in
+/// them is checked against the bytes there, and sequences are preallocated only as far as
+/// serde's cautious size hint allows, so nothing is allocated beyond what the bytes justify.
+fn decode_bounded<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let mut d = rmp_serde::Deserializer::from_read_ref(bytes);
+    d.set_max_depth(MAX_DEPTH);
+    T::deserialize(&mut d).map_err(|e| e.to_string())
+}
+
 #[derive(Serialize)]
 struct DocOut<'a> {
     id: &'a str,
@@ -117,7 +131,7 @@ impl Wire for Document {
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, String> {
-        let d: DocIn = rmp_serde::from_slice(bytes).map_err(|e| e.to_string())?;
+        let d: DocIn = decode_bounded(bytes)?;
         let mut doc = Document::new(d.id, String::new());
         doc.run_id = RunId(d.run);
         doc.instance = d.instance;
@@ -163,7 +177,7 @@ impl Wire for Event {
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, String> {
-        rmp_serde::from_slice(bytes).map_err(|e| e.to_string())
+        decode_bounded(bytes)
     }
 
     fn run_id(&self) -> RunId {

@@ -224,7 +224,7 @@ impl RemoteEmbedder {
                     a
                 }
                 Err(e) => {
-                    let reason = format!("{}: {e}", self.endpoint.url(api.path()));
+                    let reason = format!("{}: {e}", self.endpoint.shown_url(api.path()));
                     group
                         .into_iter()
                         .map(|i| (i, Err(reason.clone())))

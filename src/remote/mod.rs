@@ -16,7 +16,11 @@
 //!
 //! The I/O runs on a small tokio runtime owned by the endpoint; callers are plain threads
 //! (an embedder, an enrich worker) that block on it. API keys come from an environment
-//! variable named in the config, never from the command line, and are never printed.
+//! variable named in the operator's config or flags, never from the command line, and are
+//! never printed; a key goes only over https or to a loopback address. Answers are untrusted:
+//! a body is read up to [`MAX_ANSWER_BYTES`], `Retry-After` is capped at
+//! [`MAX_RETRY_AFTER`], and redirects are never followed (a 307 would send the document text
+//! to wherever the service points).
 
 pub mod chat;
 pub mod circuit;
@@ -32,6 +36,12 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::lifecycle::backoff::{jitter_unit, retry_delay};
+
+/// The longest answer read from a service; a longer one is refused (an input of a batch that
+/// is answered with more than this is bisected like a refused one).
+pub const MAX_ANSWER_BYTES: usize = 64 << 20;
+/// The longest `Retry-After` honoured, whatever the service asks (seconds or a date).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
 use circuit::{Change, Circuit, CircuitState, Permit};
 use limit::RateLimiter;
 
@@ -40,8 +50,8 @@ use limit::RateLimiter;
 pub struct EndpointSettings {
     /// The service's base URL (`http://127.0.0.1:8080`, `https://api.openai.com`).
     pub url: String,
-    /// Sent as a bearer token when set.
-    pub api_key: Option<String>,
+    /// Sent as a bearer token when set (only over https, or to a loopback address).
+    pub api_key: Option<crate::secret::Secret>,
     /// One request's deadline.
     pub timeout: Duration,
     /// Attempts per request for retryable failures (while the circuit is closed).
@@ -179,8 +189,35 @@ enum Verdict<T> {
     Stop(CallError),
 }
 
+/// Whether `url` (http or https) names this machine: `localhost`, a loopback IP.
+pub fn is_loopback(url: &reqwest::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
+}
+
+/// Refuse settings that would send a key in the clear: a key goes only over https, or to a
+/// loopback address (where nothing crosses the network).
+pub fn check_key_transport(url: &str, has_key: bool) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|e| format!("`{}` is not a URL: {e}", crate::secret::redact_url(url)))?;
+    if has_key && parsed.scheme() != "https" && !is_loopback(&parsed) {
+        return Err(format!(
+            "refusing to send an API key to {} over plain {}: use https://, or a loopback \
+             address for a service on this machine",
+            crate::secret::redact_url(url),
+            parsed.scheme()
+        ));
+    }
+    Ok(())
+}
+
 impl Endpoint {
     pub fn new(settings: EndpointSettings) -> Result<Arc<Endpoint>, String> {
+        check_key_transport(&settings.url, settings.api_key.is_some())?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("remote")
@@ -192,6 +229,9 @@ impl Endpoint {
             .connect_timeout(Duration::from_secs(5).min(settings.timeout))
             .timeout(settings.timeout)
             .pool_max_idle_per_host(settings.concurrency.max(1))
+            // A redirect would re-send the request (document text, and for 307/308 the whole
+            // body) wherever the service points: never followed.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         Ok(Arc::new(Endpoint {
@@ -234,11 +274,11 @@ impl Endpoint {
                 eprintln!(
                     "warning: {} keeps failing ({reason}): circuit open; requests wait and a \
                      probe goes every {}s until it answers",
-                    self.settings.url,
+                    self.shown_url(""),
                     self.settings.circuit_cooldown.as_secs_f64()
                 );
             }
-            Change::Closed => eprintln!("{} answers again: circuit closed", self.settings.url),
+            Change::Closed => eprintln!("{} answers again: circuit closed", self.shown_url("")),
         }
         for w in self
             .watchers
@@ -258,6 +298,11 @@ impl Endpoint {
     /// `url + path`.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.settings.url.trim_end_matches('/'))
+    }
+
+    /// `url + path` as messages show it: without the secrets a URL may hold.
+    pub fn shown_url(&self, path: &str) -> String {
+        crate::secret::redact_url(&self.url(path))
     }
 
     /// POST `body` (JSON) to `path`, costing `tokens` against the limits, and parse the
@@ -361,7 +406,7 @@ impl Endpoint {
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.to_vec());
         if let Some(key) = &self.settings.api_key {
-            req = req.bearer_auth(key);
+            req = req.bearer_auth(key.expose());
         }
         let resp = match req.send().await {
             Ok(r) => r,
@@ -376,9 +421,33 @@ impl Endpoint {
         };
         let status = resp.status().as_u16();
         let after = retry_after(resp.headers(), SystemTime::now());
-        let bytes = match resp.bytes().await {
+        if (300..400).contains(&status) {
+            let to = resp
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .map(crate::secret::redact_url)
+                .unwrap_or_else(|| "nowhere said".into());
+            return Verdict::Stop(CallError::Fatal(format!(
+                "{} answered with a redirect (HTTP {status} to {to}); ragline does not follow \
+                 redirects with document text: set the URL to the address it points to",
+                crate::secret::redact_url(url)
+            )));
+        }
+        let bytes = match read_bounded(resp, MAX_ANSWER_BYTES).await {
             Ok(b) => b,
-            Err(e) => {
+            Err(Body::TooLarge(n)) => {
+                add(&self.stats.malformed, 1);
+                return Verdict::Stop(CallError::Rejected {
+                    status,
+                    message: format!(
+                        "the answer is over {} MiB ({n} bytes read): send fewer inputs per \
+                         request",
+                        MAX_ANSWER_BYTES >> 20
+                    ),
+                });
+            }
+            Err(Body::Failed(e)) => {
                 add(&self.stats.transport_errors, 1);
                 return Verdict::Retry {
                     reason: format!("answer cut off: {}", transport_reason(&e)),
@@ -424,13 +493,16 @@ impl Endpoint {
                 }
             }
             401 | 403 => Verdict::Stop(CallError::Fatal(format!(
-                "{url} refused the API key (HTTP {status}: {}): set the variable named by \
-                 `api_key_env` (OPENAI_API_KEY by default) to a valid key",
+                "{} refused the request (HTTP {status}: {}): it needs an API key: name the \
+                 variable holding it with `api_key_env` (--embed-api-key-env), and check the \
+                 key",
+                crate::secret::redact_url(url),
                 error_message(&bytes)
             ))),
             404 | 405 => Verdict::Stop(CallError::Fatal(format!(
-                "{url} has no such API (HTTP {status}): check the URL and the API kind \
-                 (--embed-api openai serves POST /v1/embeddings, tei POST /embed)"
+                "{} has no such API (HTTP {status}): check the URL and the API kind \
+                 (--embed-api openai serves POST /v1/embeddings, tei POST /embed)",
+                crate::secret::redact_url(url)
             ))),
             _ => Verdict::Stop(CallError::Rejected {
                 status,
@@ -438,6 +510,29 @@ impl Endpoint {
             }),
         }
     }
+}
+
+/// Why a body was not read whole.
+enum Body {
+    TooLarge(usize),
+    Failed(reqwest::Error),
+}
+
+/// The body of `resp`, refused once it passes `max` bytes (whatever Content-Length says).
+async fn read_bounded(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, Body> {
+    if let Some(n) = resp.content_length() {
+        if n > max as u64 {
+            return Err(Body::TooLarge(n as usize));
+        }
+    }
+    let mut out = Vec::with_capacity(resp.content_length().unwrap_or(0) as usize);
+    while let Some(chunk) = resp.chunk().await.map_err(Body::Failed)? {
+        if out.len() + chunk.len() > max {
+            return Err(Body::TooLarge(out.len() + chunk.len()));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
 }
 
 /// A transport error, said plainly.
@@ -479,7 +574,7 @@ pub fn error_message(body: &[u8]) -> String {
     }
 }
 
-/// `Retry-After`: seconds, or an HTTP date.
+/// `Retry-After`: seconds, or an HTTP date; at most [`MAX_RETRY_AFTER`] either way.
 pub fn retry_after(headers: &reqwest::header::HeaderMap, now: SystemTime) -> Option<Duration> {
     let value = headers
         .get(reqwest::header::RETRY_AFTER)?
@@ -488,10 +583,14 @@ pub fn retry_after(headers: &reqwest::header::HeaderMap, now: SystemTime) -> Opt
         .trim();
     if let Ok(secs) = value.parse::<f64>() {
         return (secs.is_finite() && secs >= 0.0)
-            .then(|| Duration::from_secs_f64(secs.min(3600.0)));
+            .then(|| Duration::from_secs_f64(secs.min(MAX_RETRY_AFTER.as_secs_f64())));
     }
     let at = httpdate(value)?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+    Some(
+        at.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_RETRY_AFTER),
+    )
 }
 
 /// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the form HTTP dates are sent in.
@@ -506,11 +605,16 @@ fn httpdate(s: &str) -> Option<SystemTime> {
     .iter()
     .position(|m| m == month)? as i64
         + 1;
-    let (day, year): (i64, i64) = (day.parse().ok()?, year.parse().ok()?);
+    // Bounded fields: the arithmetic below cannot overflow on any input.
+    let day: i64 = day.parse().ok().filter(|d| (1..=31).contains(d))?;
+    let year: i64 = year.parse().ok().filter(|y| (1970..=9999).contains(y))?;
     let hms: Vec<i64> = time.split(':').filter_map(|x| x.parse().ok()).collect();
     let [h, m, sec] = hms.as_slice() else {
         return None;
     };
+    if !((0..24).contains(h) && (0..60).contains(m) && (0..=60).contains(sec)) {
+        return None;
+    }
     // Days from the civil date (Howard Hinnant's algorithm).
     let y = if month <= 2 { year - 1 } else { year };
     let era = y.div_euclid(400);
@@ -544,6 +648,149 @@ mod tests {
         assert_eq!(retry_after(&h, now), Some(Duration::from_secs(10)));
         h.insert("retry-after", "soon".parse().unwrap());
         assert_eq!(retry_after(&h, now), None);
+        // A date far ahead, or a huge number of seconds, is capped (it stalled every caller
+        // for ever; a year of 20 digits overflowed the arithmetic).
+        h.insert(
+            "retry-after",
+            "Fri, 31 Dec 9999 23:59:59 GMT".parse().unwrap(),
+        );
+        assert_eq!(retry_after(&h, now), Some(MAX_RETRY_AFTER));
+        h.insert("retry-after", "1e300".parse().unwrap());
+        assert_eq!(retry_after(&h, now), Some(MAX_RETRY_AFTER));
+        for bad in [
+            "Sun, 06 Nov 99999999999999999 08:49:47 GMT",
+            "Sun, 06 Nov 1994 99:49:47 GMT",
+            "Sun, 99 Nov 1994 08:49:47 GMT",
+            "Sun, 06 Nov -5 08:49:47 GMT",
+        ] {
+            h.insert("retry-after", bad.parse().unwrap());
+            assert_eq!(retry_after(&h, now), None, "{bad}");
+        }
+    }
+
+    /// A server on a free port answering every request with `respond`; counts requests.
+    fn canned(
+        respond: impl Fn(&mut std::net::TcpStream) + Send + 'static,
+    ) -> (String, Arc<AtomicU64>) {
+        use std::io::{BufRead, BufReader, Read};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let hits = Arc::new(AtomicU64::new(0));
+        let h = Arc::clone(&hits);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                h.fetch_add(1, Ordering::SeqCst);
+                // The request's head and body.
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut length = 0usize;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; length];
+                let _ = reader.read_exact(&mut body);
+                respond(&mut stream);
+            }
+        });
+        (url, hits)
+    }
+
+    fn endpoint(url: &str) -> Arc<Endpoint> {
+        Endpoint::new(EndpointSettings {
+            url: url.to_string(),
+            retries: 2,
+            timeout: Duration::from_secs(30),
+            ..EndpointSettings::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_redirect_is_never_followed_and_a_huge_answer_never_read_whole() {
+        use std::io::Write;
+        let (url, hits) = canned(|s| {
+            let _ = s.write_all(
+                b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://elsewhere.example/steal\r\n\
+                  Content-Length: 0\r\n\r\n",
+            );
+        });
+        let e = endpoint(&url);
+        let got = e.block_on(e.post(
+            "/v1/embeddings",
+            &serde_json::json!({"input": "x"}),
+            1,
+            |b| Ok(b.len()),
+        ));
+        match got {
+            Err(CallError::Fatal(m)) => {
+                assert!(
+                    m.contains("redirect") && m.contains("elsewhere.example"),
+                    "{m}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(hits.load(Ordering::SeqCst), 1, "asked once, never followed");
+
+        // An answer that never ends: read up to the bound, then refused (not retried).
+        let (url, hits) = canned(|s| {
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+            let chunk = vec![b'7'; 1 << 20];
+            loop {
+                let head = format!("{:x}\r\n", chunk.len());
+                if s.write_all(head.as_bytes()).is_err()
+                    || s.write_all(&chunk).is_err()
+                    || s.write_all(b"\r\n").is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let e = endpoint(&url);
+        let got = e.block_on(
+            e.post("/embed", &serde_json::json!({"inputs": "x"}), 1, |b| {
+                Ok(b.len())
+            }),
+        );
+        match got {
+            Err(CallError::Rejected { message, .. }) => {
+                assert!(message.contains("over 64 MiB"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
+        // One that says so up front is refused without reading it.
+        let (url, _) = canned(|s| {
+            let _ = s.write_all(
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", 1u64 << 40).as_bytes(),
+            );
+        });
+        let e = endpoint(&url);
+        let got = e.block_on(
+            e.post("/embed", &serde_json::json!({"inputs": "x"}), 1, |b| {
+                Ok(b.len())
+            }),
+        );
+        assert!(matches!(got, Err(CallError::Rejected { .. })), "{got:?}");
+    }
+
+    #[test]
+    fn keys_go_only_over_https_or_to_this_machine() {
+        assert!(check_key_transport("https://api.example.com", true).is_ok());
+        assert!(check_key_transport("http://127.0.0.1:8080", true).is_ok());
+        assert!(check_key_transport("http://localhost:8080", true).is_ok());
+        assert!(check_key_transport("http://[::1]:8080", true).is_ok());
+        assert!(check_key_transport("http://example.com", false).is_ok());
+        let e = check_key_transport("http://user:hunter2@example.com/v1", true).unwrap_err();
+        assert!(e.contains("refusing to send an API key"), "{e}");
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(check_key_transport("http://10.0.0.8:8080", true).is_err());
     }
 
     #[test]

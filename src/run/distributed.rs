@@ -130,8 +130,29 @@ pub fn publish(
                 let Ok((lane, payload)) = dead.recv_timeout(Duration::from_millis(100)) else {
                     continue;
                 };
-                let Ok(doc) = Document::decode(&payload) else {
-                    continue;
+                let doc = match Document::decode(&payload) {
+                    Ok(doc) => doc,
+                    Err(e) => {
+                        // Not a document at all: reported as an unreadable message.
+                        let event = Event {
+                            run_id,
+                            instance: 0,
+                            doc_id: format!("message on {} (MaxDeliver)", lane.name()),
+                            parent_instance: None,
+                            parent_id: None,
+                            children: 0,
+                            kind: EventKind::Unreadable {
+                                lane: lane.name().to_string(),
+                                reason: format!("unreadable message ({e}): dead-lettered"),
+                            },
+                            redelivered: false,
+                            tokens: 0,
+                        };
+                        if crate::queue::push_until_stopped(&events_out, event, &sig).is_err() {
+                            return;
+                        }
+                        continue;
+                    }
                 };
                 let reason = format!(
                     "delivered {max} times (MaxDeliver) without being finished: the {} \
@@ -214,6 +235,7 @@ pub fn publish(
     summary.tokens_embedded = tokens;
     summary.tokens_per_sec = tokens as f64 / started.elapsed().as_secs_f64().max(1e-9);
     summary.published_ids = publisher.published_ids();
+    summary.unreadable = publisher.tracker().unreadable().to_vec();
     Ok(summary)
 }
 

@@ -27,6 +27,10 @@ pub struct RunSummary {
     pub failures: Vec<Outcome>,
     /// Every document that was dropped, with the stage and the reason.
     pub dropped: Vec<Outcome>,
+    /// Messages on the run's queues that no process could read, each dead-lettered with the
+    /// reason (distributed runs).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<Outcome>,
     /// Documents indexed with something to say (`page 3 has no text layer: needs OCR`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<Outcome>,
@@ -41,6 +45,10 @@ pub struct RunSummary {
     /// What the calls to a service (a remote embedder) came to: requests, retries, 429s...
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote: Option<crate::remote::RemoteCounts>,
+    /// `enrich`: documents other workers still held under a lease when this run ended (the
+    /// notes say whose, and until when).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub held_by_others: u64,
     /// What else the run has to say (a migration switched, a stage is paused...).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -78,6 +86,7 @@ impl RunSummary {
             tokens_per_sec: stats.tokens() as f64 / secs,
             failures,
             dropped,
+            unreadable: Vec::new(),
             warnings: stats
                 .warnings()
                 .into_iter()
@@ -92,13 +101,18 @@ impl RunSummary {
             pruned: 0,
             encoder: None,
             remote: None,
+            held_by_others: 0,
             notes: Vec::new(),
             published_ids: None,
         }
     }
 
-    /// True when no document or chunk failed.
+    /// True when no document or chunk failed and every message of the run could be read.
     pub fn succeeded(&self) -> bool {
-        self.counts.failed == 0 && self.counts.children_failed == 0
+        self.counts.failed == 0 && self.counts.children_failed == 0 && self.counts.unreadable == 0
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

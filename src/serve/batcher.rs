@@ -8,6 +8,11 @@
 //! The queue is bounded in tokens: a request that does not fit is refused at once
 //! ([`Admission::Full`]; the server answers 503 with Retry-After) instead of memory growing
 //! with the load.
+//!
+//! A panic while a window is embedded fails that window's requests (500 with the reason) and
+//! the model thread goes on. A model thread that ends anyway is counted out; when none is
+//! left, what is queued fails at once and new requests are refused ([`Admission::NoModel`]),
+//! so nothing waits for ever and `/health` can say so.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -42,6 +47,8 @@ pub enum Admission {
     },
     /// The server is stopping.
     Closed,
+    /// No model thread is running any more.
+    NoModel,
 }
 
 /// What a model thread did with one window, for the metrics.
@@ -58,6 +65,9 @@ pub struct WindowReport {
 struct State {
     jobs: VecDeque<(Job, usize)>,
     closed: bool,
+    /// Model threads running, and whether any ever ran.
+    models: usize,
+    started: bool,
 }
 
 /// The shared queue of jobs.
@@ -78,6 +88,8 @@ impl Batcher {
             state: Mutex::new(State {
                 jobs: VecDeque::new(),
                 closed: false,
+                models: 0,
+                started: false,
             }),
             ready: Condvar::new(),
             queued_tokens: AtomicUsize::new(0),
@@ -113,6 +125,9 @@ impl Batcher {
         if s.closed {
             return (Admission::Closed, Some(job));
         }
+        if s.started && s.models == 0 {
+            return (Admission::NoModel, Some(job));
+        }
         let queued = self.queued_tokens.load(Ordering::Relaxed);
         if queued > 0 && queued + tokens > self.max_queued_tokens {
             return (Admission::Full { tokens: queued }, Some(job));
@@ -123,6 +138,31 @@ impl Batcher {
         drop(s);
         self.ready.notify_one();
         (Admission::Queued, None)
+    }
+
+    /// True once every model thread that ran has ended.
+    pub fn models_gone(&self) -> bool {
+        let s = self.lock();
+        s.started && s.models == 0
+    }
+
+    /// A model thread ended: when it was the last, fail what waits.
+    fn model_ended(&self, label: &str) {
+        let orphans: Vec<(Job, usize)> = {
+            let mut s = self.lock();
+            s.models = s.models.saturating_sub(1);
+            if s.models > 0 {
+                return;
+            }
+            s.jobs.drain(..).collect()
+        };
+        for (job, tokens) in orphans {
+            self.queued_tokens.fetch_sub(tokens, Ordering::Relaxed);
+            self.queued_jobs.fetch_sub(1, Ordering::Relaxed);
+            let _ = job.reply.send(Err(format!(
+                "the model thread ({label}) stopped; no model is running"
+            )));
+        }
     }
 
     /// Refuse new jobs; model threads finish what is queued, then stop.
@@ -187,6 +227,19 @@ impl Batcher {
         max_wait: Duration,
         report: &(dyn Fn(&WindowReport) + Sync),
     ) {
+        {
+            let mut s = self.lock();
+            s.models += 1;
+            s.started = true;
+        }
+        // However this thread ends (a panic outside a window included), it is counted out.
+        struct Running<'a>(&'a Batcher, &'a str);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.model_ended(self.1);
+            }
+        }
+        let _running = Running(self, label);
         let stats = RunStats::default();
         let mut recent = Recent::new(crate::embed::pool::RECENT_VECTORS);
         while let Some(jobs) = self.next_window(window_tokens, max_wait) {
@@ -206,15 +259,35 @@ impl Batcher {
             }
             for (prompt, jobs) in groups {
                 let batches_before = stats.batches.load(Ordering::Relaxed);
-                let results = embed_jobs(
-                    encoder,
-                    label,
-                    &prompt,
-                    &jobs,
-                    batch_tokens,
-                    &mut recent,
-                    &stats,
-                );
+                let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    #[cfg(feature = "failpoints")]
+                    fail::fail_point!("serve-model");
+                    embed_jobs(
+                        encoder,
+                        label,
+                        &prompt,
+                        &jobs,
+                        batch_tokens,
+                        &mut recent,
+                        &stats,
+                    )
+                }));
+                let results = match results {
+                    Ok(r) => r,
+                    Err(panic) => {
+                        // What the window cached may be half-written: start it afresh.
+                        recent = Recent::new(crate::embed::pool::RECENT_VECTORS);
+                        let why = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "a panic".into());
+                        let message = format!(
+                            "the model failed on this request's batch ({why}); the server goes on"
+                        );
+                        jobs.iter().map(|_| Err(message.clone())).collect()
+                    }
+                };
                 rep.batches += stats.batches.load(Ordering::Relaxed) - batches_before;
                 for (job, result) in jobs.into_iter().zip(results) {
                     rep.inputs += job.inputs.len();
@@ -373,5 +446,74 @@ mod tests {
         // 25 tokens: two jobs of 10 fit, the third would not.
         assert_eq!(b.next_window(25, Duration::ZERO).unwrap().len(), 2);
         assert_eq!(b.next_window(1000, Duration::ZERO).unwrap().len(), 2);
+    }
+
+    /// An encoder that panics on inputs holding the id 666, and embeds the rest as [len].
+    struct Fragile;
+
+    impl Encoder for Fragile {
+        fn max_content_len(&self) -> usize {
+            100
+        }
+        fn passage_prompt_ids(&self) -> &[u32] {
+            &[]
+        }
+        fn plan_batches(&self, lengths: &[usize], _budget: usize) -> Vec<Vec<usize>> {
+            vec![(0..lengths.len()).collect()]
+        }
+        fn computed_tokens(&self, lengths: &[usize], batch: &[usize]) -> usize {
+            batch.iter().map(|&i| lengths[i]).sum()
+        }
+        fn embed_ids(
+            &self,
+            seqs: &[&[u32]],
+            _prompt: &[u32],
+        ) -> Result<Vec<Vec<f32>>, crate::embed::EmbedError> {
+            assert!(!seqs.iter().any(|s| s.contains(&666)), "poisoned input");
+            Ok(seqs.iter().map(|s| vec![s.len() as f32]).collect())
+        }
+        fn content_ids(&self, _text: &str) -> Result<Vec<u32>, crate::embed::EmbedError> {
+            Ok(Vec::new())
+        }
+    }
+
+    #[test]
+    fn a_panic_in_the_model_fails_its_requests_and_the_thread_goes_on() {
+        let b = Batcher::new(1_000_000);
+        let (bad, bad_rx) = job(vec![vec![666, 1]]);
+        b.submit(bad);
+        let (good, good_rx) = job(vec![vec![1, 2, 3]]);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                b.run_model(&Fragile, "test", 1000, 1000, Duration::ZERO, &|_| {});
+            });
+            let got = bad_rx.blocking_recv().unwrap();
+            assert!(got.unwrap_err().contains("poisoned input"));
+            // The thread is still there: the next request is answered.
+            b.submit(good);
+            assert_eq!(good_rx.blocking_recv().unwrap().unwrap(), vec![vec![3.0]]);
+            assert!(!b.models_gone());
+            b.close();
+        });
+        // Once its only model thread ended, nothing waits for ever.
+        assert!(b.models_gone());
+    }
+
+    #[test]
+    fn when_the_last_model_thread_ends_queued_requests_fail_and_new_ones_are_refused() {
+        let b = Batcher::new(1_000_000);
+        {
+            let mut s = b.lock();
+            s.models = 1;
+            s.started = true;
+        }
+        let (queued, rx) = job(vec![vec![1]]);
+        assert_eq!(b.submit(queued).0, Admission::Queued);
+        b.model_ended("cuda:0");
+        assert!(rx.blocking_recv().unwrap().unwrap_err().contains("cuda:0"));
+        assert_eq!(b.queued_tokens(), 0);
+        let (late, _rx) = job(vec![vec![1]]);
+        assert_eq!(b.submit(late).0, Admission::NoModel);
+        assert!(b.models_gone());
     }
 }

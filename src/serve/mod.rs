@@ -5,14 +5,21 @@
 //! - `POST /embed`: TEI's (`inputs` a string or a list, `truncate`, `normalize`);
 //! - `GET /health`, `GET /metrics` (Prometheus).
 //!
-//! Requests are tokenized off the I/O runtime (on the rayon pool), then queued for the model
-//! threads, which batch inputs *across* requests by a token budget ([`batcher`]). Bounded
-//! everywhere: a request body is at most `max_body_bytes`, a request at most `max_inputs`
-//! inputs, and the queue at most `max_queued_tokens` tokens; past that the answer is 503 with
-//! `Retry-After` rather than more memory. Inputs over the model's limit are truncated (as
-//! sentence-transformers does) or refused with 413, as configured. A malformed body is a 400
-//! that says what is wrong. SIGTERM or SIGINT: stop accepting, answer every request in
-//! flight, then exit.
+//! Requests are tokenized off the I/O runtime (on a pool of the server's own, where a panic
+//! fails that request only), then queued for the model threads, which batch inputs *across*
+//! requests by a token budget ([`batcher`]). Bounded everywhere: connections
+//! (`max_connections`), requests in flight (`max_concurrent_requests`, 503 past it), a
+//! request's headers (read within `header_timeout`), its body (`max_body_bytes`, counted as it
+//! is parsed: inputs past `max_inputs` stop the parse), its whole life (`request_timeout`,
+//! 408), and the queue (`max_queued_tokens` tokens; 503 with `Retry-After` rather than more
+//! memory). Inputs over the model's limit are truncated (as sentence-transformers does) or
+//! refused with 413, as configured. A malformed body is a 400 that says what is wrong; a body
+//! that is not `application/json` a 415 (a web page cannot post work without a CORS
+//! preflight, which only `cors_origin` answers). With an API key every route but `/health`
+//! needs `Authorization: Bearer KEY` (401 otherwise; compared in constant time). A model
+//! thread that panics fails its window's requests and goes on; if none is left, queued
+//! requests fail and `/health` says so. SIGTERM or SIGINT: stop accepting, answer every
+//! request in flight, then exit.
 
 pub mod batcher;
 pub mod metrics;
@@ -28,11 +35,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use base64::Engine as _;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::embed::encoder::Encoder;
 use crate::embed::tokenizer::TextTokenizer;
+use crate::secret::Secret;
 use batcher::{Admission, Batcher, Job, WindowReport};
 use metrics::{EndpointLabels, ServeMetrics};
 
@@ -66,6 +73,25 @@ pub struct ServeOptions {
     pub prompt: Vec<u32>,
     /// The model normalises its vectors (TEI's `normalize: false` cannot be honoured then).
     pub normalized: bool,
+    /// Every route but `/health` needs `Authorization: Bearer <this>`.
+    pub api_key: Option<Secret>,
+    /// Requests being answered at once, at most; past it 503 with Retry-After.
+    pub max_concurrent_requests: usize,
+    /// Open connections, at most; past it new ones are closed at once.
+    pub max_connections: usize,
+    /// The origin whose pages may call the API (CORS); none: no page may.
+    pub cors_origin: Option<String>,
+    /// How long a client may take to send its request headers.
+    pub header_timeout: Duration,
+    /// How long one request may take, its body included (408 past it).
+    pub request_timeout: Duration,
+}
+
+impl ServeOptions {
+    /// The defaults of the limits, for callers that set the rest.
+    pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 128;
+    pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+    pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 }
 
 /// One model thread's encoder.
@@ -81,6 +107,10 @@ struct App {
     metrics: ServeMetrics,
     options: ServeOptions,
     stopping: AtomicBool,
+    /// Requests being answered (the embedding routes).
+    requests: Arc<tokio::sync::Semaphore>,
+    /// Tokenization, off the I/O runtime; a panic in it fails one request.
+    tokenize_pool: rayon::ThreadPool,
 }
 
 /// Serve until SIGTERM/SIGINT or until `stop` resolves; `ready` hears the address bound.
@@ -93,6 +123,10 @@ pub fn serve(
 ) -> Result<(), String> {
     let batcher = Batcher::new(options.max_queued_tokens);
     let metrics = ServeMetrics::new();
+    let tokenize_pool = rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("serve-tokenize-{i}"))
+        .build()
+        .map_err(|e| format!("cannot start the tokenizer threads: {e}"))?;
     let app = Arc::new(App {
         tokenizer,
         dimension,
@@ -100,7 +134,15 @@ pub fn serve(
         metrics: metrics.clone(),
         options: options.clone(),
         stopping: AtomicBool::new(false),
+        requests: Arc::new(tokio::sync::Semaphore::new(
+            options.max_concurrent_requests.max(1),
+        )),
+        tokenize_pool,
     });
+    let cors = match &options.cors_origin {
+        None => None,
+        Some(origin) => Some(cors_layer(origin)?),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("serve-io")
@@ -143,28 +185,213 @@ pub fn serve(
                 })
                 .map_err(|e| format!("cannot start a model thread: {e}"))?;
         }
-        let router = Router::new()
+        let mut router = Router::new()
             .route("/v1/embeddings", post(openai_embeddings))
             .route("/embed", post(tei_embed))
             .route("/health", get(health))
             .route("/metrics", get(metrics_text))
             .layer(DefaultBodyLimit::max(options.max_body_bytes))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&app),
+                guard,
+            ))
             .with_state(Arc::clone(&app));
+        if let Some(cors) = cors {
+            router = router.layer(cors);
+        }
         ready(bound);
         let app2 = Arc::clone(&app);
-        let served = rt.block_on(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    shutdown_signal().await;
-                    app2.stopping.store(true, Ordering::Relaxed);
-                    eprintln!("stopping: answering the requests in flight");
-                })
-                .await
-        });
+        rt.block_on(accept(listener, router, &options, async move {
+            shutdown_signal().await;
+            app2.stopping.store(true, Ordering::Relaxed);
+            eprintln!("stopping: answering the requests in flight");
+        }));
         // Every request is answered: let the model threads drain and stop.
         batcher.close();
-        served.map_err(|e| format!("the server failed: {e}"))
+        Ok(())
     })
+}
+
+/// Serve connections until `stop` resolves, then let every connection finish the request it
+/// is answering (and close idle ones). At most `max_connections` at once; a client gets
+/// `header_timeout` to send its headers.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    options: &ServeOptions,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let connections = Arc::new(tokio::sync::Semaphore::new(options.max_connections.max(1)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_timeout);
+    builder.http2().timer(TokioTimer::new());
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    // Out of file descriptors and the like: wait a moment, go on.
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                    // Full: closed at once, the client retries elsewhere or later.
+                    drop(stream);
+                    continue;
+                };
+                let service = TowerToHyperService::new(router.clone());
+                let connection = builder
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .into_owned();
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                    drop(permit);
+                });
+            }
+            _ = &mut stop => break,
+        }
+    }
+    drop(listener);
+    // Requests in flight are answered; past their own deadline nothing is waited for.
+    let _ = tokio::time::timeout(
+        options.request_timeout + Duration::from_secs(5),
+        graceful.shutdown(),
+    )
+    .await;
+}
+
+/// CORS for one origin: its pages may POST JSON with an Authorization header.
+fn cors_layer(origin: &str) -> Result<tower_http::cors::CorsLayer, String> {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let value = HeaderValue::from_str(origin.trim_end_matches('/'))
+        .map_err(|_| format!("--cors-origin `{origin}` is not a valid origin"))?;
+    if !(origin.starts_with("http://") || origin.starts_with("https://")) {
+        return Err(format!(
+            "--cors-origin `{origin}` must be an origin such as https://app.example.com"
+        ));
+    }
+    // Allowed only for that origin: another one's request gets no CORS headers at all.
+    Ok(CorsLayer::new()
+        .allow_origin(AllowOrigin::predicate(move |o: &HeaderValue, _| {
+            *o == value
+        }))
+        .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+        .max_age(Duration::from_secs(600)))
+}
+
+/// Every request: the API key (all but `/health`), JSON bodies only (415), room among the
+/// requests in flight for the embedding routes (503), and the request's deadline (408).
+async fn guard(
+    State(app): State<Arc<App>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = request.uri().path().to_string();
+    if let Some(key) = &app.options.api_key {
+        if path != "/health" && !authorized(request.headers(), key) {
+            app.metrics.error("unauthorized");
+            let mut r = ApiError {
+                status: StatusCode::UNAUTHORIZED,
+                kind: "unauthorized",
+                message: "this server needs an API key: send `Authorization: Bearer KEY`".into(),
+                retry_after: None,
+            }
+            .into_response();
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    let embeds = request.method() == axum::http::Method::POST;
+    if embeds && !is_json(request.headers()) {
+        app.metrics.error("unsupported_media_type");
+        return ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            kind: "unsupported_media_type",
+            message: "send the body as JSON, with `Content-Type: application/json`".into(),
+            retry_after: None,
+        }
+        .into_response();
+    }
+    let _permit = if embeds {
+        match Arc::clone(&app.requests).try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                app.metrics.error("overloaded");
+                return ApiError {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    kind: "overloaded",
+                    message: format!(
+                        "{} requests are being answered, the limit \
+                         (--max-concurrent-requests): retry after a moment",
+                        app.options.max_concurrent_requests
+                    ),
+                    retry_after: Some(1),
+                }
+                .into_response();
+            }
+        }
+    } else {
+        None
+    };
+    match tokio::time::timeout(app.options.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            app.metrics.error("timeout");
+            ApiError {
+                status: StatusCode::REQUEST_TIMEOUT,
+                kind: "timeout",
+                message: format!(
+                    "the request took longer than {}s (its body arrived too slowly, or the \
+                     model is overloaded); retry",
+                    app.options.request_timeout.as_secs()
+                ),
+                retry_after: None,
+            }
+            .into_response()
+        }
+    }
+}
+
+/// `Authorization: Bearer KEY` with the server's key, compared in constant time.
+fn authorized(headers: &axum::http::HeaderMap, key: &Secret) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+    else {
+        return false;
+    };
+    bool::from(given.ct_eq(key.expose().as_bytes()))
+}
+
+/// `Content-Type: application/json` (or a `+json` type), parameters allowed.
+fn is_json(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            let mime = v
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            mime == "application/json"
+                || (mime.starts_with("application/") && mime.ends_with("+json"))
+        })
+        .unwrap_or(false)
 }
 
 async fn shutdown_signal() {
@@ -226,62 +453,237 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The texts of `input`/`inputs`: a string or a list of strings.
-fn texts_of(v: &Value, field: &str, max: usize) -> Result<Vec<String>, ApiError> {
-    let texts = match v {
-        Value::String(s) => vec![s.clone()],
-        Value::Array(items) => items
-            .iter()
-            .enumerate()
-            .map(|(i, x)| match x {
-                Value::String(s) => Ok(s.clone()),
-                Value::Array(_) => Err(ApiError::bad(format!(
-                    "`{field}[{i}]` is a list: token-id inputs are not supported here; send \
-                     the text"
-                ))),
-                other => Err(ApiError::bad(format!(
-                    "`{field}[{i}]` must be a string, not {}",
-                    json_kind(other)
-                ))),
-            })
-            .collect::<Result<_, _>>()?,
-        Value::Null => return Err(ApiError::bad(format!("`{field}` is missing"))),
-        other => {
-            return Err(ApiError::bad(format!(
-                "`{field}` must be a string or a list of strings, not {}",
-                json_kind(other)
-            )))
+/// One request's fields, parsed as the body streams by: `input` (OpenAI) or `inputs` (TEI)
+/// is counted as it is read, so a body of a million inputs stops at the first one past the
+/// limit instead of being held whole; fields this server does not use are skipped unread.
+#[derive(Debug, Default, PartialEq)]
+struct Request {
+    texts: Vec<String>,
+    model: Option<String>,
+    encoding_format: Option<String>,
+    dimensions: Option<usize>,
+    truncate: Option<bool>,
+    normalize: Option<bool>,
+}
+
+/// The fuzz target's view of a request body: parsed in both shapes.
+#[doc(hidden)]
+pub fn fuzz_request(body: &[u8]) {
+    for field in ["input", "inputs"] {
+        if let Ok(r) = parse_request(body, field, 16) {
+            assert!(!r.texts.is_empty() && r.texts.len() <= 16);
         }
-    };
-    if texts.is_empty() {
+    }
+}
+
+/// Parse a request body whose inputs are in `field`, at most `max` of them.
+fn parse_request(body: &[u8], field: &'static str, max: usize) -> Result<Request, ApiError> {
+    use serde::de::DeserializeSeed;
+    let mut d = serde_json::Deserializer::from_slice(body);
+    let request = RequestSeed { field, max }
+        .deserialize(&mut d)
+        .and_then(|r| d.end().map(|()| r))
+        .map_err(|e| ApiError::bad(format!("the body is not valid: {e}")))?;
+    if request.texts.is_empty() {
         return Err(ApiError::bad(format!("`{field}` is an empty list")));
     }
-    if texts.len() > max {
-        return Err(ApiError::bad(format!(
-            "`{field}` has {} inputs; at most {max} per request (split the request)",
-            texts.len()
-        )));
-    }
-    Ok(texts)
+    Ok(request)
 }
 
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
+struct RequestSeed {
+    field: &'static str,
+    max: usize,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for RequestSeed {
+    type Value = Request;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Request, D::Error> {
+        d.deserialize_map(self)
     }
 }
 
-/// A JSON body, or a 400 that says why not.
-fn parse_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("the body is not valid: {e}")))
+impl<'de> serde::de::Visitor<'de> for RequestSeed {
+    type Value = Request;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a JSON object with `{}`", self.field)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Request, A::Error> {
+        use serde::de::{Error, IgnoredAny};
+        let mut r = Request::default();
+        let mut seen = false;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                k if k == self.field => {
+                    r.texts = map.next_value_seed(TextsSeed {
+                        field: self.field,
+                        max: self.max,
+                    })?;
+                    seen = true;
+                }
+                "model" => r.model = map.next_value()?,
+                "encoding_format" => r.encoding_format = map.next_value()?,
+                "dimensions" => r.dimensions = map.next_value()?,
+                "truncate" => r.truncate = map.next_value()?,
+                "normalize" => r.normalize = map.next_value()?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if !seen {
+            return Err(A::Error::custom(format!("`{}` is missing", self.field)));
+        }
+        Ok(r)
+    }
 }
 
-/// Tokenize (on the rayon pool), queue, wait for the vectors. Returns them with the tokens.
+/// `input`: a string, or a list of strings of at most `max`.
+struct TextsSeed {
+    field: &'static str,
+    max: usize,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for TextsSeed {
+    type Value = Vec<String>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Vec<String>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for TextsSeed {
+    type Value = Vec<String>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` as a string or a list of strings", self.field)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Vec<String>, E> {
+        Ok(vec![s.to_string()])
+    }
+
+    fn visit_string<E: serde::de::Error>(self, s: String) -> Result<Vec<String>, E> {
+        Ok(vec![s])
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+        use serde::de::Error;
+        let mut texts = Vec::new();
+        let mut i = 0;
+        while let Some(text) = seq.next_element_seed(TextSeed {
+            field: self.field,
+            index: i,
+        })? {
+            if texts.len() == self.max {
+                return Err(A::Error::custom(format!(
+                    "`{}` has more than {} inputs; at most {} per request (split the request)",
+                    self.field, self.max, self.max
+                )));
+            }
+            texts.push(text);
+            i += 1;
+        }
+        Ok(texts)
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Vec<String>, E> {
+        Err(E::custom(format!("`{}` is missing", self.field)))
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Vec<String>, E> {
+        Err(self.wrong("a boolean"))
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Vec<String>, E> {
+        Err(self.wrong("a number"))
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Vec<String>, E> {
+        Err(self.wrong("a number"))
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Vec<String>, E> {
+        Err(self.wrong("a number"))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<Vec<String>, A::Error> {
+        Err(self.wrong("an object"))
+    }
+}
+
+impl TextsSeed {
+    fn wrong<E: serde::de::Error>(&self, kind: &str) -> E {
+        E::custom(format!(
+            "`{}` must be a string or a list of strings, not {kind}",
+            self.field
+        ))
+    }
+}
+
+/// One input of the list: a string.
+struct TextSeed {
+    field: &'static str,
+    index: usize,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for TextSeed {
+    type Value = String;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<String, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for TextSeed {
+    type Value = String;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}[{}]` as a string", self.field, self.index)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<String, E> {
+        Ok(s.to_string())
+    }
+    fn visit_string<E: serde::de::Error>(self, s: String) -> Result<String, E> {
+        Ok(s)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<String, A::Error> {
+        use serde::de::Error;
+        Err(A::Error::custom(format!(
+            "`{}[{}]` is a list: token-id inputs are not supported here; send the text",
+            self.field, self.index
+        )))
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<String, E> {
+        Err(self.wrong("null"))
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<String, E> {
+        Err(self.wrong("a boolean"))
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<String, E> {
+        Err(self.wrong("a number"))
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<String, E> {
+        Err(self.wrong("a number"))
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<String, E> {
+        Err(self.wrong("a number"))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<String, A::Error> {
+        use serde::de::Error;
+        Err(A::Error::custom(format!(
+            "`{}[{}]` must be a string, not an object",
+            self.field, self.index
+        )))
+    }
+}
+
+impl TextSeed {
+    fn wrong<E: serde::de::Error>(&self, kind: &str) -> E {
+        E::custom(format!(
+            "`{}[{}]` must be a string, not {kind}",
+            self.field, self.index
+        ))
+    }
+}
+
+/// Tokenize (on the server's pool), queue, wait for the vectors. Returns them with the tokens.
 async fn embed(
     app: &Arc<App>,
     endpoint: &'static str,
@@ -299,43 +701,22 @@ async fn embed(
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let app2 = Arc::clone(app);
-    rayon::spawn(move || {
-        let prompt = &app2.options.prompt;
-        let room = app2
-            .tokenizer
-            .max_content_len()
-            .saturating_sub(prompt.len());
-        let ids: Result<Vec<Vec<u32>>, ApiError> = texts
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                if truncate {
-                    app2.tokenizer
-                        .ids_for_embedding(t, prompt)
-                        .map_err(|e| ApiError::bad(format!("input {i}: {e}")))
-                } else {
-                    let ids = app2
-                        .tokenizer
-                        .content_ids(t)
-                        .map_err(|e| ApiError::bad(format!("input {i}: {e}")))?;
-                    if ids.len() > room {
-                        return Err(ApiError {
-                            status: StatusCode::PAYLOAD_TOO_LARGE,
-                            kind: "too_long",
-                            message: format!(
-                                "input {i} has {} tokens, over the model's limit of {room}; \
-                                 send shorter texts, or ask to truncate (TEI: \"truncate\": \
-                                 true; the server: --long-inputs truncate)",
-                                ids.len()
-                            ),
-                            retry_after: None,
-                        });
-                    }
-                    Ok(ids)
-                }
+    app.tokenize_pool.spawn(move || {
+        // A panic in the tokenizer fails this request, never the server.
+        let tokenized = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tokenize(&app2, &texts, truncate)
+        }));
+        let _ = tx.send(tokenized.unwrap_or_else(|panic| {
+            Err(ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                kind: "tokenizer",
+                message: format!(
+                    "the tokenizer failed on this request ({}); the server goes on",
+                    panic_text(&*panic)
+                ),
+                retry_after: None,
             })
-            .collect();
-        let _ = tx.send(ids);
+        }));
     });
     let ids = rx
         .await
@@ -344,6 +725,62 @@ async fn embed(
         .iter()
         .map(|i| i.len() + app.options.prompt.len() + 2)
         .sum();
+    queue_and_wait(app, endpoint, ids, tokens).await
+}
+
+/// Each text's ids, truncated or refused (413) when over the model's limit.
+fn tokenize(app: &App, texts: &[String], truncate: bool) -> Result<Vec<Vec<u32>>, ApiError> {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("serve-tokenize");
+    let prompt = &app.options.prompt;
+    let room = app.tokenizer.max_content_len().saturating_sub(prompt.len());
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if truncate {
+                app.tokenizer
+                    .ids_for_embedding(t, prompt)
+                    .map_err(|e| ApiError::bad(format!("input {i}: {e}")))
+            } else {
+                let ids = app
+                    .tokenizer
+                    .content_ids(t)
+                    .map_err(|e| ApiError::bad(format!("input {i}: {e}")))?;
+                if ids.len() > room {
+                    return Err(ApiError {
+                        status: StatusCode::PAYLOAD_TOO_LARGE,
+                        kind: "too_long",
+                        message: format!(
+                            "input {i} has {} tokens, over the model's limit of {room}; \
+                                 send shorter texts, or ask to truncate (TEI: \"truncate\": \
+                                 true; the server: --long-inputs truncate)",
+                            ids.len()
+                        ),
+                        retry_after: None,
+                    });
+                }
+                Ok(ids)
+            }
+        })
+        .collect()
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// Queue tokenized inputs for the model threads and wait for their vectors.
+async fn queue_and_wait(
+    app: &Arc<App>,
+    endpoint: &'static str,
+    ids: Vec<Vec<u32>>,
+    tokens: usize,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let (reply, answer) = tokio::sync::oneshot::channel();
     let job = Job {
         inputs: ids,
@@ -371,6 +808,17 @@ async fn embed(
                 kind: "shutting_down",
                 message: "the server is stopping".into(),
                 retry_after: Some(1),
+            });
+        }
+        Admission::NoModel => {
+            app.metrics.error("model");
+            return Err(ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                kind: "model",
+                message: "no model thread is running (they failed; see the server's log): \
+                          restart the server"
+                    .into(),
+                retry_after: None,
             });
         }
     }
@@ -424,7 +872,15 @@ async fn observed(
     handle: impl std::future::Future<Output = Result<Response, ApiError>>,
 ) -> Response {
     let started = Instant::now();
+    // Decremented however the request ends: a client that disconnects drops this future.
+    struct InFlight<'a>(&'a ServeMetrics);
+    impl Drop for InFlight<'_> {
+        fn drop(&mut self) {
+            self.0.in_flight.dec();
+        }
+    }
     app.metrics.in_flight.inc();
+    let in_flight = InFlight(&app.metrics);
     let response = match handle.await {
         Ok(r) => r,
         Err(e) => {
@@ -436,31 +892,16 @@ async fn observed(
             e.into_response()
         }
     };
-    app.metrics.in_flight.dec();
+    drop(in_flight);
     app.metrics
         .observe_request(endpoint, response.status().as_u16(), started.elapsed());
     response
 }
 
-#[derive(Deserialize)]
-struct OpenAiRequest {
-    #[serde(default)]
-    input: Value,
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    encoding_format: Option<String>,
-    #[serde(default)]
-    dimensions: Option<usize>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    user: Option<String>,
-}
-
 async fn openai_embeddings(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Response {
     let app2 = Arc::clone(&app);
     observed(&app, "/v1/embeddings", async move {
-        let req: OpenAiRequest = parse_body(&body)?;
+        let req = parse_request(&body, "input", app2.options.max_inputs)?;
         let base64 = match req.encoding_format.as_deref() {
             None | Some("float") => false,
             Some("base64") => true,
@@ -479,7 +920,7 @@ async fn openai_embeddings(State(app): State<Arc<App>>, body: axum::body::Bytes)
                 )));
             }
         }
-        let texts = texts_of(&req.input, "input", app2.options.max_inputs)?;
+        let texts = req.texts;
         let truncate = app2.options.long_inputs == LongInputs::Truncate;
         let (vectors, tokens) = embed(&app2, "/v1/embeddings", texts, truncate).await?;
         let data: Vec<Value> = vectors
@@ -506,27 +947,17 @@ async fn openai_embeddings(State(app): State<Arc<App>>, body: axum::body::Bytes)
     .await
 }
 
-#[derive(Deserialize)]
-struct TeiRequest {
-    #[serde(default)]
-    inputs: Value,
-    #[serde(default)]
-    truncate: Option<bool>,
-    #[serde(default)]
-    normalize: Option<bool>,
-}
-
 async fn tei_embed(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Response {
     let app2 = Arc::clone(&app);
     observed(&app, "/embed", async move {
-        let req: TeiRequest = parse_body(&body)?;
+        let req = parse_request(&body, "inputs", app2.options.max_inputs)?;
         if req.normalize == Some(false) && app2.options.normalized {
             return Err(ApiError::bad(
                 "`normalize: false`: this model's configuration normalises its vectors, and \
                  the server returns them as the model makes them; leave it out",
             ));
         }
-        let texts = texts_of(&req.inputs, "inputs", app2.options.max_inputs)?;
+        let texts = req.texts;
         let truncate = req
             .truncate
             .unwrap_or(app2.options.long_inputs == LongInputs::Truncate);
@@ -541,6 +972,13 @@ async fn health(State(app): State<Arc<App>>) -> Response {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(json!({"status": "stopping"})),
+        )
+            .into_response();
+    }
+    if app.batcher.models_gone() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "model_down"})),
         )
             .into_response();
     }
@@ -573,23 +1011,70 @@ mod tests {
     use super::*;
 
     #[test]
-    fn inputs_are_a_string_or_a_list_of_strings() {
-        assert_eq!(texts_of(&json!("a"), "input", 10).unwrap(), ["a"]);
+    fn inputs_are_a_string_or_a_list_of_strings_counted_as_they_are_read() {
+        let texts = |body: &str, max| parse_request(body.as_bytes(), "input", max).map(|r| r.texts);
+        assert_eq!(texts(r#"{"input": "a"}"#, 10).unwrap(), ["a"]);
         assert_eq!(
-            texts_of(&json!(["a", "b"]), "input", 10).unwrap(),
+            texts(
+                r#"{"model": "m", "input": ["a", "b"], "user": {"x": [1]}}"#,
+                10
+            )
+            .unwrap(),
             ["a", "b"]
         );
-        for (v, says) in [
-            (json!(null), "missing"),
-            (json!([]), "empty list"),
-            (json!(3), "not a number"),
-            (json!(["a", 3]), "`input[1]` must be a string"),
-            (json!([[101, 102]]), "token-id inputs"),
-            (json!(["a", "b", "c"]), "at most 2"),
+        for (body, says) in [
+            (r#"{"model": "m"}"#, "`input` is missing"),
+            (r#"{"input": null}"#, "`input` is missing"),
+            (r#"{"input": []}"#, "empty list"),
+            (r#"{"input": 3}"#, "not a number"),
+            (r#"{"input": ["a", 3]}"#, "`input[1]` must be a string"),
+            (r#"{"input": [[101, 102]]}"#, "token-id inputs"),
+            (r#"{"input": ["a", "b", "c"]}"#, "more than 2 inputs"),
+            (r#"{"input": "a"} trailing"#, "not valid"),
+            ("[1]", "not valid"),
         ] {
-            let e = texts_of(&v, "input", 2).unwrap_err();
-            assert!(e.message.contains(says), "{v}: {}", e.message);
+            let e = texts(body, 2).unwrap_err();
+            assert!(e.message.contains(says), "{body}: {}", e.message);
             assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        }
+        // A list far over the limit stops at the first input past it: a body of a million
+        // inputs is refused having held two.
+        let huge = format!(r#"{{"input": [{}"a"]}}"#, r#""a","#.repeat(1_000_000));
+        let e = texts(&huge, 2).unwrap_err();
+        assert!(e.message.contains("more than 2 inputs"), "{}", e.message);
+        let r = parse_request(
+            br#"{"inputs": ["x"], "truncate": true, "normalize": false}"#,
+            "inputs",
+            4,
+        )
+        .unwrap();
+        assert_eq!((r.truncate, r.normalize), (Some(true), Some(false)));
+    }
+
+    #[test]
+    fn the_key_is_a_bearer_token_and_bodies_are_json() {
+        let key = Secret::new("k3y");
+        let mut h = axum::http::HeaderMap::new();
+        assert!(!authorized(&h, &key));
+        h.insert(header::AUTHORIZATION, "Bearer k3y".parse().unwrap());
+        assert!(authorized(&h, &key));
+        h.insert(header::AUTHORIZATION, "Bearer k3y ".parse().unwrap());
+        assert!(!authorized(&h, &key));
+        h.insert(header::AUTHORIZATION, "Basic k3y".parse().unwrap());
+        assert!(!authorized(&h, &key));
+        let mut h = axum::http::HeaderMap::new();
+        assert!(!is_json(&h));
+        for (ct, json) in [
+            ("application/json", true),
+            ("application/json; charset=utf-8", true),
+            ("Application/JSON", true),
+            ("application/vnd.api+json", true),
+            ("text/plain", false),
+            ("application/x-www-form-urlencoded", false),
+            ("multipart/form-data; boundary=x", false),
+        ] {
+            h.insert(header::CONTENT_TYPE, ct.parse().unwrap());
+            assert_eq!(is_json(&h), json, "{ct}");
         }
     }
 }

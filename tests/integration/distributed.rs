@@ -40,12 +40,23 @@ fn ingest_into(corpus: &Path, uri: &str, report: &Path, model: &Path) -> (Option
     (o.status.code(), r)
 }
 
+/// How a test's nats-server is secured (as `scripts/nats.sh start --user/--token/--tls`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Secured {
+    Open,
+    UserPassword(&'static str, &'static str),
+    Token(&'static str),
+    /// TLS with the certificates `scripts/certs.sh` made in this folder.
+    Tls(PathBuf),
+}
+
 /// A nats-server of the test's own.
 pub struct Nats {
     bin: PathBuf,
     dir: tempfile::TempDir,
     pub port: u16,
     child: Option<Child>,
+    secured: Secured,
 }
 
 pub fn free_port() -> u16 {
@@ -78,28 +89,50 @@ fn nats_bin() -> Option<PathBuf> {
 
 impl Nats {
     pub fn start() -> Option<Nats> {
+        Nats::start_secured(Secured::Open)
+    }
+
+    pub fn start_secured(secured: Secured) -> Option<Nats> {
         let bin = nats_bin()?;
         let mut n = Nats {
             bin,
             dir: tempfile::tempdir().unwrap(),
             port: free_port(),
             child: None,
+            secured,
         };
         n.launch();
         Some(n)
     }
 
     fn launch(&mut self) {
-        let child = Command::new(&self.bin)
-            .args([
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-sd",
-            ])
-            .arg(self.dir.path())
+        let mut cmd = Command::new(&self.bin);
+        cmd.args([
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-sd",
+        ])
+        .arg(self.dir.path().join("js"));
+        match &self.secured {
+            Secured::Open => {}
+            Secured::UserPassword(u, p) => {
+                cmd.args(["--user", u, "--pass", p]);
+            }
+            Secured::Token(t) => {
+                cmd.args(["--auth", t]);
+            }
+            Secured::Tls(certs) => {
+                cmd.arg("--tls")
+                    .arg("--tlscert")
+                    .arg(certs.join("server.crt"))
+                    .arg("--tlskey")
+                    .arg(certs.join("server.key"));
+            }
+        }
+        let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -112,8 +145,18 @@ impl Nats {
         }
     }
 
+    /// The URL a client needs: with the credentials, or TLS and the CA.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        match &self.secured {
+            Secured::Open => format!("nats://127.0.0.1:{}", self.port),
+            Secured::UserPassword(u, p) => format!("nats://{u}:{p}@127.0.0.1:{}", self.port),
+            Secured::Token(t) => format!("nats://{t}@127.0.0.1:{}", self.port),
+            Secured::Tls(certs) => format!(
+                "tls://127.0.0.1:{}?tls_ca={}",
+                self.port,
+                certs.join("ca.crt").display()
+            ),
+        }
     }
 
     /// SIGKILL: a crash.
@@ -1040,4 +1083,289 @@ fn lifecycle_work_on_the_broker_is_taken_highest_priority_first() {
         0,
         "answered work leaves the stream"
     );
+}
+
+/// The runs a broker holds, through ragline's own client.
+fn broker_runs(url: &str) -> Vec<ragline::queue::jetstream::RunRecord> {
+    use ragline::queue::jetstream::{Broker, BrokerConfig};
+    let broker = Broker::connect(BrokerConfig::parse(url).unwrap(), Duration::from_secs(10))
+        .expect("connect to the test broker");
+    broker.list_runs().unwrap()
+}
+
+/// Publish raw bytes to `subject` (stored by JetStream), as anyone who can publish could.
+fn publish_raw(url: &str, subject: &str, payload: &'static [u8]) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = async_nats::connect(url).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        js.publish(subject.to_string(), payload.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    });
+}
+
+/// Messages no process can read, published into a live run (the 6-byte envelope that asks
+/// for 137 GB, MessagePack that is no document, garbage on the events lane): every process
+/// lives, the run completes with every document indexed, and each message is dead-lettered
+/// with the reason in the run's report (which then exits 1).
+#[test]
+fn unreadable_messages_in_a_live_run_are_dead_lettered_and_kill_nothing() {
+    let Some(nats) = Nats::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = test_model(dir.path());
+    let Some(corpus) = react_slice(dir.path(), 10) else {
+        return;
+    };
+    let index = test_index(dir.path(), "unreadable");
+    let url = nats.url();
+    let report = dir.path().join("d.json");
+    let ingest = distributed_ingest(&corpus, &index.uri(), &url, &report, &model);
+    // The run is published and waits for its roles: put the messages in before they start.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let run = loop {
+        if let Some(r) = broker_runs(&url).into_iter().next() {
+            break r.run;
+        }
+        assert!(Instant::now() < deadline, "the run never appeared");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    publish_raw(
+        &url,
+        &format!("ragline.work.{run}"),
+        &[0xC1, 0x00, 0xFF, 0xFF, 0xFF, 0xFF],
+    );
+    publish_raw(&url, &format!("ragline.work.{run}"), b"\x92\x01\x02");
+    publish_raw(&url, &format!("ragline.events.{run}"), b"garbage");
+    let mut procs = roles(&url, 1, dir.path(), &model, &index);
+    let (code, got) = finish(ingest, &report);
+    for p in procs.iter_mut() {
+        assert_eq!(p.wait(Duration::from_secs(60)), Some(0), "{}", p.log());
+    }
+    assert_eq!(
+        code,
+        Some(1),
+        "unreadable messages make the run exit 1: {got}"
+    );
+    let c = counts(&got);
+    assert_eq!(c["unreadable"], 3, "{got}");
+    assert!(c["published"].as_u64().unwrap() >= 9, "{got}");
+    assert_eq!(
+        c["indexed"], c["published"],
+        "every document got through: {got}"
+    );
+    assert_eq!(c["failed"], 0, "{got}");
+    let dead = got["unreadable"].as_array().unwrap();
+    assert_eq!(dead.len(), 3);
+    assert!(dead
+        .iter()
+        .all(|d| d["reason"].as_str().unwrap().contains("unreadable message")));
+    assert!(
+        dead.iter()
+            .any(|d| d["reason"].as_str().unwrap().contains("room for at most 0")),
+        "{dead:?}"
+    );
+}
+
+/// A run record on the broker that names places the roles were not given (a service URL
+/// with the key variable AWS_SECRET_ACCESS_KEY, another index): no request reaches them, and
+/// each role refuses the run with the difference.
+#[test]
+fn a_hostile_run_record_steers_no_role() {
+    use ragline::queue::jetstream::{Broker, BrokerConfig, RunRecord, RunState, WIRE_VERSION};
+    let Some(nats) = Nats::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = test_model(dir.path());
+    // Two listeners that count whoever connects.
+    let listen = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let h = std::sync::Arc::clone(&hits);
+        std::thread::spawn(move || loop {
+            if l.accept().is_ok() {
+                h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        });
+        (port, hits)
+    };
+    let (service, service_hits) = listen();
+    let (db, db_hits) = listen();
+    let url = nats.url();
+    let broker =
+        Broker::connect(BrokerConfig::parse(&url).unwrap(), Duration::from_secs(10)).unwrap();
+    let config = format!(
+        "[model]\nname = \"{}\"\n\n[index]\nuri = \"postgres://u@127.0.0.1:{db}/db\"\n\n\
+         [stages.embed.remote]\nurl = \"http://127.0.0.1:{service}\"\napi = \"tei\"\n\
+         api_key_env = \"AWS_SECRET_ACCESS_KEY\"\n",
+        model.display()
+    );
+    broker
+        .put_run(&RunRecord {
+            run: "00000000000000ab".into(),
+            wire: WIRE_VERSION,
+            version: env!("CARGO_PKG_VERSION").into(),
+            state: RunState::Running,
+            config,
+            model_fingerprint: Some("f".into()),
+            dimension: Some(64),
+            embeds: true,
+            started: 1,
+        })
+        .unwrap();
+    let own = format!("sqlite://{}", dir.path().join("own.db").display());
+    for (role, extra) in [
+        ("worker", vec!["--index", own.as_str()]),
+        ("indexer", vec!["--index", own.as_str()]),
+        (
+            "embedder",
+            vec!["--device", "cpu", "--model", model.to_str().unwrap()],
+        ),
+    ] {
+        let o = run(ragline()
+            .arg(role)
+            .args(["--queue", &url, "--once"])
+            .args(&extra)
+            .env("AWS_SECRET_ACCESS_KEY", "s3cr3t-value"));
+        assert_eq!(o.status.code(), Some(2), "{role} refused the run");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("refusing settings that name places"),
+            "{role}: {err}"
+        );
+        assert!(
+            err.contains(&format!(
+                "stages.embed.remote.url: the run names `http://127.0.0.1:{service}`"
+            )),
+            "{role}: {err}"
+        );
+        assert!(err.contains("AWS_SECRET_ACCESS_KEY"), "{role}: {err}");
+        if role != "embedder" {
+            assert!(
+                err.contains(&format!(
+                    "index.uri: the run names `postgres://u@127.0.0.1:{db}/db`"
+                )),
+                "{role}: {err}"
+            );
+        }
+        assert!(!err.contains("s3cr3t-value"), "{err}");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let hits = |h: &std::sync::atomic::AtomicUsize| h.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(hits(&service_hits), 0, "a request reached the service");
+    assert_eq!(hits(&db_hits), 0, "a connection reached the database");
+}
+
+/// The test certificates (scripts/certs.sh, openssl) in `dir`.
+fn certs(dir: &Path) -> PathBuf {
+    let out = dir.join("certs");
+    let o = run(Command::new(crate::util::root().join("scripts/certs.sh")).arg(&out));
+    assert!(o.status.success(), "scripts/certs.sh failed");
+    out
+}
+
+/// A broker with a user and password, with a token, and with TLS: a distributed run works
+/// against each and equals an in-process run; no password or token shows in anything the
+/// processes print or write; a wrong password, and a CA that did not sign the server's
+/// certificate, fail at start with a clear error.
+#[test]
+fn distributed_runs_work_on_secured_brokers_and_never_show_their_secrets() {
+    let Some(_) = nats_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = test_model(dir.path());
+    let Some(corpus) = react_slice(dir.path(), 12) else {
+        return;
+    };
+    let local = test_index(dir.path(), "slocal");
+    let (code, want) = ingest_into(&corpus, &local.uri(), &dir.path().join("l.json"), &model);
+    assert_eq!(code, Some(0));
+    let made = certs(dir.path());
+    for (name, secured, secret) in [
+        (
+            "user",
+            Secured::UserPassword("ragline", "pa55word"),
+            "pa55word",
+        ),
+        ("token", Secured::Token("t0ken-s3cret"), "t0ken-s3cret"),
+        ("tls", Secured::Tls(made.clone()), "PRIVATE KEY"),
+    ] {
+        let nats = Nats::start_secured(secured.clone()).unwrap();
+        let logs = dir.path().join(name);
+        fs::create_dir_all(&logs).unwrap();
+        let spread = test_index(&logs, &format!("s{name}"));
+        let url = nats.url();
+        let mut procs = roles(&url, 1, &logs, &model, &spread);
+        let report = logs.join("d.json");
+        let ingest = distributed_ingest(&corpus, &spread.uri(), &url, &report, &model);
+        let out = ingest.wait_with_output().unwrap();
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("--- {name}: {printed}");
+        assert_eq!(out.status.code(), Some(0), "{name}: {printed}");
+        let got: Value = serde_json::from_slice(&fs::read(&report).unwrap()).unwrap();
+        for p in procs.iter_mut() {
+            assert_eq!(p.wait(Duration::from_secs(60)), Some(0), "{}", p.log());
+            assert!(
+                !p.log().contains(secret),
+                "{name}: a role printed the secret"
+            );
+        }
+        assert!(
+            !printed.contains(secret),
+            "{name}: the ingest printed the secret"
+        );
+        assert!(
+            !got.to_string().contains(secret),
+            "{name}: the report holds it"
+        );
+        for r in broker_runs(&url) {
+            assert!(
+                !r.config.contains(secret),
+                "{name}: the run record holds it"
+            );
+        }
+        let mut c = counts(&got).clone();
+        c["redelivered"] = counts(&want)["redelivered"].clone();
+        assert_eq!(&c, counts(&want), "{name}");
+        assert_same_index(&spread, &local);
+
+        // The wrong secret, or an unknown CA: refused at start, said plainly.
+        let (bad, says) = match &secured {
+            Secured::UserPassword(u, _) => (
+                format!("nats://{u}:wrong@127.0.0.1:{}", nats.port),
+                "refused this process's credentials",
+            ),
+            Secured::Token(_) => (
+                format!("nats://wrong@127.0.0.1:{}", nats.port),
+                "refused this process's credentials",
+            ),
+            Secured::Tls(_) => {
+                let other = certs(&logs);
+                (
+                    format!(
+                        "tls://127.0.0.1:{}?tls_ca={}",
+                        nats.port,
+                        other.join("ca.crt").display()
+                    ),
+                    "TLS with the NATS server",
+                )
+            }
+            Secured::Open => unreachable!(),
+        };
+        let o = run(ragline().args(["worker", "--queue", &bad, "--once"]));
+        assert_eq!(o.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{name}: {err}");
+        assert!(!err.contains("wrong@"), "{name}: {err}");
+    }
 }

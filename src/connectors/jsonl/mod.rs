@@ -1,6 +1,9 @@
 //! JSONL: one document per line. The id, text and title come from configurable fields; every
 //! other field goes to metadata. A bad line fails that line (its number in the reason) and
-//! the connector goes on with the next.
+//! the connector goes on with the next. A file is read a line at a time and no line is held
+//! past `--max-file-bytes` (a line is a document): a longer one is skipped to its end without
+//! being kept, and fails with the reason. The JSON itself is bounded by serde_json (nesting
+//! 128 deep at most).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -39,6 +42,8 @@ impl Default for JsonlFields {
 pub struct JsonlConnector {
     pub paths: Vec<PathBuf>,
     pub fields: JsonlFields,
+    /// Bytes one line (one document) may have.
+    pub max_line_bytes: u64,
 }
 
 impl Connector for JsonlConnector {
@@ -49,12 +54,24 @@ impl Connector for JsonlConnector {
     fn run(&mut self, publisher: &Publisher) -> Result<(), ConnectorError> {
         for path in &self.paths {
             if path.as_os_str() == "-" {
-                publish_lines(std::io::stdin().lock(), "-", &self.fields, publisher)?;
+                publish_lines(
+                    std::io::stdin().lock(),
+                    "-",
+                    &self.fields,
+                    self.max_line_bytes,
+                    publisher,
+                )?;
                 continue;
             }
             let source = path.display().to_string();
             match File::open(path) {
-                Ok(file) => publish_lines(BufReader::new(file), &source, &self.fields, publisher)?,
+                Ok(file) => publish_lines(
+                    BufReader::new(file),
+                    &source,
+                    &self.fields,
+                    self.max_line_bytes,
+                    publisher,
+                )?,
                 Err(e) => publisher.publish_failed(
                     &source,
                     Some(&source),
@@ -68,11 +85,12 @@ impl Connector for JsonlConnector {
 }
 
 /// Publish one document per non-blank line of `reader`; `source` names the file in ids and
-/// messages.
+/// messages. A line over `max_line_bytes` fails without being held.
 pub fn publish_lines(
     mut reader: impl BufRead,
     source: &str,
     fields: &JsonlFields,
+    max_line_bytes: u64,
     publisher: &Publisher,
 ) -> Result<(), ConnectorError> {
     let mut buf = Vec::new();
@@ -80,13 +98,29 @@ pub fn publish_lines(
     loop {
         buf.clear();
         number += 1;
-        match reader.read_until(b'\n', &mut buf) {
-            Ok(0) => return Ok(()),
-            Ok(_) => {}
+        let line = match read_line_bounded(&mut reader, &mut buf, max_line_bytes) {
+            Ok(line) => line,
             Err(e) => {
                 let at = format!("{source}:{number}");
                 publisher.publish_failed(&at, Some(&at), "read", &format!("read error: {e}"));
                 return Ok(());
+            }
+        };
+        match line {
+            Line::End => return Ok(()),
+            Line::Read => {}
+            Line::TooLong(bytes) => {
+                let at = format!("{source}:{number}");
+                publisher.publish_failed(
+                    &at,
+                    Some(&at),
+                    "read",
+                    &format!(
+                        "line {number} is {bytes} bytes, over --max-file-bytes={max_line_bytes} \
+                         (the limit of one document); raise it to ingest this line"
+                    ),
+                );
+                continue;
             }
         }
         if buf.iter().all(u8::is_ascii_whitespace) {
@@ -101,6 +135,86 @@ pub fn publish_lines(
                 "read",
                 &format!("line {number}: {reason}"),
             ),
+        }
+    }
+}
+
+/// The fuzz target's view of a JSONL file: every line read as the connector reads it (at
+/// most `max_line_bytes` held) and parsed into a document.
+#[doc(hidden)]
+pub fn fuzz_lines(data: &[u8], max_line_bytes: u64) {
+    let mut reader = std::io::BufReader::with_capacity(64, data);
+    let mut buf = Vec::new();
+    let fields = JsonlFields::default();
+    for number in 1.. {
+        buf.clear();
+        match read_line_bounded(&mut reader, &mut buf, max_line_bytes) {
+            Ok(Line::End) | Err(_) => return,
+            Ok(Line::TooLong(_)) => {}
+            Ok(Line::Read) => {
+                assert!(buf.len() as u64 <= max_line_bytes + 1);
+                let _ = parse_line(&buf, &format!("fuzz:{number}"), &fields);
+            }
+        }
+    }
+}
+
+/// What one read of a line came to.
+#[derive(Debug, PartialEq, Eq)]
+enum Line {
+    /// A line is in the buffer (its newline included, if it had one).
+    Read,
+    /// The line had this many bytes, over the limit: skipped to its end, not kept.
+    TooLong(u64),
+    /// Nothing left.
+    End,
+}
+
+/// Read one line into `buf` (with its newline), holding at most `max` bytes of it: a longer
+/// line is read to its end and dropped.
+fn read_line_bounded(
+    reader: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: u64,
+) -> std::io::Result<Line> {
+    // Bytes of the line so far, its newline left out.
+    let mut total = 0u64;
+    let mut over = false;
+    loop {
+        let available = match reader.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            return Ok(match (total, over) {
+                (0, _) => Line::End,
+                (_, true) => Line::TooLong(total),
+                (_, false) => Line::Read,
+            });
+        }
+        let (len, newline) = match available.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (available.len(), false),
+        };
+        total += len as u64;
+        if !over && total > max {
+            over = true;
+            buf.clear();
+        }
+        if !over {
+            buf.extend_from_slice(&available[..len]);
+            if newline {
+                buf.push(b'\n');
+            }
+        }
+        reader.consume(len + usize::from(newline));
+        if newline {
+            return Ok(if over {
+                Line::TooLong(total)
+            } else {
+                Line::Read
+            });
         }
     }
 }
@@ -208,5 +322,35 @@ mod tests {
         };
         let err = parse_line(br#"{"id":1,"text":"x"}"#, "c:5", &strict).unwrap_err();
         assert!(err.contains("--id-field"), "{err}");
+    }
+
+    #[test]
+    fn a_line_over_the_limit_is_skipped_without_being_held() {
+        // A tiny reader buffer, so lines span many fills.
+        let text = format!("short\n{}\nlast", "x".repeat(1000));
+        let mut r = std::io::BufReader::with_capacity(7, text.as_bytes());
+        let mut buf = Vec::new();
+        assert_eq!(
+            read_line_bounded(&mut r, &mut buf, 100).unwrap(),
+            Line::Read
+        );
+        assert_eq!(buf, b"short\n");
+        buf.clear();
+        assert_eq!(
+            read_line_bounded(&mut r, &mut buf, 100).unwrap(),
+            Line::TooLong(1000)
+        );
+        assert!(buf.capacity() < 1000, "the long line was never held");
+        buf.clear();
+        assert_eq!(
+            read_line_bounded(&mut r, &mut buf, 100).unwrap(),
+            Line::Read
+        );
+        assert_eq!(buf, b"last");
+        buf.clear();
+        assert_eq!(read_line_bounded(&mut r, &mut buf, 100).unwrap(), Line::End);
+        // Exactly at the limit is fine.
+        let mut r = std::io::BufReader::new(&b"abc\n"[..]);
+        assert_eq!(read_line_bounded(&mut r, &mut buf, 3).unwrap(), Line::Read);
     }
 }

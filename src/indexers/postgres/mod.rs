@@ -25,6 +25,7 @@ pub mod schema;
 mod sets;
 mod settle;
 pub mod target;
+pub mod tls;
 mod write;
 
 use std::collections::{HashMap, HashSet};

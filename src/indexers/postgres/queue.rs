@@ -15,6 +15,7 @@ use crate::document::InputKey;
 use crate::indexers::{SetState, VectorSet};
 use crate::lifecycle::backoff::{jitter_unit, retry_delay};
 use crate::lifecycle::owner::is_dead_here;
+use crate::lifecycle::store::HeldLease;
 use crate::lifecycle::{
     ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText, EnrichStore, LifecycleStore,
     Maintenance, PendingChunk, Priority, StageSettings, Status, StoreError, WorkItem, WorkKey,
@@ -674,6 +675,28 @@ impl LifecycleStore for PgStore {
         priority: Priority,
     ) -> Result<u64, StoreError> {
         self.sync_stage_rows(stage, fingerprint, priority)
+    }
+
+    fn held_leases(&mut self) -> Result<Vec<HeldLease>, StoreError> {
+        let s = self.s.clone();
+        Ok(self
+            .client
+            .query(
+                &format!(
+                    "SELECT lease_owner, COUNT(*), MAX(lease_expires) FROM {s}.enrichment
+                     WHERE status = 'in_progress' AND lease_owner IS NOT NULL
+                     GROUP BY lease_owner ORDER BY lease_owner"
+                ),
+                &[],
+            )
+            .map_err(|e| store_error(&self.target, e))?
+            .iter()
+            .map(|r| HeldLease {
+                owner: r.get(0),
+                items: r.get::<_, i64>(1).max(0) as u64,
+                until_ms: r.get::<_, Option<i64>>(2).unwrap_or(0),
+            })
+            .collect())
     }
 
     fn reap_dead_owners(&mut self) -> Result<usize, StoreError> {

@@ -13,15 +13,31 @@ use crate::indexers::{ModelIdentity, SetState, VectorSet};
 const COLUMNS: &str = "id, model, model_dir, fingerprint, tokenizer, dimension, vec_table, \
                        state, watermark, backfill_done";
 
+/// The vectors table of set `id`: always the name this backend makes (`vectors_N`), never a
+/// name read from the database pasted into SQL (whoever can write the schema could name
+/// `x; DROP ...`).
+fn table_of(id: i64, stored: String) -> String {
+    let made = format!("vectors_{id}");
+    if stored != made {
+        tracing::warn!(
+            "vector set {id} names the table {:?}, not {made}: the schema was altered; using \
+             {made}",
+            stored.chars().take(64).collect::<String>()
+        );
+    }
+    made
+}
+
 fn row(r: &postgres::Row) -> VectorSet {
+    let id = r.get::<_, i32>(0) as i64;
     VectorSet {
-        id: r.get::<_, i32>(0) as i64,
+        id,
         model: r.get(1),
         model_dir: r.get(2),
         fingerprint: r.get(3),
         tokenizer: r.get(4),
         dimension: r.get::<_, i32>(5) as usize,
-        vec_table: r.get(6),
+        vec_table: table_of(id, r.get(6)),
         state: SetState::parse(r.get(7)),
         watermark: r.get(8),
         backfill_done: r.get(9),

@@ -1,9 +1,11 @@
 //! `postgres://USER[:PASS]@HOST:PORT/DB[?schema=S&...]`: parsing, the password (URL,
 //! `PGPASSWORD`, `.pgpass`), connecting, and errors that say what to do.
 //!
-//! ragline's own options are taken out of the query string; the rest (`connect_timeout`,
-//! `application_name`, ...) goes to the client as libpq would take it. The password never
-//! appears in a message: [`PgTarget`]'s `Display` and `Debug` leave it out.
+//! ragline's own options are taken out of the query string, and so are libpq's TLS settings
+//! (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`: [`super::tls`], done with rustls); the
+//! rest (`connect_timeout`, `application_name`, ...) goes to the client as libpq would take
+//! it. The password never appears in a message: [`PgTarget`]'s `Display` and `Debug` leave it
+//! out, whether it was in the userinfo or in `?password=`.
 
 use std::fmt;
 use std::time::Duration;
@@ -11,6 +13,7 @@ use std::time::Duration;
 use postgres::error::SqlState;
 use postgres::{Client, Config, NoTls};
 
+use super::tls::{RootCert, SslMode, TlsSettings};
 use crate::indexers::BackendError;
 
 /// How vectors are stored.
@@ -68,6 +71,8 @@ pub struct PgTarget {
     pub ef_construction: u32,
     pub ef_search: u32,
     pub reconnect: Duration,
+    /// TLS, as `sslmode` and its companions say.
+    pub tls: TlsSettings,
 }
 
 impl PgTarget {
@@ -85,7 +90,9 @@ impl PgTarget {
             ef_construction: DEFAULT_EF_CONSTRUCTION,
             ef_search: DEFAULT_EF_SEARCH,
             reconnect: DEFAULT_RECONNECT,
+            tls: TlsSettings::default(),
         };
+        let (mut ssl_cert, mut ssl_key) = (None, None);
         let number = |key: &str, value: &str, lo: u32, hi: u32| -> Result<u32, BackendError> {
             value
                 .parse::<u32>()
@@ -124,16 +131,47 @@ impl PgTarget {
                 "reconnect_seconds" => {
                     target.reconnect = Duration::from_secs(number(key, value, 0, 3600)?.into())
                 }
+                "sslmode" => {
+                    target.tls.mode = SslMode::parse(value).ok_or_else(|| {
+                        bad(format!(
+                            "`sslmode={value}`: use disable, allow, prefer, require, verify-ca \
+                             or verify-full"
+                        ))
+                    })?
+                }
+                "sslrootcert" if !value.is_empty() => {
+                    target.tls.root_cert = Some(if value == "system" {
+                        RootCert::System
+                    } else {
+                        RootCert::File(value.into())
+                    })
+                }
+                "sslcert" if !value.is_empty() => ssl_cert = Some(value.into()),
+                "sslkey" if !value.is_empty() => ssl_key = Some(value.into()),
+                "sslrootcert" | "sslcert" | "sslkey" => {
+                    return Err(bad(format!("`{key}=` needs a file's path")))
+                }
                 _ => passed.push(pair),
             }
         }
+        target.tls.client = match (ssl_cert, ssl_key) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            _ => {
+                return Err(bad(
+                    "a client certificate needs both sslcert= and sslkey=".into()
+                ))
+            }
+        };
         target.conn = if passed.is_empty() {
             base.to_string()
         } else {
             format!("{base}?{}", passed.join("&"))
         };
-        // Parse now, so a malformed URL is refused before anything runs.
+        // Parse now, so a malformed URL (or TLS files that are not there) is refused before
+        // anything runs.
         target.config()?;
+        target.tls.client_config().map_err(bad)?;
         Ok(target)
     }
 
@@ -155,6 +193,7 @@ impl PgTarget {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
+        config.ssl_mode(self.tls.mode.client_mode());
         if config.get_user().is_none() {
             if let Ok(user) = std::env::var("USER") {
                 config.user(&user);
@@ -166,9 +205,24 @@ impl PgTarget {
     /// A new connection; every failure is a message that says what to do.
     pub fn connect(&self) -> Result<Client, BackendError> {
         let config = self.config()?;
-        config
-            .connect(NoTls)
+        self.connect_with(&config)?
             .map_err(|e| connect_error(self, &config, &e))
+    }
+
+    /// Connect with TLS as `sslmode` says. The outer error: the TLS settings cannot work (a
+    /// certificate file that went away since the URI was parsed).
+    fn connect_with(
+        &self,
+        config: &Config,
+    ) -> Result<Result<Client, postgres::Error>, BackendError> {
+        if self.tls.mode == SslMode::Disable {
+            return Ok(config.connect(NoTls));
+        }
+        let tls = self
+            .tls
+            .client_config()
+            .map_err(|e| BackendError::Invalid(format!("index {self}: {e}")))?;
+        Ok(config.connect(tokio_postgres_rustls::MakeRustlsConnect::new(tls)))
     }
 
     /// Connect, retrying for up to `self.reconnect` while the server is unreachable or
@@ -176,12 +230,13 @@ impl PgTarget {
     pub fn connect_patiently(&self) -> Result<Client, BackendError> {
         let deadline = std::time::Instant::now() + self.reconnect;
         loop {
-            match self.config()?.connect(NoTls) {
+            let config = self.config()?;
+            match self.connect_with(&config)? {
                 Ok(c) => return Ok(c),
                 Err(e) if is_transient(&e) && std::time::Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(250));
                 }
-                Err(e) => return Err(connect_error(self, &self.config()?, &e)),
+                Err(e) => return Err(connect_error(self, &config, &e)),
             }
         }
     }
@@ -202,6 +257,21 @@ impl fmt::Display for PgTarget {
                 format!("{}{user}{}", &self.conn[..s + 3], &self.conn[at..])
             }
             _ => self.conn.clone(),
+        };
+        // `?password=` (libpq takes it there too) goes the same way.
+        let redacted = match redacted.split_once('?') {
+            Some((base, query)) => {
+                let kept: Vec<&str> = query
+                    .split('&')
+                    .filter(|p| !p.to_ascii_lowercase().starts_with("password="))
+                    .collect();
+                if kept.is_empty() {
+                    base.to_string()
+                } else {
+                    format!("{base}?{}", kept.join("&"))
+                }
+            }
+            None => redacted,
         };
         write!(f, "{redacted}")?;
         if self.schema != "ragline" {
@@ -306,6 +376,13 @@ fn connect_error(target: &PgTarget, config: &Config, e: &postgres::Error) -> Bac
         Some(c) if c == &SqlState::CANNOT_CONNECT_NOW => {
             format!("{target} is starting up or shutting down; try again in a moment")
         }
+        None if is_tls_failure(e) => format!(
+            "TLS with {target} failed ({}); check sslrootcert= (the CA that signed the \
+             server's certificate), that the host in the URI is the name in the certificate \
+             (verify-full), and sslmode= (now {})",
+            root_cause(e),
+            target.tls.mode.name()
+        ),
         _ => format!(
             "cannot connect to {target}: {}; is the server running and reachable? (start it, \
              e.g. `scripts/postgres.sh start` for the test server, or fix host and port in \
@@ -314,6 +391,22 @@ fn connect_error(target: &PgTarget, config: &Config, e: &postgres::Error) -> Bac
         ),
     };
     BackendError::Invalid(msg)
+}
+
+/// A handshake or certificate failure, or a server that refuses TLS when it is required.
+fn is_tls_failure(e: &postgres::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        let text = err.to_string().to_ascii_lowercase();
+        if text.contains("certificate") || text.contains("tls") || text.contains("ssl") {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// The innermost error's message (the client's own says only "error connecting to server").
@@ -350,6 +443,45 @@ mod tests {
         assert_eq!(c.get_password(), Some(&b"s3cret"[..]));
         assert_eq!(c.get_dbname(), Some("rag"));
         assert_eq!(c.get_application_name(), Some("x"));
+    }
+
+    #[test]
+    fn tls_settings_come_out_of_the_uri_and_a_password_parameter_never_shows() {
+        let t = PgTarget::parse(
+            "postgres://me@db:5432/rag?sslmode=verify-full&sslrootcert=system&password=s3cret",
+        );
+        // `system` needs the machine's CA store; where it has none the error says so.
+        match t {
+            Ok(t) => {
+                assert_eq!(t.tls.mode, SslMode::VerifyFull);
+                assert_eq!(t.tls.root_cert, Some(RootCert::System));
+                assert!(!t.to_string().contains("s3cret"), "{t}");
+                assert_eq!(t.config().unwrap().get_password(), Some(&b"s3cret"[..]));
+            }
+            Err(e) => assert!(e.to_string().contains("sslrootcert=system"), "{e}"),
+        }
+        let t = PgTarget::parse("postgres://me@db/rag?sslmode=require").unwrap();
+        assert_eq!(t.tls.mode, SslMode::Require);
+        assert_eq!(
+            t.config().unwrap().get_ssl_mode(),
+            postgres::config::SslMode::Require
+        );
+        let t = PgTarget::parse("postgres://me@db/rag").unwrap();
+        assert_eq!(t.tls.mode, SslMode::Prefer, "libpq's default");
+        for (bad, says) in [
+            ("postgres://h/db?sslmode=on", "sslmode=on"),
+            (
+                "postgres://h/db?sslmode=verify-ca&sslrootcert=/no/ca.pem",
+                "/no/ca.pem",
+            ),
+            (
+                "postgres://h/db?sslcert=/c.pem",
+                "both sslcert= and sslkey=",
+            ),
+        ] {
+            let e = PgTarget::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::{connect, store_error, upgrade, vector_from_bytes, SqliteReader};
 use crate::document::InputKey;
 use crate::lifecycle::backoff::{jitter_unit, retry_delay};
 use crate::lifecycle::owner::is_dead_here;
+use crate::lifecycle::store::HeldLease;
 use crate::lifecycle::{
     now_ms, ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText, EnrichStore,
     LifecycleStore, Maintenance, PendingChunk, Priority, StageSettings, Status, StoreError,
@@ -574,6 +575,26 @@ impl LifecycleStore for SqliteStore {
         priority: Priority,
     ) -> Result<u64, StoreError> {
         self.sync_stage_rows(stage, fingerprint, priority)
+    }
+
+    fn held_leases(&mut self) -> Result<Vec<HeldLease>, StoreError> {
+        self.conn
+            .prepare(
+                "SELECT lease_owner, COUNT(*), MAX(lease_expires) FROM enrichment
+                 WHERE status = 'in_progress' AND lease_owner IS NOT NULL
+                 GROUP BY lease_owner ORDER BY lease_owner",
+            )
+            .and_then(|mut s| {
+                s.query_map([], |r| {
+                    Ok(HeldLease {
+                        owner: r.get(0)?,
+                        items: r.get::<_, i64>(1)? as u64,
+                        until_ms: r.get::<_, Option<i64>>(2)?.unwrap_or(0),
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(|e| self.err(e))
     }
 
     fn reap_dead_owners(&mut self) -> Result<usize, StoreError> {

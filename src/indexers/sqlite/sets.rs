@@ -17,7 +17,33 @@ pub const MAX_SETS: i64 = 62;
 const COLUMNS: &str = "id, model, model_dir, fingerprint, tokenizer, dimension, vec_table, \
                        state, watermark, backfill_done";
 
+/// A vectors table's name as this backend makes them (`chunk_vectors`, `chunk_vectors_N`):
+/// names read from the file are pasted into SQL, so anything else is refused (a file from
+/// elsewhere could name `x; DROP TABLE documents`).
+fn valid_table(name: &str) -> bool {
+    match name.strip_prefix("chunk_vectors") {
+        Some("") => true,
+        Some(rest) => rest.strip_prefix('_').is_some_and(|n| {
+            !n.is_empty() && n.len() <= 4 && n.bytes().all(|b| b.is_ascii_digit())
+        }),
+        None => false,
+    }
+}
+
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<VectorSet> {
+    let vec_table: String = r.get(6)?;
+    if !valid_table(&vec_table) {
+        return Err(rusqlite::Error::FromSqlConversionFailure(
+            6,
+            rusqlite::types::Type::Text,
+            format!(
+                "vector_sets names the table `{}`, which ragline never makes: the index file \
+                 was altered; rebuild it",
+                vec_table.chars().take(64).collect::<String>()
+            )
+            .into(),
+        ));
+    }
     Ok(VectorSet {
         id: r.get(0)?,
         model: r.get(1)?,
@@ -25,7 +51,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<VectorSet> {
         fingerprint: r.get(3)?,
         tokenizer: r.get(4)?,
         dimension: r.get::<_, i64>(5)? as usize,
-        vec_table: r.get(6)?,
+        vec_table,
         state: SetState::parse(&r.get::<_, String>(7)?),
         watermark: r.get(8)?,
         backfill_done: r.get::<_, i64>(9)? != 0,
@@ -158,4 +184,26 @@ pub fn drop_retired(conn: &Connection) -> rusqlite::Result<Vec<String>> {
         )?;
     }
     Ok(retired.into_iter().map(|s| s.model).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_names_ragline_makes_are_table_names() {
+        for ok in ["chunk_vectors", "chunk_vectors_2", "chunk_vectors_62"] {
+            assert!(valid_table(ok), "{ok}");
+        }
+        for bad in [
+            "chunk_vectors_",
+            "chunk_vectors_2; DROP TABLE documents",
+            "documents",
+            "chunk_vectors_x",
+            "chunk_vectors_123456",
+            "\"chunk_vectors\"",
+        ] {
+            assert!(!valid_table(bad), "{bad}");
+        }
+    }
 }

@@ -102,7 +102,10 @@ pub(super) fn process<S: EnrichStore>(
                     shared.tally().done(&key);
                 }
             }
-            Err(e) => failures.push((key, format!("{}: {e}", stage.client.endpoint().url("")))),
+            Err(e) => failures.push((
+                key,
+                format!("{}: {e}", stage.client.endpoint().shown_url("")),
+            )),
         }
     }
     if !failures.is_empty() {

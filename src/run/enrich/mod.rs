@@ -110,6 +110,8 @@ struct Tally {
     broker: bool,
     /// Failed attempts handed back to the broker.
     retries: u64,
+    /// Documents other workers held under a lease when this run ended.
+    held_by_others: u64,
 }
 
 impl Tally {
@@ -303,6 +305,7 @@ fn run_workers<S: EnrichStore + 'static>(
         &stats,
     );
     summary.notes = tally.notes;
+    summary.held_by_others = tally.held_by_others;
     if tally.retries > 0 {
         summary.notes.push(format!(
             "{} failed attempts went back to the broker to be retried after their backoff",
@@ -384,6 +387,36 @@ fn housekeep<S: EnrichStore>(
         Maintenance::Blocked { .. } | Maintenance::Nothing => {}
     }
     Ok(false)
+}
+
+/// Say what other workers still hold when this run ends: the run is not everything.
+fn note_held<S: LifecycleStore>(
+    store: &mut S,
+    shared: &Shared<'_>,
+    me: &Owner,
+) -> Result<(), StoreError> {
+    // This process's own workers may still be finishing theirs.
+    let mine = |o: &str| o.split(':').take(2).eq(me.as_str().split(':').take(2));
+    let held: Vec<_> = store
+        .held_leases()?
+        .into_iter()
+        .filter(|h| !mine(&h.owner))
+        .collect();
+    let mut t = shared.tally();
+    t.held_by_others = t.held_by_others.max(held.iter().map(|h| h.items).sum());
+    for h in held {
+        let until = crate::lifecycle::report::format_ms(h.until_ms);
+        let note = format!(
+            "{} documents are in progress under the lease of another worker ({}) until {until}; \
+             they are not lost: run enrich again after that (or use --follow), or stop that \
+             worker",
+            h.items, h.owner
+        );
+        if !t.notes.contains(&note) {
+            t.notes.push(note);
+        }
+    }
+    Ok(())
 }
 
 fn note_paused(shared: &Shared<'_>) {
@@ -490,6 +523,9 @@ fn work<S: EnrichStore>(mut w: EnrichWorker<S>, shared: &Shared<'_>) -> Result<(
         match claim {
             Claim::Items(items) => {
                 said_paused = false;
+                // Tests: hold a claim (a worker killed or stuck right after claiming).
+                #[cfg(feature = "failpoints")]
+                fail::fail_point!("enrich::claimed");
                 dispatch(&mut w, &mut models, &owner, items, shared)?;
             }
             Claim::Idle { paused, next_due } => {
@@ -504,6 +540,12 @@ fn work<S: EnrichStore>(mut w: EnrichWorker<S>, shared: &Shared<'_>) -> Result<(
                 // paused stage.
                 let waiting_retry = next_due.filter(|d| *d > 0);
                 if !options.follow && (paused || waiting_retry.is_none()) {
+                    // Before leaving, take over once more what processes that died since the
+                    // start still hold; what live ones hold is said, with its owner and end.
+                    if w.store.reap_dead_owners()? > 0 {
+                        continue;
+                    }
+                    note_held(&mut w.store, shared, &owner)?;
                     return Ok(());
                 }
                 let wait = match waiting_retry {

@@ -447,6 +447,10 @@ impl<S: EnrichStore> LifecycleStore for QueueStore<'_, S> {
         Ok(())
     }
 
+    fn held_leases(&mut self) -> Result<Vec<crate::lifecycle::store::HeldLease>, StoreError> {
+        self.inner.held_leases()
+    }
+
     fn reap_dead_owners(&mut self) -> Result<usize, StoreError> {
         self.inner.reap_dead_owners()
     }

@@ -8,6 +8,8 @@
 use std::io::Cursor;
 
 use office_oxide::ir::{Element, InlineContent, List, Table};
+use office_oxide::limits::Limits;
+use office_oxide::options::ParseOptions;
 use office_oxide::{Document, DocumentFormat, OfficeError};
 
 use super::budget::Budget;
@@ -29,7 +31,12 @@ pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, String> {
                 .into(),
         );
     };
-    let doc = Document::from_reader(Cursor::new(bytes.to_vec()), format).map_err(explain)?;
+    let doc = Document::from_reader_with(
+        Cursor::new(bytes.to_vec()),
+        format,
+        &parse_options(budget.memory()),
+    )
+    .map_err(explain)?;
     budget
         .check()
         .map_err(|_| "out of time after parsing".to_string())?;
@@ -77,10 +84,29 @@ pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, String> {
     })
 }
 
+/// office_oxide's limits for one file, within the extraction's memory ceiling: one part of
+/// the package may inflate to a quarter of it, the whole package to the ceiling, and what a
+/// small file can multiply (pictures, padding) to half of it.
+fn parse_options(memory: u64) -> ParseOptions {
+    let mut limits = Limits::default();
+    limits.part_bytes = limits.part_bytes.min(memory / 4);
+    limits.package_bytes = limits.package_bytes.min(memory);
+    limits.memory_bytes = limits.memory_bytes.min(memory / 2);
+    let mut options = ParseOptions::default();
+    options.limits = limits;
+    options
+}
+
 /// A message that says what is wrong with the file and what to do.
 fn explain(e: OfficeError) -> String {
     let message = e.to_string();
-    if message.contains("password") || message.contains("encrypted") {
+    if message.contains("decompression limit") || message.contains("package limit") {
+        format!(
+            "the package inflates past what --max-extract-mb allows ({message}); a document \
+             this large is a decompression bomb or a very unusual file: check it, or raise \
+             --max-extract-mb (a part may take a quarter of it)"
+        )
+    } else if message.contains("password") || message.contains("encrypted") {
         "encrypted: needs a password; save an unprotected copy from Word and ingest it".into()
     } else {
         format!("cannot read the Word document ({message}); the file is damaged: repair it or save it again from Word")

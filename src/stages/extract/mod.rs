@@ -3,8 +3,9 @@
 //! blocks, tables, pages) for the chunker. Front matter, `<title>` and document properties go
 //! to the title and metadata.
 //!
-//! Binary formats are parsed under a budget ([`budget`]): a panic, a timeout or a broken file
-//! fails that file with the reason, and the worker goes on.
+//! Every format is parsed under a budget ([`budget`]: a thread of its own, a deadline, a
+//! memory ceiling): a panic, a timeout, a ceiling passed or a broken file fails that file with
+//! the reason, and the worker goes on.
 
 pub mod budget;
 #[cfg(feature = "docx")]
@@ -27,6 +28,8 @@ use budget::Guarded;
 
 /// Seconds one file may take to extract (`--max-file-seconds`).
 pub const DEFAULT_MAX_FILE_SECONDS: u64 = 60;
+/// MiB one file's extraction may hold (`--max-extract-mb`).
+pub const DEFAULT_MAX_EXTRACT_MB: u64 = 1024;
 
 /// What an extractor yields.
 #[derive(Debug, Default)]
@@ -46,14 +49,17 @@ pub struct Extracted {
 /// The extract stage's settings.
 #[derive(Clone, Copy, Debug)]
 pub struct ExtractConfig {
-    /// How long one binary file may take to parse.
+    /// How long one file may take to parse.
     pub max_file_time: Duration,
+    /// Bytes one file's parser may hold.
+    pub max_memory: u64,
 }
 
 impl Default for ExtractConfig {
     fn default() -> Self {
         ExtractConfig {
             max_file_time: Duration::from_secs(DEFAULT_MAX_FILE_SECONDS),
+            max_memory: DEFAULT_MAX_EXTRACT_MB << 20,
         }
     }
 }
@@ -61,29 +67,50 @@ impl Default for ExtractConfig {
 #[derive(Debug, Default)]
 pub struct Extract {
     config: ExtractConfig,
+    /// The thread this stage's parses run on (kept from one file to the next).
+    runner: budget::Runner,
 }
 
 impl Extract {
     pub fn new(config: ExtractConfig) -> Self {
-        Extract { config }
+        Extract {
+            config,
+            runner: budget::Runner::default(),
+        }
     }
 
-    /// Parse a binary format under the budget.
-    fn binary(&self, format: &str, raw: Vec<u8>) -> Result<Extracted, StageError> {
-        let limit = self.config.max_file_time;
-        let result: Result<Extracted, Guarded> = match format {
+    /// Parse `content` as `format` under the budget.
+    fn parse(&mut self, format: &str, content: Content) -> Result<Extracted, StageError> {
+        let limits = budget::Limits {
+            time: self.config.max_file_time,
+            memory: self.config.max_memory,
+        };
+        let result: Result<Extracted, Guarded> = match (format, content) {
             #[cfg(feature = "pdf")]
-            "pdf" => budget::run(limit, move |b| pdf::extract(&raw, b)),
+            ("pdf", Content::Bytes(raw)) => self.runner.run(limits, move |b| pdf::extract(&raw, b)),
             #[cfg(feature = "docx")]
-            "docx" | "doc" => budget::run(limit, move |b| docx::extract(&raw, b)),
-            _ => {
-                let _ = raw;
+            ("docx" | "doc", Content::Bytes(raw)) => {
+                self.runner.run(limits, move |b| docx::extract(&raw, b))
+            }
+            (_, Content::Bytes(_)) => {
                 let feature = if format == "doc" { "docx" } else { format };
                 Err(Guarded::Failed(format!(
                     "this ragline was built without the `{feature}` feature; rebuild it with \
                      default features (or `--features {feature}`) to read .{format} files"
                 )))
             }
+            ("markdown", Content::Text(raw)) => self
+                .runner
+                .run(limits, move |_| Ok(markdown::extract(&raw))),
+            ("html", Content::Text(raw)) => {
+                self.runner.run(limits, move |b| html::extract(&raw, b))
+            }
+            ("rst", Content::Text(raw)) => self
+                .runner
+                .run(limits, move |_| Ok(text::extract_rst(&raw))),
+            (_, Content::Text(raw)) => self
+                .runner
+                .run(limits, move |_| Ok(text::extract_plain(&raw))),
         };
         result.map_err(|why| {
             StageError::BadDocument(match why {
@@ -95,11 +122,31 @@ impl Extract {
                 Guarded::TimedOut => format!(
                     "extraction took longer than --max-file-seconds={}; raise it if the file is \
                      just large, or check the file (it may be damaged or pathological)",
-                    limit.as_secs()
+                    limits.time.as_secs()
+                ),
+                Guarded::OverMemory(bytes) => format!(
+                    "extraction held more than --max-extract-mb={} MiB ({} MiB when it was \
+                     stopped); raise it if the file is just large, or check the file (a \
+                     decompression bomb, or damaged)",
+                    limits.memory >> 20,
+                    bytes >> 20
+                ),
+                Guarded::Busy(stuck) => format!(
+                    "{stuck} files that ran out of time or memory earlier are still being \
+                     parsed in the background, and none ended within --max-file-seconds={}: \
+                     not parsing another; look at this run's files that failed for time or \
+                     memory, and run again without them",
+                    limits.time.as_secs()
                 ),
             })
         })
     }
+}
+
+/// A document's content before extraction.
+enum Content {
+    Text(String),
+    Bytes(Vec<u8>),
 }
 
 impl Stage for Extract {
@@ -115,18 +162,11 @@ impl Stage for Extract {
             .and_then(|v| v.as_str())
             .unwrap_or("text")
             .to_string();
-        let extracted = match doc.raw.take() {
-            Some(raw) => self.binary(&format, raw)?,
-            None => {
-                let raw = std::mem::take(&mut doc.fields.text);
-                match format.as_str() {
-                    "markdown" => markdown::extract(&raw),
-                    "html" => html::extract(&raw),
-                    "rst" => text::extract_rst(&raw),
-                    _ => text::extract_plain(&raw),
-                }
-            }
+        let content = match doc.raw.take() {
+            Some(raw) => Content::Bytes(raw),
+            None => Content::Text(std::mem::take(&mut doc.fields.text)),
         };
+        let extracted = self.parse(&format, content)?;
         doc.fields.text = extracted.text;
         doc.blocks = extracted.blocks;
         doc.page_starts = extracted.page_starts;

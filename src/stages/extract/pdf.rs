@@ -44,8 +44,10 @@ pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, String> {
     let count = doc.page_count().map_err(|e| {
         format!("cannot read the page tree ({e}); the file is damaged: repair or re-export it")
     })?;
-    let mut pages = Vec::with_capacity(count);
-    let mut lines: Vec<Vec<Line>> = Vec::with_capacity(count);
+    // The count comes from the file: preallocate no more than its bytes could describe.
+    let room = count.min(bytes.len() / 64 + 1);
+    let mut pages = Vec::with_capacity(room);
+    let mut lines: Vec<Vec<Line>> = Vec::with_capacity(room);
     let mut warnings = Vec::new();
     let mut failed_pages = Vec::new();
     for index in 0..count {
