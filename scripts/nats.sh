@@ -51,7 +51,7 @@ url() {
     query="?tls_ca=$CERTS/ca.crt"
   fi
   for i in $(seq 1 "$n"); do
-    out+="${out:+,}$scheme://$auth127.0.0.1:$((PORT + i - 1))"
+    out+="${out:+,}$scheme://${auth}127.0.0.1:$((PORT + i - 1))"
   done
   echo "$out$query"
 }

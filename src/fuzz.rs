@@ -14,6 +14,8 @@
 //! | `serve_request` | the body of a POST to `ragline serve` (OpenAI and TEI shapes) |
 //! | `retry_after` | a service's `Retry-After` header |
 
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, SystemTime};
 
 use crate::document::Document;
@@ -41,6 +43,24 @@ pub const TARGETS: &[(&str, Target)] = &[
 /// The target called `name`.
 pub fn target(name: &str) -> Option<Target> {
     TARGETS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
+}
+
+thread_local! {
+    static CONTAINED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True while a target runs a parser the way production contains it (under
+/// `catch_unwind`, as `stages::extract::budget` does): a panic there is that file's failure,
+/// not a crash, so the fuzz binary's panic hook lets it unwind.
+pub fn panic_is_contained() -> bool {
+    CONTAINED.with(Cell::get)
+}
+
+/// Run `parse` as production runs a third-party parser: a panic fails the input only.
+fn contained(parse: impl FnOnce()) {
+    CONTAINED.with(|c| c.set(true));
+    let _ = catch_unwind(AssertUnwindSafe(parse));
+    CONTAINED.with(|c| c.set(false));
 }
 
 /// What a parser may spend on one input: the fuzzer's own timeout catches a hang first.
@@ -91,16 +111,23 @@ pub fn rst(data: &[u8]) {
     let _ = crate::stages::extract::text::extract_plain(&text);
 }
 
+/// pdf_oxide and office_oxide run under `catch_unwind` in production (a panic in them fails
+/// the file): here too, so the fuzzer hunts what that cannot contain (aborts, stack
+/// overflows, hangs, runaway memory) and ragline's own panics.
 pub fn pdf(data: &[u8]) {
     #[cfg(feature = "pdf")]
-    let _ = crate::stages::extract::pdf::extract(data, &budget());
+    contained(|| {
+        let _ = crate::stages::extract::pdf::extract(data, &budget());
+    });
     #[cfg(not(feature = "pdf"))]
     let _ = data;
 }
 
 pub fn docx(data: &[u8]) {
     #[cfg(feature = "docx")]
-    let _ = crate::stages::extract::docx::extract(data, &budget());
+    contained(|| {
+        let _ = crate::stages::extract::docx::extract(data, &budget());
+    });
     #[cfg(not(feature = "docx"))]
     let _ = data;
 }

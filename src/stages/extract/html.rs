@@ -52,8 +52,9 @@ const BLOCKS: &[&str] = &[
 /// stack of open elements: 100,000 nested `<div>`s are quadratic).
 pub const MAX_DEPTH: u32 = 512;
 
-/// Input is parsed this many bytes at a time, with the depth and the budget checked between.
-const CHUNK_BYTES: usize = 16 << 10;
+/// Input is parsed this many bytes at a time, with the depth and the budget checked between
+/// (small: a chunk of `<div>`s parsed past the limit costs its square).
+const CHUNK_BYTES: usize = 2 << 10;
 
 /// Extract `raw` as HTML, checking `budget` and the nesting depth as it parses.
 pub fn extract(raw: &str, budget: &Budget) -> Result<Extracted, String> {
