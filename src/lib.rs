@@ -16,6 +16,7 @@ pub mod fuzz;
 pub mod indexers;
 pub mod lifecycle;
 pub mod memory;
+pub mod panics;
 pub mod pipeline;
 pub mod publisher;
 pub mod queue;

@@ -236,11 +236,7 @@ fn spawn_guarded<'scope, F>(
     let builder = std::thread::Builder::new().name(name.clone());
     let spawned = builder.spawn_scoped(scope, move || {
         if let Err(panic) = catch_unwind(AssertUnwindSafe(body)) {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
+            let msg = crate::panics::message(&*panic);
             inner.abort(format!("thread {name} panicked: {msg}"));
         }
     });

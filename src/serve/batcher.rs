@@ -277,11 +277,7 @@ impl Batcher {
                     Err(panic) => {
                         // What the window cached may be half-written: start it afresh.
                         recent = Recent::new(crate::embed::pool::RECENT_VECTORS);
-                        let why = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "a panic".into());
+                        let why = crate::panics::message(&*panic);
                         let message = format!(
                             "the model failed on this request's batch ({why}); the server goes on"
                         );

@@ -712,7 +712,7 @@ async fn embed(
                 kind: "tokenizer",
                 message: format!(
                     "the tokenizer failed on this request ({}); the server goes on",
-                    panic_text(&*panic)
+                    crate::panics::message(&*panic)
                 ),
                 retry_after: None,
             })
@@ -764,14 +764,6 @@ fn tokenize(app: &App, texts: &[String], truncate: bool) -> Result<Vec<Vec<u32>>
             }
         })
         .collect()
-}
-
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Queue tokenized inputs for the model threads and wait for their vectors.

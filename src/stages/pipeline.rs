@@ -82,7 +82,7 @@ impl Pipeline {
                 }
                 Ok(Err(StageError::BadDocument(msg))) => msg,
                 Ok(Err(StageError::Internal(msg))) => msg,
-                Err(panic) => format!("stage panicked: {}", panic_message(&panic)),
+                Err(panic) => format!("stage panicked: {}", crate::panics::message(&*panic)),
             };
             doc.children = 0;
             out.push(PipelineOutput::Failed {
@@ -100,16 +100,6 @@ impl Pipeline {
         for (next, child) in children {
             self.run_from(next, child, out);
         }
-    }
-}
-
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(no message)".to_string()
     }
 }
 

@@ -40,23 +40,12 @@ fn ingest_into(corpus: &Path, uri: &str, report: &Path, model: &Path) -> (Option
     (o.status.code(), r)
 }
 
-/// How a test's nats-server is secured (as `scripts/nats.sh start --user/--token/--tls`).
-#[derive(Clone, Debug, PartialEq)]
-pub enum Secured {
-    Open,
-    UserPassword(&'static str, &'static str),
-    Token(&'static str),
-    /// TLS with the certificates `scripts/certs.sh` made in this folder.
-    Tls(PathBuf),
-}
-
 /// A nats-server of the test's own.
 pub struct Nats {
     bin: PathBuf,
     dir: tempfile::TempDir,
     pub port: u16,
     child: Option<Child>,
-    secured: Secured,
 }
 
 pub fn free_port() -> u16 {
@@ -89,17 +78,12 @@ fn nats_bin() -> Option<PathBuf> {
 
 impl Nats {
     pub fn start() -> Option<Nats> {
-        Nats::start_secured(Secured::Open)
-    }
-
-    pub fn start_secured(secured: Secured) -> Option<Nats> {
         let bin = nats_bin()?;
         let mut n = Nats {
             bin,
             dir: tempfile::tempdir().unwrap(),
             port: free_port(),
             child: None,
-            secured,
         };
         n.launch();
         Some(n)
@@ -116,22 +100,6 @@ impl Nats {
             "-sd",
         ])
         .arg(self.dir.path().join("js"));
-        match &self.secured {
-            Secured::Open => {}
-            Secured::UserPassword(u, p) => {
-                cmd.args(["--user", u, "--pass", p]);
-            }
-            Secured::Token(t) => {
-                cmd.args(["--auth", t]);
-            }
-            Secured::Tls(certs) => {
-                cmd.arg("--tls")
-                    .arg("--tlscert")
-                    .arg(certs.join("server.crt"))
-                    .arg("--tlskey")
-                    .arg(certs.join("server.key"));
-            }
-        }
         let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -145,18 +113,8 @@ impl Nats {
         }
     }
 
-    /// The URL a client needs: with the credentials, or TLS and the CA.
     pub fn url(&self) -> String {
-        match &self.secured {
-            Secured::Open => format!("nats://127.0.0.1:{}", self.port),
-            Secured::UserPassword(u, p) => format!("nats://{u}:{p}@127.0.0.1:{}", self.port),
-            Secured::Token(t) => format!("nats://{t}@127.0.0.1:{}", self.port),
-            Secured::Tls(certs) => format!(
-                "tls://127.0.0.1:{}?tls_ca={}",
-                self.port,
-                certs.join("ca.crt").display()
-            ),
-        }
+        format!("nats://127.0.0.1:{}", self.port)
     }
 
     /// SIGKILL: a crash.
@@ -1271,10 +1229,53 @@ fn certs(dir: &Path) -> PathBuf {
     out
 }
 
-/// A broker with a user and password, with a token, and with TLS: a distributed run works
-/// against each and equals an in-process run; no password or token shows in anything the
-/// processes print or write; a wrong password, and a CA that did not sign the server's
-/// certificate, fail at start with a clear error.
+/// A nats-server started by `scripts/nats.sh start ARGS` on a port and folder of its own
+/// (`RAGLINE_NATS_SERVER`'s binary), stopped when dropped.
+struct ScriptNats {
+    dir: tempfile::TempDir,
+    port: u16,
+    url: String,
+}
+
+impl ScriptNats {
+    fn start(args: &[&str]) -> ScriptNats {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let o = run(Command::new(crate::util::root().join("scripts/nats.sh"))
+            .arg("start")
+            .args(args)
+            .env("RAGLINE_NATS_DIR", dir.path())
+            .env("RAGLINE_NATS_PORT", port.to_string()));
+        assert!(o.status.success(), "scripts/nats.sh start {args:?}");
+        let url = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .last()
+            .unwrap()
+            .to_string();
+        ScriptNats { dir, port, url }
+    }
+
+    /// The folder of its test certificates (`--tls`, `--tls-verify`).
+    fn certs(&self) -> PathBuf {
+        self.dir.path().join("tls")
+    }
+}
+
+impl Drop for ScriptNats {
+    fn drop(&mut self) {
+        let _ = Command::new(crate::util::root().join("scripts/nats.sh"))
+            .args(["stop", "--kill"])
+            .env("RAGLINE_NATS_DIR", self.dir.path())
+            .env("RAGLINE_NATS_PORT", self.port.to_string())
+            .status();
+    }
+}
+
+/// A broker with a user and password, with a token, and with TLS that checks the clients'
+/// certificates too, each started by `scripts/nats.sh`: a distributed run works against each
+/// and equals an in-process run; no password or token shows in anything the processes print
+/// or write; a wrong password, a wrong token and a CA that did not sign the server's
+/// certificate fail at start with a clear error.
 #[test]
 fn distributed_runs_work_on_secured_brokers_and_never_show_their_secrets() {
     let Some(_) = nats_bin() else { return };
@@ -1286,21 +1287,27 @@ fn distributed_runs_work_on_secured_brokers_and_never_show_their_secrets() {
     let local = test_index(dir.path(), "slocal");
     let (code, want) = ingest_into(&corpus, &local.uri(), &dir.path().join("l.json"), &model);
     assert_eq!(code, Some(0));
-    let made = certs(dir.path());
-    for (name, secured, secret) in [
-        (
-            "user",
-            Secured::UserPassword("ragline", "pa55word"),
-            "pa55word",
-        ),
-        ("token", Secured::Token("t0ken-s3cret"), "t0ken-s3cret"),
-        ("tls", Secured::Tls(made.clone()), "PRIVATE KEY"),
+    for (name, args, secret) in [
+        ("user", vec!["--user", "ragline:pa55word"], "pa55word"),
+        ("token", vec!["--token", "t0ken-s3cret"], "t0ken-s3cret"),
+        ("tls", vec!["--tls-verify"], "PRIVATE KEY"),
     ] {
-        let nats = Nats::start_secured(secured.clone()).unwrap();
+        let nats = ScriptNats::start(&args);
+        let url = nats.url.clone();
+        if name == "tls" {
+            assert!(
+                url.starts_with("tls://") && url.contains("tls_cert="),
+                "{url}"
+            );
+        } else {
+            assert!(
+                url.contains(secret),
+                "the script's URL carries the credentials"
+            );
+        }
         let logs = dir.path().join(name);
         fs::create_dir_all(&logs).unwrap();
         let spread = test_index(&logs, &format!("s{name}"));
-        let url = nats.url();
         let mut procs = roles(&url, 1, &logs, &model, &spread);
         let report = logs.join("d.json");
         let ingest = distributed_ingest(&corpus, &spread.uri(), &url, &report, &model);
@@ -1339,28 +1346,31 @@ fn distributed_runs_work_on_secured_brokers_and_never_show_their_secrets() {
         assert_eq!(&c, counts(&want), "{name}");
         assert_same_index(&spread, &local);
 
-        // The wrong secret, or an unknown CA: refused at start, said plainly.
-        let (bad, says) = match &secured {
-            Secured::UserPassword(u, _) => (
-                format!("nats://{u}:wrong@127.0.0.1:{}", nats.port),
+        // The wrong secret, or a CA that did not sign the server's certificate: refused at
+        // start, said plainly.
+        let (bad, says) = match name {
+            "user" => (
+                format!("nats://ragline:wrong@127.0.0.1:{}", nats.port),
                 "refused this process's credentials",
             ),
-            Secured::Token(_) => (
+            "token" => (
                 format!("nats://wrong@127.0.0.1:{}", nats.port),
                 "refused this process's credentials",
             ),
-            Secured::Tls(_) => {
+            _ => {
                 let other = certs(&logs);
+                let mine = nats.certs();
                 (
                     format!(
-                        "tls://127.0.0.1:{}?tls_ca={}",
+                        "tls://127.0.0.1:{}?tls_ca={}&tls_cert={}&tls_key={}",
                         nats.port,
-                        other.join("ca.crt").display()
+                        other.join("ca.crt").display(),
+                        mine.join("client.crt").display(),
+                        mine.join("client.key").display()
                     ),
                     "TLS with the NATS server",
                 )
             }
-            Secured::Open => unreachable!(),
         };
         let o = run(ragline().args(["worker", "--queue", &bad, "--once"]));
         assert_eq!(o.status.code(), Some(2), "{name}");

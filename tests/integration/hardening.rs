@@ -5,12 +5,12 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::util::{ragline, random_model, run, stdout_json};
+use crate::util::{ragline, random_model, run};
 
 /// Run `cmd`, killing it (and failing) if it has not ended within `limit`: a hang is a
 /// failure, not a stuck test.
@@ -245,12 +245,14 @@ with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED, compresslevel=9) as z:
 "#;
 
 /// `ragline status --json` of an index.
+#[cfg(feature = "failpoints")]
 fn status(uri: &str) -> Value {
     let o = run(ragline().args(["status", "--json", "--index", uri]));
     assert_eq!(o.status.code(), Some(0));
-    stdout_json(&o)
+    crate::util::stdout_json(&o)
 }
 
+#[cfg(feature = "failpoints")]
 fn in_progress(uri: &str) -> u64 {
     status(uri)["stages"]["embed"]["in_progress"]
         .as_u64()
@@ -258,7 +260,8 @@ fn in_progress(uri: &str) -> u64 {
 }
 
 /// An enrich that claims work and then holds it (the failpoint sleeps after the claim).
-fn holder(uri: &str, model: &Path, dir: &Path) -> Child {
+#[cfg(feature = "failpoints")]
+fn holder(uri: &str, model: &Path, dir: &Path) -> std::process::Child {
     ragline()
         .args([
             "enrich",
@@ -281,6 +284,7 @@ fn holder(uri: &str, model: &Path, dir: &Path) -> Child {
 /// An enrich that ends while another live process holds work says what is left, who holds
 /// it and until when; once that process is killed (and not yet reaped by its parent: a
 /// zombie), the next enrich takes its work over at once and finishes everything.
+#[cfg(feature = "failpoints")]
 #[test]
 fn enrich_says_what_others_hold_and_takes_over_from_a_killed_zombie() {
     let dir = tempfile::tempdir().unwrap();

@@ -424,6 +424,13 @@ fn tls_to_postgres_verifies_the_server_as_sslmode_says() {
         let o = ingest(&format!("{base}&sslmode={mode}"));
         assert_eq!(o.status.code(), Some(0), "sslmode={mode}");
     }
+    // verify-ca checks the chain, not the name: through `localhost`'s other spelling too.
+    let o = ingest(&format!(
+        "{}&sslmode=verify-ca&sslrootcert={}",
+        base.replace("127.0.0.1", "localhost"),
+        ca.display()
+    ));
+    assert_eq!(o.status.code(), Some(0), "verify-ca");
     let o = ingest(&format!("{base}&sslmode=disable"));
     assert_eq!(
         o.status.code(),

@@ -186,7 +186,7 @@ impl Runner {
                 ),
                 Ok(Err(_)) if budget.check().is_err() => Err(Guarded::TimedOut),
                 Ok(Err(message)) => Err(Guarded::Failed(message)),
-                Err(panic) => Err(Guarded::Panicked(panic_text(&*panic))),
+                Err(panic) => Err(Guarded::Panicked(crate::panics::message(&*panic))),
             };
             drop(entered);
             // The worker may have stopped waiting: then nobody reads this.
@@ -266,14 +266,6 @@ impl Runner {
         self.thread = Some(tx);
         Ok(())
     }
-}
-
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// Panics on extraction threads become the file's failure message; printing them as well
