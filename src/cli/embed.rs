@@ -29,12 +29,13 @@ const READ_WINDOW: usize = 65_536;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Prompt {
-    /// No prompt (sentence-transformers' `encode` default).
+    /// No prompt.
     None,
-    /// The model's query prompt (or --query-prompt).
+    /// The model's query prompt (or --query-prompt): sentence-transformers' `encode_query`.
     Query,
-    /// The model's passage prompt (or --passage-prompt).
-    Passage,
+    /// The model's document prompt (or --document-prompt): `encode_document`.
+    #[value(alias = "passage")]
+    Document,
 }
 
 #[derive(Args, Debug)]
@@ -54,9 +55,15 @@ pub struct EmbedArgs {
     #[arg(long, default_value = "text")]
     text_field: String,
 
-    /// Which prompt goes before each text.
-    #[arg(long, value_enum, default_value = "none")]
-    prompt: Prompt,
+    /// Which prompt goes before each text. Without it (and without --prompt-name) the
+    /// model's default prompt, else none, as sentence-transformers' `encode` does.
+    #[arg(long, value_enum, conflicts_with = "prompt_name")]
+    prompt: Option<Prompt>,
+
+    /// The model's prompt of this name (config_sentence_transformers.json `prompts`), as
+    /// sentence-transformers' `encode(prompt_name=...)`.
+    #[arg(long)]
+    prompt_name: Option<String>,
 
     #[command(flatten)]
     model: ModelArgs,
@@ -136,7 +143,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     args.remote.apply(&mut config)?;
     let model_config = args.model.resolve(&config);
     let engine = if config.stages.embed.remote.enabled() {
-        if !matches!(args.prompt, Prompt::None) {
+        if args.prompt.is_some_and(|p| !matches!(p, Prompt::None)) || args.prompt_name.is_some() {
             anyhow::bail!(
                 "--prompt with a remote embedder: the service applies its model's prompts \
                  itself; leave --prompt out"
@@ -154,10 +161,16 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         eprintln!("embedding on {} ({})", device.label, device.reason);
         eprintln!("encoder: {}", model.encoder_kind());
         let batch_tokens = ragline::pipeline::batch_tokens(&model_config, device);
-        let prompt: Vec<u32> = match args.prompt {
-            Prompt::None => Vec::new(),
-            Prompt::Query => model.tokenizer.query_prompt_ids().to_vec(),
-            Prompt::Passage => model.tokenizer.passage_prompt_ids().to_vec(),
+        let named = args.prompt_name.clone().or_else(|| {
+            args.prompt
+                .is_none()
+                .then(|| model.files.default_prompt_name.clone())?
+        });
+        let prompt: Vec<u32> = match (args.prompt, named) {
+            (_, Some(name)) => model.tokenizer.prompt_ids(model.files.prompt(&name)?)?,
+            (None | Some(Prompt::None), None) => Vec::new(),
+            (Some(Prompt::Query), None) => model.tokenizer.query_prompt_ids().to_vec(),
+            (Some(Prompt::Document), None) => model.tokenizer.passage_prompt_ids().to_vec(),
         };
         Engine::Local {
             model: Box::new(model),

@@ -132,7 +132,9 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
         let spec = Searcher::model_spec(reader.as_ref()).context("the index holds no vectors")?;
         let files = pipeline::model_files(&spec)?;
         let devices = pipeline::devices(&model_config)?;
-        Some(pipeline::load_model(&files, &devices[0], &model_config)?)
+        let mut model = pipeline::load_model(&files, &devices[0], &model_config)?;
+        Searcher::fit_model(reader.as_ref(), &mut model)?;
+        Some(model)
     } else {
         None
     };

@@ -36,13 +36,20 @@ pub struct ModelArgs {
     #[arg(long)]
     pub max_wait_ms: Option<u64>,
 
-    /// Text put before each query, overriding the model's own prompt ("query: " for E5).
+    /// Text put before each query, overriding the model's own prompt ("query: " for E5); ""
+    /// for none.
     #[arg(long)]
     pub query_prompt: Option<String>,
 
-    /// Text put before each passage, overriding the model's own prompt ("passage: " for E5).
+    /// Text put before each document (passage), overriding the model's own prompt
+    /// ("passage: " for E5); "" for none.
+    #[arg(long, visible_alias = "passage-prompt")]
+    pub document_prompt: Option<String>,
+
+    /// Cut vectors to their first N dimensions, re-normalised (Matryoshka models); at most
+    /// the model's dimension. Recorded in the index's vector set.
     #[arg(long)]
-    pub passage_prompt: Option<String>,
+    pub dimensions: Option<usize>,
 }
 
 impl ModelArgs {
@@ -66,8 +73,11 @@ impl ModelArgs {
         if self.query_prompt.is_some() {
             config.query_prompt = self.query_prompt.clone();
         }
-        if self.passage_prompt.is_some() {
-            config.passage_prompt = self.passage_prompt.clone();
+        if self.document_prompt.is_some() {
+            config.passage_prompt = self.document_prompt.clone();
+        }
+        if self.dimensions.is_some() {
+            config.dimensions = self.dimensions;
         }
     }
 

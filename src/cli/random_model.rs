@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use ragline::embed::random::save_random_model;
+use ragline::embed::random::save_random_family;
 
 #[derive(Args, Debug)]
 pub struct RandomModelArgs {
@@ -23,16 +23,28 @@ pub struct RandomModelArgs {
     /// Encoder layers.
     #[arg(long, default_value_t = 2)]
     layers: usize,
+    /// The architecture: bert, xlm-roberta, distilbert or mpnet (each with its own
+    /// sentence-transformers settings: see `ragline::embed::random::save_random_family`).
+    #[arg(long, default_value = "bert")]
+    family: String,
     /// Seed of the weights.
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
 
 pub fn run(args: RandomModelArgs) -> anyhow::Result<ExitCode> {
-    save_random_model(&args.base, &args.out, args.hidden, args.layers, args.seed)
-        .with_context(|| format!("cannot write a model into {}", args.out.display()))?;
+    save_random_family(
+        &args.base,
+        &args.out,
+        &args.family,
+        args.hidden,
+        args.layers,
+        args.seed,
+    )
+    .with_context(|| format!("cannot write a model into {}", args.out.display()))?;
     println!(
-        "random BERT ({} dimensions, {} layers) written to {}",
+        "random {} ({} dimensions, {} layers) written to {}",
+        args.family,
         args.hidden,
         args.layers,
         args.out.display()

@@ -62,7 +62,9 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
         let files = pipeline::model_files(&spec)
             .with_context(|| format!("cannot find the index's model `{spec}`"))?;
         let devices = pipeline::devices(&model_config)?;
-        Some(pipeline::load_model(&files, &devices[0], &model_config)?)
+        let mut model = pipeline::load_model(&files, &devices[0], &model_config)?;
+        Searcher::fit_model(reader.as_ref(), &mut model)?;
+        Some(model)
     };
     let searcher = Searcher::new(reader, model);
     let hits = searcher.search(&args.query, args.mode, args.k)?;

@@ -25,8 +25,9 @@ enum ServePrompt {
     None,
     /// The model's query prompt (or --query-prompt).
     Query,
-    /// The model's passage prompt (or --passage-prompt).
-    Passage,
+    /// The model's document prompt (or --document-prompt).
+    #[value(alias = "passage")]
+    Document,
 }
 
 #[derive(Args, Debug)]
@@ -44,9 +45,10 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value = "truncate")]
     long_inputs: Long,
 
-    /// Which prompt goes before each input.
-    #[arg(long, value_enum, default_value = "none")]
-    prompt: ServePrompt,
+    /// Which prompt goes before each input, unless a request names one (`prompt_name`).
+    /// Without it: the model's default prompt, else none, as sentence-transformers' `encode`.
+    #[arg(long, value_enum)]
+    prompt: Option<ServePrompt>,
 
     /// Inputs per request, at most.
     #[arg(long, default_value_t = 2048)]
@@ -113,11 +115,21 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         );
     }
     let batch_tokens = ragline::pipeline::batch_tokens(&model_config, &devices[0]);
-    let prompt: Vec<u32> = match args.prompt {
-        ServePrompt::None => Vec::new(),
-        ServePrompt::Query => first.tokenizer.query_prompt_ids().to_vec(),
-        ServePrompt::Passage => first.tokenizer.passage_prompt_ids().to_vec(),
+    let prompt: Vec<u32> = match (args.prompt, &first.files.default_prompt_name) {
+        (None, Some(name)) => first.tokenizer.prompt_ids(first.files.prompt(name)?)?,
+        (None | Some(ServePrompt::None), _) => Vec::new(),
+        (Some(ServePrompt::Query), _) => first.tokenizer.query_prompt_ids().to_vec(),
+        (Some(ServePrompt::Document), _) => first.tokenizer.passage_prompt_ids().to_vec(),
     };
+    // The model's prompts by name, and the sentence-transformers aliases of the two roles.
+    let mut prompts = std::collections::BTreeMap::new();
+    for (name, text) in &first.files.prompts {
+        prompts.insert(name.clone(), first.tokenizer.prompt_ids(text)?);
+    }
+    prompts.insert("query".into(), first.tokenizer.query_prompt_ids().to_vec());
+    for name in ["document", "passage"] {
+        prompts.insert(name.into(), first.tokenizer.passage_prompt_ids().to_vec());
+    }
     let tokenizer = first.tokenizer.clone();
     let dimension = first.dimension();
     let normalized = files.normalize;
@@ -151,6 +163,7 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         batch_tokens,
         max_wait: Duration::from_millis(model_config.max_wait_ms),
         prompt,
+        prompts,
         normalized,
         api_key,
         max_concurrent_requests: args.max_concurrent_requests,

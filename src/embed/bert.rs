@@ -1,6 +1,11 @@
-//! The BERT encoder (BERT, MiniLM, BGE, E5, GTE...), written for inference speed on top of
-//! candle ops. Same weights and results as candle-transformers' `BertModel` (a test holds the
-//! two together), with what costs time on CPU removed:
+//! The BERT-like encoders (BERT, MiniLM, BGE, E5, GTE; RoBERTa and XLM-RoBERTa: bge-m3,
+//! multilingual-e5; DistilBERT; MPNet: all-mpnet-base-v2), written for inference speed on top
+//! of candle ops. The families differ only in their weights' names, where positions start
+//! (RoBERTa and MPNet count from the padding id + 1), token types, and MPNet's relative
+//! position bias; the layer is the same post-norm transformer layer. Same weights and results
+//! as candle-transformers' `BertModel` (a test holds the two together) and as transformers
+//! for the other families (tests/integration/families.rs), with what costs time on CPU
+//! removed:
 //! - Q, K and V are one matmul against a fused weight, and the 1/sqrt(head) scale is folded
 //!   into the query weights at load;
 //! - weights are stored transposed once, so each linear layer is one plain GEMM;
@@ -25,14 +30,19 @@ pub enum HiddenAct {
     Relu,
 }
 
-/// The fields of config.json that the encoder needs.
+/// The fields of config.json that the encoder needs (DistilBERT's names are aliases).
 #[derive(Clone, Debug, Deserialize)]
 pub struct BertConfig {
     pub vocab_size: usize,
+    #[serde(alias = "dim")]
     pub hidden_size: usize,
+    #[serde(alias = "n_layers")]
     pub num_hidden_layers: usize,
+    #[serde(alias = "n_heads")]
     pub num_attention_heads: usize,
+    #[serde(alias = "hidden_dim")]
     pub intermediate_size: usize,
+    #[serde(alias = "activation")]
     pub hidden_act: HiddenAct,
     pub max_position_embeddings: usize,
     #[serde(default = "default_type_vocab")]
@@ -43,6 +53,11 @@ pub struct BertConfig {
     pub model_type: Option<String>,
     #[serde(default)]
     pub position_embedding_type: Option<String>,
+    #[serde(default)]
+    pub pad_token_id: Option<u32>,
+    /// MPNet's relative position buckets.
+    #[serde(default)]
+    pub relative_attention_num_buckets: Option<usize>,
 }
 
 fn default_type_vocab() -> usize {
@@ -53,8 +68,177 @@ fn default_eps() -> f64 {
     1e-12
 }
 
-/// The model types this encoder runs.
-pub const SUPPORTED_MODEL_TYPES: &[&str] = &["bert"];
+/// A family of BERT-like encoders, from config.json's `model_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Bert,
+    /// RoBERTa and XLM-RoBERTa: BERT's layer, positions from the padding id + 1.
+    Roberta,
+    DistilBert,
+    /// MPNet: positions from the padding id + 1, a relative position bias in attention.
+    MpNet,
+}
+
+impl Family {
+    pub fn from_model_type(model_type: &str) -> Option<Family> {
+        Some(match model_type {
+            "bert" => Family::Bert,
+            "roberta" | "xlm-roberta" | "camembert" => Family::Roberta,
+            "distilbert" => Family::DistilBert,
+            "mpnet" => Family::MpNet,
+            _ => return None,
+        })
+    }
+
+    /// The prefixes its weights may carry (a task model's base, or none).
+    fn prefixes(self) -> &'static [&'static str] {
+        match self {
+            Family::Bert => &["bert", "model"],
+            Family::Roberta => &["roberta", "xlm-roberta", "model"],
+            Family::DistilBert => &["distilbert", "model"],
+            Family::MpNet => &["mpnet", "model"],
+        }
+    }
+
+    /// Where position ids start.
+    fn first_position(self, config: &BertConfig) -> usize {
+        match self {
+            Family::Roberta => config.pad_token_id.unwrap_or(1) as usize + 1,
+            // transformers' MPNet counts from a padding id of 1 whatever the config says.
+            Family::MpNet => 2,
+            Family::Bert | Family::DistilBert => 0,
+        }
+    }
+}
+
+/// The model types the BERT-like encoder runs.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "bert",
+    "camembert",
+    "distilbert",
+    "mpnet",
+    "roberta",
+    "xlm-roberta",
+];
+
+/// MPNet's bucket of a relative position (`memory - context`), as transformers computes it:
+/// exact below `buckets / 4`, logarithmic up to `max_distance`, one side per half; in f32,
+/// as torch does, so the bucket edges agree.
+pub fn relative_bucket(relative: i64, buckets: usize, max_distance: usize) -> usize {
+    let n = -relative;
+    let half = (buckets / 2) as i64;
+    let mut ret = if n < 0 { half } else { 0 };
+    let n = n.abs();
+    let max_exact = half / 2;
+    if n < max_exact {
+        ret += n;
+    } else {
+        let ratio = (n as f32 / max_exact as f32).ln()
+            / ((max_distance as f64 / max_exact as f64).ln() as f32)
+            * (half - max_exact) as f32;
+        ret += (max_exact + ratio as i64).min(half - 1);
+    }
+    ret as usize
+}
+
+/// MPNet's relative position bias: one value per head and bucket.
+pub struct RelativeBias {
+    /// [buckets, heads].
+    weight: Tensor,
+    buckets: usize,
+}
+
+impl RelativeBias {
+    /// The bucket of every (query, key) pair of a `len`-token sequence, row-major.
+    fn buckets(&self, len: usize) -> Vec<u32> {
+        let mut out = Vec::with_capacity(len * len);
+        for i in 0..len {
+            for j in 0..len {
+                out.push(relative_bucket(j as i64 - i as i64, self.buckets, 128) as u32);
+            }
+        }
+        out
+    }
+
+    /// The bias [heads, len, len] of a `len`-token sequence, in `dtype`.
+    fn for_length(&self, len: usize, dtype: DType) -> Result<Tensor> {
+        let heads = self.weight.dim(1)?;
+        let idx = Tensor::from_vec(self.buckets(len), len * len, self.weight.device())?;
+        self.weight
+            .index_select(&idx, 0)?
+            .t()?
+            .contiguous()?
+            .reshape((heads, len, len))?
+            .to_dtype(dtype)
+    }
+
+    /// Per head, the bias of every distance `j - i` from `-(max - 1)` to `max - 1`:
+    /// [heads, 2 max - 1] (the fused CPU encoder's layout).
+    fn by_distance(&self, max: usize) -> Result<Vec<Vec<f32>>> {
+        let w = self.weight.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        let heads = self.weight.dim(1)?;
+        Ok((0..heads)
+            .map(|h| {
+                (0..2 * max - 1)
+                    .map(|d| w[relative_bucket(d as i64 - (max as i64 - 1), self.buckets, 128)][h])
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+/// The names of one layer's weights in a family's checkpoints.
+struct LayerNames {
+    q: &'static str,
+    k: &'static str,
+    v: &'static str,
+    attention_out: &'static str,
+    attention_norm: &'static str,
+    intermediate: &'static str,
+    output: &'static str,
+    output_norm: &'static str,
+    layers: &'static str,
+}
+
+impl LayerNames {
+    fn of(family: Family) -> Self {
+        match family {
+            Family::Bert | Family::Roberta => LayerNames {
+                q: "attention.self.query",
+                k: "attention.self.key",
+                v: "attention.self.value",
+                attention_out: "attention.output.dense",
+                attention_norm: "attention.output.LayerNorm",
+                intermediate: "intermediate.dense",
+                output: "output.dense",
+                output_norm: "output.LayerNorm",
+                layers: "encoder.layer",
+            },
+            Family::MpNet => LayerNames {
+                q: "attention.attn.q",
+                k: "attention.attn.k",
+                v: "attention.attn.v",
+                attention_out: "attention.attn.o",
+                attention_norm: "attention.LayerNorm",
+                intermediate: "intermediate.dense",
+                output: "output.dense",
+                output_norm: "output.LayerNorm",
+                layers: "encoder.layer",
+            },
+            Family::DistilBert => LayerNames {
+                q: "attention.q_lin",
+                k: "attention.k_lin",
+                v: "attention.v_lin",
+                attention_out: "attention.out_lin",
+                attention_norm: "sa_layer_norm",
+                intermediate: "ffn.lin1",
+                output: "ffn.lin2",
+                output_norm: "output_layer_norm",
+                layers: "transformer.layer",
+            },
+        }
+    }
+}
 
 struct Linear {
     /// [in, out], contiguous.
@@ -151,6 +335,8 @@ pub struct Bert {
     hidden: usize,
     act: HiddenAct,
     max_positions: usize,
+    relative: Option<RelativeBias>,
+    family: Family,
     device: Device,
     /// The dtype of the matrix products.
     dtype: DType,
@@ -162,7 +348,21 @@ pub struct Bert {
 }
 
 impl Bert {
+    /// A BERT (the family of `config.model_type`, BERT when it names none).
     pub fn load(vb: VarBuilder, config: &BertConfig) -> Result<Self> {
+        let family = match config.model_type.as_deref() {
+            None => Family::Bert,
+            Some(t) => Family::from_model_type(t).ok_or_else(|| {
+                candle_core::Error::Msg(format!(
+                    "model_type `{t}` is not a BERT-like encoder; supported: {}",
+                    SUPPORTED_MODEL_TYPES.join(", ")
+                ))
+            })?,
+        };
+        Self::load_family(vb, config, family)
+    }
+
+    pub fn load_family(vb: VarBuilder, config: &BertConfig, family: Family) -> Result<Self> {
         let compute = vb.dtype();
         let act = if compute == DType::BF16 {
             DType::F32
@@ -171,16 +371,13 @@ impl Bert {
         };
         // Everything is read in f32 (the fused QKV weights are scaled there), then cast.
         let vb = vb.to_dtype(DType::F32);
-        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") {
-            vb.pp("bert")
-        } else if let Some(t) = config
-            .model_type
-            .as_deref()
-            .filter(|t| vb.contains_tensor(&format!("{t}.embeddings.word_embeddings.weight")))
+        let vb = match family
+            .prefixes()
+            .iter()
+            .find(|p| vb.contains_tensor(&format!("{p}.embeddings.word_embeddings.weight")))
         {
-            vb.pp(t)
-        } else {
-            vb
+            Some(p) => vb.pp(p),
+            None => vb,
         };
         let h = config.hidden_size;
         if !h.is_multiple_of(config.num_attention_heads) {
@@ -206,40 +403,63 @@ impl Bert {
             (config.max_position_embeddings, h),
             "position_embeddings.weight",
         )?;
-        let types = e.get((config.type_vocab_size, h), "token_type_embeddings.weight")?;
-        let position_type = positions.broadcast_add(&types.narrow(0, 0, 1)?)?;
+        let first = family.first_position(config);
+        if first >= config.max_position_embeddings {
+            candle_core::bail!(
+                "pad_token_id {:?} leaves no positions of {}",
+                config.pad_token_id,
+                config.max_position_embeddings
+            );
+        }
+        let positions = positions.narrow(0, first, config.max_position_embeddings - first)?;
+        let position_type = match family {
+            Family::Bert | Family::Roberta => {
+                let types = e.get((config.type_vocab_size, h), "token_type_embeddings.weight")?;
+                positions.broadcast_add(&types.narrow(0, 0, 1)?)?
+            }
+            Family::DistilBert | Family::MpNet => positions,
+        };
         let embedding_norm = LayerNorm::load(&e.pp("LayerNorm"), h, config.layer_norm_eps)?;
+        let relative = match family {
+            Family::MpNet => {
+                let buckets = config.relative_attention_num_buckets.unwrap_or(32);
+                Some(RelativeBias {
+                    weight: vb.get(
+                        (buckets, config.num_attention_heads),
+                        "encoder.relative_attention_bias.weight",
+                    )?,
+                    buckets,
+                })
+            }
+            _ => None,
+        };
 
+        let names = LayerNames::of(family);
         let scale = 1.0 / (head_size as f64).sqrt();
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
-            let l = vb.pp(format!("encoder.layer.{i}"));
-            let a = l.pp("attention.self");
-            let (q, k, v) = (a.pp("query"), a.pp("key"), a.pp("value"));
+            let l = vb.pp(format!("{}.{i}", names.layers));
+            let (q, k, v) = (l.pp(names.q), l.pp(names.k), l.pp(names.v));
             let qw = (q.get((h, h), "weight")? * scale)?;
             let qb = (q.get(h, "bias")? * scale)?;
             let weight = Tensor::cat(&[qw, k.get((h, h), "weight")?, v.get((h, h), "weight")?], 0)?;
             let bias = Tensor::cat(&[qb, k.get(h, "bias")?, v.get(h, "bias")?], 0)?;
-            let ao = l.pp("attention.output");
-            let out = l.pp("output");
             let eps = config.layer_norm_eps;
             layers.push(Layer {
                 qkv: Linear::from_parts(&weight, bias)?.cast(compute, act)?,
-                attention_out: Linear::load(&ao.pp("dense"), h, h)?.cast(compute, act)?,
-                attention_norm: LayerNorm::load(&ao.pp("LayerNorm"), h, eps)?.cast(act)?,
-                intermediate: Linear::load(
-                    &l.pp("intermediate.dense"),
-                    h,
-                    config.intermediate_size,
-                )?
-                .cast(compute, act)?,
-                output: Linear::load(&out.pp("dense"), config.intermediate_size, h)?
+                attention_out: Linear::load(&l.pp(names.attention_out), h, h)?
                     .cast(compute, act)?,
-                output_norm: LayerNorm::load(&out.pp("LayerNorm"), h, eps)?.cast(act)?,
+                attention_norm: LayerNorm::load(&l.pp(names.attention_norm), h, eps)?.cast(act)?,
+                intermediate: Linear::load(&l.pp(names.intermediate), h, config.intermediate_size)?
+                    .cast(compute, act)?,
+                output: Linear::load(&l.pp(names.output), config.intermediate_size, h)?
+                    .cast(compute, act)?,
+                output_norm: LayerNorm::load(&l.pp(names.output_norm), h, eps)?.cast(act)?,
             });
         }
         Ok(Bert {
             word_embeddings: word_embeddings.to_dtype(act)?,
+            max_positions: position_type.dim(0)?,
             position_type: position_type.to_dtype(act)?,
             embedding_norm: embedding_norm.cast(act)?,
             layers,
@@ -247,11 +467,16 @@ impl Bert {
             head_size,
             hidden: h,
             act: config.hidden_act,
-            max_positions: config.max_position_embeddings,
+            relative,
+            family,
             device: vb.device().clone(),
             dtype: compute,
             act_dtype: act,
         })
+    }
+
+    pub fn family(&self) -> Family {
+        self.family
     }
 
     /// The same encoder as a [`CpuBert`]: unpadded, fused (the fast CPU path), on the kernel
@@ -279,6 +504,10 @@ impl Bert {
                 output_norm: (&on.0, &on.1, on.2),
             })
             .collect();
+        let relative = match &self.relative {
+            Some(r) => Some(r.by_distance(self.max_positions)?),
+            None => None,
+        };
         CpuBert::new(
             &self.word_embeddings,
             &self.position_type,
@@ -290,6 +519,7 @@ impl Bert {
             weights,
             self.heads,
             act,
+            relative,
             path,
             precision,
         )
@@ -340,6 +570,14 @@ impl Bert {
         };
         let mask = mask.to_dtype(self.act_dtype)?;
         let bias = ((mask.ones_like()? - &mask)? * negative)?.reshape((b, 1, 1, len))?;
+        // MPNet: the relative position bias [1, heads, len, len] joins the mask's.
+        let bias = match &self.relative {
+            Some(r) => r
+                .for_length(len, self.act_dtype)?
+                .unsqueeze(0)?
+                .broadcast_add(&bias)?,
+            None => bias,
+        };
 
         for layer in &self.layers {
             x = self.layer(layer, &x, &bias, b, len)?;
@@ -472,6 +710,22 @@ mod tests {
             }
         }
         assert!(ran >= 1, "the portable path runs everywhere");
+    }
+
+    /// MPNet's buckets, from transformers' formula: exact below 8, logarithmic to 128 (the
+    /// last bucket from there on), the other direction in the upper half.
+    #[test]
+    fn relative_buckets_follow_transformers() {
+        let b = |rel: i64| relative_bucket(rel, 32, 128);
+        assert_eq!((b(0), b(-1), b(-7)), (0, 1, 7));
+        assert_eq!((b(1), b(7)), (17, 23));
+        // n = 8: 8 + log(1) = 8; n = 16: 8 + floor(8 log 2 / log 16) = 10.
+        assert_eq!((b(-8), b(-16), b(16)), (8, 10, 26));
+        assert_eq!((b(-127), b(-128), b(-5000), b(5000)), (15, 15, 15, 31));
+        // Monotonic in distance on each side.
+        for n in 1..600i64 {
+            assert!(b(-n) >= b(-(n - 1)) && b(n) >= b(n - 1), "at {n}");
+        }
     }
 
     /// Our encoder and candle-transformers' agree, padding included.

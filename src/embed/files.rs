@@ -34,9 +34,52 @@ pub struct ModelFiles {
     /// Longest input in tokens, special tokens included (sentence_bert_config.json, else the
     /// model's position embeddings).
     pub max_seq_length: Option<usize>,
-    /// Text prepended to queries and to passages (config_sentence_transformers.json prompts).
+    /// Text prepended to queries and to passages (config_sentence_transformers.json prompts:
+    /// `query`; `document`, else `passage`, else `corpus`, as sentence-transformers'
+    /// `encode_query` and `encode_document` pick them).
     pub query_prompt: Option<String>,
     pub passage_prompt: Option<String>,
+    /// Every prompt the model names, and the one `encode` uses when none is asked for.
+    pub prompts: std::collections::BTreeMap<String, String>,
+    pub default_prompt_name: Option<String>,
+    /// Whether pooling counts the prompt's tokens (sentence-transformers' `include_prompt`).
+    pub include_prompt: bool,
+    /// The Dense layers after pooling, in order (`2_Dense`, `3_Dense`...).
+    pub dense: Vec<DenseSpec>,
+}
+
+/// A sentence-transformers `Dense` module: `activation(x W^T + b)`.
+#[derive(Clone, Debug)]
+pub struct DenseSpec {
+    /// Its safetensors file (`linear.weight`, `linear.bias`).
+    pub weights: PathBuf,
+    pub in_features: usize,
+    pub out_features: usize,
+    pub bias: bool,
+    pub activation: DenseActivation,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseActivation {
+    Identity,
+    Tanh,
+    Relu,
+    Sigmoid,
+    Gelu,
+}
+
+#[derive(Deserialize)]
+struct DenseConfig {
+    in_features: usize,
+    out_features: usize,
+    #[serde(default = "yes")]
+    bias: bool,
+    #[serde(default)]
+    activation_function: Option<String>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -49,6 +92,11 @@ struct ModuleEntry {
 
 #[derive(Deserialize)]
 struct PoolingConfig {
+    /// The layout sentence-transformers 5-6 writes: one mode by name.
+    #[serde(default)]
+    pooling_mode: Option<String>,
+    #[serde(default = "yes")]
+    include_prompt: bool,
     #[serde(default)]
     pooling_mode_cls_token: bool,
     #[serde(default)]
@@ -69,7 +117,9 @@ struct SentenceBertConfig {
 #[derive(Deserialize)]
 struct StConfig {
     #[serde(default)]
-    prompts: std::collections::HashMap<String, String>,
+    prompts: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    default_prompt_name: Option<String>,
 }
 
 impl ModelFiles {
@@ -132,22 +182,33 @@ impl ModelFiles {
         // modules.json lists the sentence-transformers pipeline; without it, a plain
         // transformers model gets mean pooling, as sentence-transformers itself does.
         let mut pooling = Pooling::Mean;
+        let mut include_prompt = true;
         let mut normalize = false;
+        let mut dense = Vec::new();
         let modules_path = dir.join("modules.json");
         if modules_path.is_file() {
             let modules: Vec<ModuleEntry> = read_json(&modules_path)?;
             for module in &modules {
                 let kind = module.kind.rsplit('.').next().unwrap_or("");
+                if normalize && kind != "Normalize" {
+                    return Err(EmbedError::Unsupported(format!(
+                        "{}: module `{kind}` after Normalize is not supported; Normalize must \
+                         come last",
+                        modules_path.display()
+                    )));
+                }
+                let folder = dir.join(&module.path);
                 match kind {
                     "Transformer" => {}
                     "Pooling" => {
-                        pooling = read_pooling(&dir.join(&module.path).join("config.json"))?
+                        (pooling, include_prompt) = read_pooling(&folder.join("config.json"))?
                     }
+                    "Dense" => dense.push(read_dense(&folder)?),
                     "Normalize" => normalize = true,
                     other => {
                         return Err(EmbedError::Unsupported(format!(
                             "{}: module `{other}` is not supported; supported: Transformer, \
-                             Pooling, Normalize",
+                             Pooling, Dense, Normalize",
                             modules_path.display()
                         )))
                     }
@@ -159,16 +220,28 @@ impl ModelFiles {
             _ => None,
         };
         let (mut query_prompt, mut passage_prompt) = (None, None);
+        let (mut prompts, mut default_prompt_name) = (Default::default(), None);
         let st_config = dir.join("config_sentence_transformers.json");
         if st_config.is_file() {
             let st: StConfig = read_json(&st_config)?;
-            query_prompt = st.prompts.get("query").filter(|p| !p.is_empty()).cloned();
-            passage_prompt = st
-                .prompts
-                .get("passage")
-                .or_else(|| st.prompts.get("document"))
-                .filter(|p| !p.is_empty())
-                .cloned();
+            let named = |name: &str| st.prompts.get(name).filter(|p| !p.is_empty()).cloned();
+            query_prompt = named("query");
+            passage_prompt = ["document", "passage", "corpus"]
+                .iter()
+                .find_map(|n| named(n));
+            if let Some(d) = &st.default_prompt_name {
+                if !st.prompts.contains_key(d) {
+                    return Err(EmbedError::ModelFile {
+                        path: st_config,
+                        reason: format!(
+                            "default_prompt_name `{d}` is not one of its prompts ({})",
+                            st.prompts.keys().cloned().collect::<Vec<_>>().join(", ")
+                        ),
+                    });
+                }
+            }
+            default_prompt_name = st.default_prompt_name;
+            prompts = st.prompts;
         }
         Ok(ModelFiles {
             name: name.to_string(),
@@ -181,6 +254,25 @@ impl ModelFiles {
             max_seq_length,
             query_prompt,
             passage_prompt,
+            prompts,
+            default_prompt_name,
+            include_prompt,
+            dense,
+        })
+    }
+
+    /// The text of the prompt called `name`, or an error naming the model's prompts.
+    pub fn prompt(&self, name: &str) -> Result<&str, EmbedError> {
+        self.prompts.get(name).map(String::as_str).ok_or_else(|| {
+            EmbedError::Unsupported(format!(
+                "model `{}` has no prompt called `{name}`; its prompts: {}",
+                self.name,
+                if self.prompts.is_empty() {
+                    "none".to_string()
+                } else {
+                    self.prompts.keys().cloned().collect::<Vec<_>>().join(", ")
+                }
+            ))
         })
     }
 }
@@ -206,8 +298,26 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, EmbedError>
     })
 }
 
-fn read_pooling(path: &Path) -> Result<Pooling, EmbedError> {
+/// The pooling mode and whether it counts the prompt, in either layout of 1_Pooling/config.json.
+fn read_pooling(path: &Path) -> Result<(Pooling, bool), EmbedError> {
     let c: PoolingConfig = read_json(path)?;
+    if let Some(mode) = &c.pooling_mode {
+        let pooling = match mode.as_str() {
+            "mean" => Pooling::Mean,
+            "cls" => Pooling::Cls,
+            "max" => Pooling::Max,
+            "lasttoken" => Pooling::LastToken,
+            "mean_sqrt_len_tokens" => Pooling::MeanSqrtLen,
+            other => {
+                return Err(EmbedError::Unsupported(format!(
+                    "{}: pooling_mode `{other}` is not supported; supported: mean, cls, max, \
+                     lasttoken, mean_sqrt_len_tokens",
+                    path.display()
+                )))
+            }
+        };
+        return Ok((pooling, c.include_prompt));
+    }
     let modes = [
         (c.pooling_mode_mean_tokens, Pooling::Mean),
         (c.pooling_mode_cls_token, Pooling::Cls),
@@ -217,7 +327,7 @@ fn read_pooling(path: &Path) -> Result<Pooling, EmbedError> {
     ];
     let on: Vec<Pooling> = modes.iter().filter(|m| m.0).map(|m| m.1).collect();
     match on.as_slice() {
-        [one] => Ok(*one),
+        [one] => Ok((*one, c.include_prompt)),
         [] => Err(EmbedError::Unsupported(format!(
             "{}: no pooling mode is enabled",
             path.display()
@@ -227,6 +337,46 @@ fn read_pooling(path: &Path) -> Result<Pooling, EmbedError> {
             path.display()
         ))),
     }
+}
+
+/// A Dense module's folder: config.json and model.safetensors.
+fn read_dense(folder: &Path) -> Result<DenseSpec, EmbedError> {
+    let c: DenseConfig = read_json(&folder.join("config.json"))?;
+    let weights = folder.join("model.safetensors");
+    if !weights.is_file() {
+        return Err(EmbedError::ModelFile {
+            path: weights,
+            reason: if folder.join("pytorch_model.bin").is_file() {
+                "missing: only pytorch_model.bin is there, and ragline reads safetensors; \
+                 convert it (e.g. with the safetensors `convert` script)"
+                    .into()
+            } else {
+                "missing".into()
+            },
+        });
+    }
+    let name = c.activation_function.unwrap_or_default();
+    let activation = match name.rsplit('.').next().unwrap_or("") {
+        "" | "Identity" => DenseActivation::Identity,
+        "Tanh" => DenseActivation::Tanh,
+        "ReLU" => DenseActivation::Relu,
+        "Sigmoid" => DenseActivation::Sigmoid,
+        "GELU" => DenseActivation::Gelu,
+        other => {
+            return Err(EmbedError::Unsupported(format!(
+                "{}: activation `{other}` is not supported; supported: Identity, Tanh, ReLU, \
+                 Sigmoid, GELU",
+                folder.join("config.json").display()
+            )))
+        }
+    };
+    Ok(DenseSpec {
+        weights,
+        in_features: c.in_features,
+        out_features: c.out_features,
+        bias: c.bias,
+        activation,
+    })
 }
 
 /// The local snapshot folder of a hub model: from the cache when offline (HF_HUB_OFFLINE=1)
@@ -240,12 +390,20 @@ fn hub_snapshot(id: &str) -> Result<PathBuf, EmbedError> {
         "sentence_bert_config.json",
         "config_sentence_transformers.json",
         "1_Pooling/config.json",
+        "2_Dense/config.json",
+        "2_Dense/model.safetensors",
+        "3_Dense/config.json",
+        "3_Dense/model.safetensors",
     ];
     const OPTIONAL: &[&str] = &[
         "modules.json",
         "sentence_bert_config.json",
         "config_sentence_transformers.json",
         "1_Pooling/config.json",
+        "2_Dense/config.json",
+        "2_Dense/model.safetensors",
+        "3_Dense/config.json",
+        "3_Dense/model.safetensors",
     ];
     let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1" || v == "true");
     let cache = hf_hub::Cache::from_env();
@@ -370,12 +528,115 @@ mod tests {
             ("model.safetensors", ""),
             (
                 "modules.json",
-                r#"[{"path":"2_Dense","type":"sentence_transformers.models.Dense"}]"#,
+                r#"[{"path":"2_Lstm","type":"sentence_transformers.models.LSTM"}]"#,
             ),
         ]);
         let err = ModelFiles::from_dir("m", dir.path())
             .unwrap_err()
             .to_string();
-        assert!(err.contains("module `Dense` is not supported"), "{err}");
+        assert!(err.contains("module `LSTM` is not supported"), "{err}");
+    }
+
+    /// The layout sentence-transformers 5-6 writes: module types under
+    /// `sentence_transformers.base.modules`, `pooling_mode` by name with `include_prompt`,
+    /// `embedding_dimension`; prompts with a default; a Dense layer read with its activation.
+    #[test]
+    fn reads_the_new_layout_dense_layers_and_named_prompts() {
+        let dir = folder(&[
+            ("config.json", "{}"),
+            ("tokenizer.json", "{}"),
+            ("model.safetensors", ""),
+            (
+                "modules.json",
+                r#"[{"path":"","type":"sentence_transformers.base.modules.Transformer"},
+                    {"path":"1_Pooling","type":"sentence_transformers.base.modules.Pooling"},
+                    {"path":"2_Dense","type":"sentence_transformers.base.modules.Dense"},
+                    {"path":"3_Normalize","type":"sentence_transformers.base.modules.Normalize"}]"#,
+            ),
+            (
+                "1_Pooling/config.json",
+                r#"{"embedding_dimension": 8, "pooling_mode": "lasttoken", "include_prompt": false}"#,
+            ),
+            (
+                "2_Dense/config.json",
+                r#"{"in_features": 8, "out_features": 4, "bias": false,
+                    "activation_function": "torch.nn.modules.activation.Tanh"}"#,
+            ),
+            ("2_Dense/model.safetensors", ""),
+            (
+                "config_sentence_transformers.json",
+                r#"{"prompts": {"query": "q: ", "corpus": "c: ", "passage": "p: ", "clf": "k: "},
+                    "default_prompt_name": "clf"}"#,
+            ),
+        ]);
+        let f = ModelFiles::from_dir("m", dir.path()).unwrap();
+        assert_eq!(f.pooling, Pooling::LastToken);
+        assert!(!f.include_prompt);
+        assert!(f.normalize);
+        assert_eq!(f.dense.len(), 1);
+        assert_eq!((f.dense[0].in_features, f.dense[0].out_features), (8, 4));
+        assert!(!f.dense[0].bias);
+        assert_eq!(f.dense[0].activation, DenseActivation::Tanh);
+        // sentence-transformers' encode_document order: document, passage, corpus.
+        assert_eq!(f.passage_prompt.as_deref(), Some("p: "));
+        assert_eq!(f.query_prompt.as_deref(), Some("q: "));
+        assert_eq!(f.default_prompt_name.as_deref(), Some("clf"));
+        assert_eq!(f.prompt("clf").unwrap(), "k: ");
+        let err = f.prompt("nope").unwrap_err().to_string();
+        assert!(
+            err.contains("no prompt called `nope`") && err.contains("clf"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_dense_layer_without_safetensors_or_after_normalize_is_refused() {
+        let base = [
+            ("config.json", "{}"),
+            ("tokenizer.json", "{}"),
+            ("model.safetensors", ""),
+            (
+                "2_Dense/config.json",
+                r#"{"in_features": 8, "out_features": 4}"#,
+            ),
+        ];
+        let mut files = base.to_vec();
+        files.push((
+            "modules.json",
+            r#"[{"path":"2_Dense","type":"sentence_transformers.models.Dense"}]"#,
+        ));
+        files.push(("2_Dense/pytorch_model.bin", ""));
+        let dir = folder(&files);
+        let err = ModelFiles::from_dir("m", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("2_Dense/model.safetensors") && err.contains("pytorch_model.bin"),
+            "{err}"
+        );
+        let mut files = base.to_vec();
+        files.push((
+            "modules.json",
+            r#"[{"path":"3_Normalize","type":"sentence_transformers.models.Normalize"},
+                {"path":"2_Dense","type":"sentence_transformers.models.Dense"}]"#,
+        ));
+        let dir = folder(&files);
+        let err = ModelFiles::from_dir("m", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("Normalize must come last"), "{err}");
+        let dir = folder(&[
+            ("config.json", "{}"),
+            ("tokenizer.json", "{}"),
+            ("model.safetensors", ""),
+            (
+                "config_sentence_transformers.json",
+                r#"{"prompts": {"query": "q: "}, "default_prompt_name": "missing"}"#,
+            ),
+        ]);
+        let err = ModelFiles::from_dir("m", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("default_prompt_name `missing`"), "{err}");
     }
 }

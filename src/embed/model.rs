@@ -3,11 +3,11 @@
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::VarBuilder;
 
-use super::bert::{Bert, BertConfig, SUPPORTED_MODEL_TYPES};
+use super::bert::{Bert, BertConfig, Family, SUPPORTED_MODEL_TYPES};
 use super::cpu::kernels::{KernelPath, Precision};
 use super::cpu::CpuBert;
 use super::device::DTypeChoice;
-use super::files::{ModelFiles, Pooling};
+use super::files::{DenseActivation, DenseSpec, ModelFiles, Pooling};
 use super::tokenizer::TextTokenizer;
 use super::EmbedError;
 
@@ -26,12 +26,125 @@ enum Encoder {
 pub struct EmbeddingModel {
     pub files: ModelFiles,
     encoder: Encoder,
-    dimension: usize,
+    /// The encoder's hidden size (what pooling gives).
+    hidden: usize,
     pub tokenizer: TextTokenizer,
     pooling: Pooling,
-    normalize: bool,
+    head: Head,
+    family: Family,
     device: Device,
     dtype: DType,
+}
+
+/// What runs after pooling, as sentence-transformers runs it: the Dense layers, then the
+/// Matryoshka truncation (`--dimensions`), then normalisation (of the truncated vector, so a
+/// normalising model's short vectors are unit vectors again).
+struct Head {
+    dense: Vec<Dense>,
+    truncate: Option<usize>,
+    normalize: bool,
+}
+
+/// A Dense module on the CPU (pooled vectors are few and small).
+struct Dense {
+    /// [in, out].
+    weight_t: Tensor,
+    bias: Option<Tensor>,
+    activation: DenseActivation,
+}
+
+impl Dense {
+    fn load(spec: &DenseSpec) -> Result<Self, EmbedError> {
+        let bad = |reason: String| EmbedError::ModelFile {
+            path: spec.weights.clone(),
+            reason,
+        };
+        let tensors = candle_core::safetensors::load(&spec.weights, &Device::Cpu)
+            .map_err(|e| bad(e.to_string()))?;
+        let get = |name: &str, shape: &[usize]| -> Result<Tensor, EmbedError> {
+            let t = tensors
+                .get(name)
+                .ok_or_else(|| bad(format!("has no tensor `{name}`")))?;
+            if t.dims() != shape {
+                return Err(bad(format!(
+                    "`{name}` is {:?}, config.json says {shape:?}",
+                    t.dims()
+                )));
+            }
+            Ok(t.to_dtype(DType::F32)?)
+        };
+        let weight = get("linear.weight", &[spec.out_features, spec.in_features])?;
+        let bias = if spec.bias {
+            Some(get("linear.bias", &[spec.out_features])?)
+        } else {
+            None
+        };
+        Ok(Dense {
+            weight_t: weight.t()?.contiguous()?,
+            bias,
+            activation: spec.activation,
+        })
+    }
+
+    fn outputs(&self) -> usize {
+        self.weight_t.dims()[1]
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = x.matmul(&self.weight_t)?;
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        match self.activation {
+            DenseActivation::Identity => Ok(y),
+            DenseActivation::Tanh => y.tanh(),
+            DenseActivation::Relu => y.relu(),
+            DenseActivation::Sigmoid => candle_nn::ops::sigmoid(&y),
+            DenseActivation::Gelu => y.gelu_erf(),
+        }
+    }
+}
+
+impl Head {
+    fn load(files: &ModelFiles) -> Result<Self, EmbedError> {
+        Ok(Head {
+            dense: files
+                .dense
+                .iter()
+                .map(Dense::load)
+                .collect::<Result<_, _>>()?,
+            truncate: None,
+            normalize: files.normalize,
+        })
+    }
+
+    /// The dimension before truncation, from pooled vectors of `hidden`.
+    fn full_dimension(&self, hidden: usize) -> usize {
+        self.dense.last().map_or(hidden, Dense::outputs)
+    }
+
+    fn apply(&self, pooled: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let mut rows = pooled;
+        if !self.dense.is_empty() && !rows.is_empty() {
+            let (n, d) = (rows.len(), rows[0].len());
+            let mut x = Tensor::from_vec(rows.concat(), (n, d), &Device::Cpu)?;
+            for layer in &self.dense {
+                x = layer.forward(&x)?;
+            }
+            rows = x.to_vec2::<f32>()?;
+        }
+        for v in &mut rows {
+            if let Some(t) = self.truncate {
+                v.truncate(t);
+            }
+            if self.normalize {
+                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+                v.iter_mut().for_each(|x| *x /= norm);
+            }
+        }
+        Ok(rows)
+    }
 }
 
 impl EmbeddingModel {
@@ -117,19 +230,32 @@ impl EmbeddingModel {
         })?;
         let max_len = files
             .max_seq_length
-            .unwrap_or(config.max_position_embeddings)
-            .min(config.max_position_embeddings);
+            .unwrap_or(bert.max_positions())
+            .min(bert.max_positions());
         let tokenizer = TextTokenizer::load(files, max_len)?;
-        let dimension = bert.hidden_size();
+        let hidden = bert.hidden_size();
+        let head = Head::load(files)?;
+        if let Some(first) = files.dense.first() {
+            if first.in_features != hidden {
+                return Err(EmbedError::ModelFile {
+                    path: first.weights.clone(),
+                    reason: format!(
+                        "the Dense layer takes {} inputs, the model gives {hidden}",
+                        first.in_features
+                    ),
+                });
+            }
+        }
         Ok(EmbeddingModel {
             files: files.clone(),
-            encoder: Encoder::Candle(bert),
-            dimension,
+            hidden,
             tokenizer,
             pooling: files.pooling,
-            normalize: files.normalize,
+            head,
+            family: bert.family(),
             device: device.clone(),
             dtype,
+            encoder: Encoder::Candle(bert),
         })
     }
 
@@ -141,18 +267,55 @@ impl EmbeddingModel {
     ) -> Result<Self, EmbedError> {
         Ok(EmbeddingModel {
             pooling: files.pooling,
-            normalize: files.normalize,
+            head: Head::load(&files)?,
+            family: bert.family(),
             device: bert.device().clone(),
             dtype: bert.dtype(),
-            dimension: bert.hidden_size(),
+            hidden: bert.hidden_size(),
             encoder: encoder(bert)?,
             files,
             tokenizer,
         })
     }
 
+    /// The vectors' dimension: the model's, or the `--dimensions` it was cut to.
     pub fn dimension(&self) -> usize {
-        self.dimension
+        self.head
+            .truncate
+            .unwrap_or_else(|| self.head.full_dimension(self.hidden))
+    }
+
+    /// The model's own dimension (before any `--dimensions`).
+    pub fn full_dimension(&self) -> usize {
+        self.head.full_dimension(self.hidden)
+    }
+
+    /// Cut vectors to their first `n` dimensions (Matryoshka models), re-normalised when the
+    /// model normalises; `None` keeps them whole. More than the model has is refused.
+    pub fn set_dimensions(&mut self, n: Option<usize>) -> Result<(), EmbedError> {
+        let full = self.full_dimension();
+        match n {
+            Some(0) => Err(EmbedError::Unsupported(
+                "--dimensions 0: a vector needs at least one dimension".into(),
+            )),
+            Some(n) if n > full => Err(EmbedError::Unsupported(format!(
+                "--dimensions {n} is more than model `{}` has ({full})",
+                self.files.name
+            ))),
+            Some(n) if n == full => {
+                self.head.truncate = None;
+                Ok(())
+            }
+            n => {
+                self.head.truncate = n;
+                Ok(())
+            }
+        }
+    }
+
+    /// The encoder family.
+    pub fn family(&self) -> Family {
+        self.family
     }
 
     /// Whether the encoder computes padding: batches are rectangles (candle) or not (the
@@ -248,13 +411,32 @@ impl EmbeddingModel {
             format!(
                 "|{:?}|{}|{}|{:?}|{:?}",
                 self.pooling,
-                self.normalize,
+                self.head.normalize,
                 self.tokenizer.max_len(),
                 self.tokenizer.passage_prompt_ids(),
                 self.tokenizer.query_prompt_ids(),
             )
             .as_bytes(),
         );
+        // What the first models had none of is hashed only when present, so their
+        // fingerprints (and the indexes that record them) stay as they were.
+        for d in &self.files.dense {
+            let mut f = std::fs::File::open(&d.weights).map_err(|e| EmbedError::ModelFile {
+                path: d.weights.clone(),
+                reason: e.to_string(),
+            })?;
+            h.update(format!("|dense:{:?}", d.activation).as_bytes());
+            std::io::copy(&mut f, &mut h).map_err(|e| EmbedError::ModelFile {
+                path: d.weights.clone(),
+                reason: e.to_string(),
+            })?;
+        }
+        if let Some(t) = self.head.truncate {
+            h.update(format!("|dimensions:{t}").as_bytes());
+        }
+        if !self.files.include_prompt {
+            h.update(b"|prompt excluded from pooling");
+        }
         Ok(h.finalize().to_hex()[..16].to_string())
     }
 
@@ -320,19 +502,35 @@ impl EmbeddingModel {
         let mask =
             Tensor::from_vec(mask, (b, len), &self.device)?.to_dtype(bert.activation_dtype())?;
         let hidden = bert.forward(&ids, &mask)?;
-        let pooled = pool(&hidden, &mask, &lengths, self.pooling)?;
-        let pooled = pooled.to_dtype(DType::F32)?;
-        let pooled = if self.normalize {
-            let norm = pooled
-                .sqr()?
-                .sum_keepdim(1)?
-                .sqrt()?
-                .clamp(1e-12, f64::MAX)?;
-            pooled.broadcast_div(&norm)?
+        // Pooling leaves out the prompt where the model says so (sentence-transformers'
+        // include_prompt = false): its tokens are masked for mean and max.
+        let skip = self.pool_skip(prefix.len());
+        let pool_mask = if skip > 0 {
+            let mut m = vec![0f32; b * len];
+            for (row, &n) in lengths.iter().enumerate() {
+                m[row * len + skip.min(n)..row * len + n].fill(1.0);
+            }
+            Tensor::from_vec(m, (b, len), &self.device)?
         } else {
-            pooled
+            mask
         };
-        Ok(pooled.to_vec2::<f32>()?)
+        let pooled = pool(&hidden, &pool_mask, &lengths, self.pooling)?;
+        let pooled = pooled.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        self.head.apply(pooled)
+    }
+
+    /// Leading tokens that pooling leaves out: the specials and the prompt, when the model's
+    /// pooling excludes the prompt (for mean and max; CLS and last-token pick one token).
+    fn pool_skip(&self, prefix: usize) -> usize {
+        let masked = matches!(
+            self.pooling,
+            Pooling::Mean | Pooling::Max | Pooling::MeanSqrtLen
+        );
+        if self.files.include_prompt || !masked {
+            0
+        } else {
+            prefix
+        }
     }
 }
 
@@ -347,20 +545,21 @@ impl EmbeddingModel {
         let full: Vec<Vec<u32>> = seqs.iter().map(|s| [prefix, s, suffix].concat()).collect();
         let refs: Vec<&[u32]> = full.iter().map(Vec::as_slice).collect();
         let hidden = cpu.forward(&refs)?;
-        let h = self.dimension;
+        let h = self.hidden;
+        let skip = self.pool_skip(prefix.len());
         let mut row = 0;
-        let mut out = Vec::with_capacity(seqs.len());
+        let mut pooled = Vec::with_capacity(seqs.len());
         for s in &full {
             let rows = &hidden[row * h..(row + s.len()) * h];
             row += s.len();
-            let mut v = pool_rows(rows, h, self.pooling);
-            if self.normalize {
-                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-                v.iter_mut().for_each(|x| *x /= norm);
-            }
-            out.push(v);
+            let rows = if skip > 0 && skip < s.len() {
+                &rows[skip * h..]
+            } else {
+                rows
+            };
+            pooled.push(pool_rows(rows, h, self.pooling));
         }
-        Ok(out)
+        self.head.apply(pooled)
     }
 }
 
@@ -455,7 +654,7 @@ mod tests {
     fn an_unsupported_architecture_names_the_model_type_and_what_is_supported() {
         let dir = tempfile::tempdir().unwrap();
         for (name, body) in [
-            ("config.json", r#"{"model_type": "xlm-roberta"}"#),
+            ("config.json", r#"{"model_type": "gpt2"}"#),
             ("tokenizer.json", "{}"),
             ("model.safetensors", ""),
         ] {
@@ -467,8 +666,9 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(
-            err.contains("model_type `xlm-roberta` is not supported")
-                && err.contains("supported: bert"),
+            err.contains("model_type `gpt2` is not supported")
+                && err.contains("supported: bert")
+                && err.contains("xlm-roberta"),
             "{err}"
         );
     }

@@ -46,12 +46,25 @@ impl TextTokenizer {
     pub fn load(files: &ModelFiles, max_len: usize) -> Result<Self, EmbedError> {
         let mut t = TextTokenizer::from_file(&files.tokenizer, max_len)?;
         if let Some(p) = &files.query_prompt {
-            t.query_prompt = t.content_ids(p)?;
+            t.query_prompt = t.prompt_ids(p)?;
         }
         if let Some(p) = &files.passage_prompt {
-            t.passage_prompt = t.content_ids(p)?;
+            t.passage_prompt = t.prompt_ids(p)?;
         }
         Ok(t)
+    }
+
+    /// The ids a prompt contributes when sentence-transformers tokenizes `prompt + text`: the
+    /// ids of `prompt + "x"` before those of "x" (a SentencePiece tokenizer makes the prompt's
+    /// trailing space part of the next word, so the prompt alone would end in a stray "▁"),
+    /// else the prompt's own ids.
+    pub fn prompt_ids(&self, prompt: &str) -> Result<Vec<u32>, EmbedError> {
+        let probe = self.content_ids("x")?;
+        let joined = self.content_ids(&format!("{prompt}x"))?;
+        if !probe.is_empty() && joined.ends_with(&probe) {
+            return Ok(joined[..joined.len() - probe.len()].to_vec());
+        }
+        self.content_ids(prompt)
     }
 
     pub fn from_file(path: &Path, max_len: usize) -> Result<Self, EmbedError> {
@@ -151,10 +164,10 @@ impl TextTokenizer {
         passage: Option<&str>,
     ) -> Result<(), EmbedError> {
         if let Some(q) = query {
-            self.query_prompt = self.content_ids(q)?;
+            self.query_prompt = self.prompt_ids(q)?;
         }
         if let Some(p) = passage {
-            self.passage_prompt = self.content_ids(p)?;
+            self.passage_prompt = self.prompt_ids(p)?;
         }
         Ok(())
     }

@@ -141,8 +141,11 @@ pub struct ModelConfig {
     pub max_wait_ms: u64,
     /// Text put before each query, overriding the model's own prompt.
     pub query_prompt: Option<String>,
-    /// Text put before each passage, overriding the model's own prompt.
+    /// Text put before each passage (document), overriding the model's own prompt.
+    #[serde(alias = "document_prompt")]
     pub passage_prompt: Option<String>,
+    /// Vectors cut to their first N dimensions and re-normalised (Matryoshka models).
+    pub dimensions: Option<usize>,
 }
 
 impl Default for ModelConfig {
@@ -155,6 +158,7 @@ impl Default for ModelConfig {
             max_wait_ms: 50,
             query_prompt: None,
             passage_prompt: None,
+            dimensions: None,
         }
     }
 }

@@ -102,6 +102,8 @@ pub fn load_model(
         model.query_prompt.as_deref(),
         model.passage_prompt.as_deref(),
     )?;
+    m.set_dimensions(model.dimensions)
+        .map_err(|e| PipelineError::Setup(e.to_string()))?;
     Ok(m)
 }
 

@@ -94,6 +94,22 @@ impl Searcher {
         }
     }
 
+    /// Cut `model`'s vectors to the index's dimension when the index was built with
+    /// `--dimensions` (its vector set records the cut; the query must be cut the same way).
+    pub fn fit_model(
+        reader: &dyn IndexReader,
+        model: &mut crate::embed::EmbeddingModel,
+    ) -> Result<(), crate::embed::EmbedError> {
+        match reader.meta().dimension {
+            Some(d)
+                if d < model.full_dimension() && model.dimension() == model.full_dimension() =>
+            {
+                model.set_dimensions(Some(d))
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub fn reader(&self) -> &dyn IndexReader {
         self.reader.as_ref()
     }

@@ -1,7 +1,7 @@
 //! `ragline serve`: the embedder pool as an HTTP server.
 //!
 //! - `POST /v1/embeddings`: OpenAI's embeddings API (`input` a string or a list of strings,
-//!   `encoding_format` float or base64, `dimensions` refused unless it is the model's own);
+//!   `encoding_format` float or base64, `dimensions` cuts and re-normalises, `prompt_name` picks a model prompt);
 //! - `POST /embed`: TEI's (`inputs` a string or a list, `truncate`, `normalize`);
 //! - `GET /health`, `GET /metrics` (Prometheus).
 //!
@@ -71,6 +71,9 @@ pub struct ServeOptions {
     pub max_wait: Duration,
     /// Ids put before every input (the model's passage or query prompt, or none).
     pub prompt: Vec<u32>,
+    /// The model's prompts by name (sentence-transformers' names: `query`, `document`, ...),
+    /// for a request's `prompt_name`.
+    pub prompts: std::collections::BTreeMap<String, Vec<u32>>,
     /// The model normalises its vectors (TEI's `normalize: false` cannot be honoured then).
     pub normalized: bool,
     /// Every route but `/health` needs `Authorization: Bearer <this>`.
@@ -464,6 +467,7 @@ struct Request {
     dimensions: Option<usize>,
     truncate: Option<bool>,
     normalize: Option<bool>,
+    prompt_name: Option<String>,
 }
 
 /// The fuzz target's view of a request body: parsed in both shapes.
@@ -527,6 +531,7 @@ impl<'de> serde::de::Visitor<'de> for RequestSeed {
                 "dimensions" => r.dimensions = map.next_value()?,
                 "truncate" => r.truncate = map.next_value()?,
                 "normalize" => r.normalize = map.next_value()?,
+                "prompt_name" => r.prompt_name = map.next_value()?,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -684,11 +689,56 @@ impl TextSeed {
 }
 
 /// Tokenize (on the server's pool), queue, wait for the vectors. Returns them with the tokens.
+/// The prompt a request asks for by `prompt_name`, else the server's.
+fn request_prompt(app: &App, name: Option<&str>) -> Result<Vec<u32>, ApiError> {
+    match name {
+        None => Ok(app.options.prompt.clone()),
+        Some(n) => app.options.prompts.get(n).cloned().ok_or_else(|| {
+            ApiError::bad(format!(
+                "`prompt_name` `{n}` is not one of the model's prompts ({})",
+                if app.options.prompts.is_empty() {
+                    "it has none".to_string()
+                } else {
+                    app.options
+                        .prompts
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ))
+        }),
+    }
+}
+
+/// Cut vectors to `dimensions` (re-normalised when the model normalises); more than the
+/// model makes is refused.
+fn cut(app: &App, vectors: &mut [Vec<f32>], dimensions: Option<usize>) -> Result<(), ApiError> {
+    let Some(d) = dimensions else {
+        return Ok(());
+    };
+    if d == 0 || d > app.dimension {
+        return Err(ApiError::bad(format!(
+            "`dimensions` = {d}: this model makes {}-dimensional vectors; ask for 1 to {}",
+            app.dimension, app.dimension
+        )));
+    }
+    for v in vectors {
+        v.truncate(d);
+        if app.options.normalized {
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+    }
+    Ok(())
+}
+
 async fn embed(
     app: &Arc<App>,
     endpoint: &'static str,
     texts: Vec<String>,
     truncate: bool,
+    prompt: Vec<u32>,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     if app.stopping.load(Ordering::Relaxed) {
         app.metrics.error("shutting_down");
@@ -701,10 +751,11 @@ async fn embed(
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let app2 = Arc::clone(app);
+    let prompt2 = prompt.clone();
     app.tokenize_pool.spawn(move || {
         // A panic in the tokenizer fails this request, never the server.
         let tokenized = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            tokenize(&app2, &texts, truncate)
+            tokenize(&app2, &texts, truncate, &prompt2)
         }));
         let _ = tx.send(tokenized.unwrap_or_else(|panic| {
             Err(ApiError {
@@ -721,18 +772,19 @@ async fn embed(
     let ids = rx
         .await
         .map_err(|_| ApiError::bad("tokenization failed"))??;
-    let tokens: usize = ids
-        .iter()
-        .map(|i| i.len() + app.options.prompt.len() + 2)
-        .sum();
-    queue_and_wait(app, endpoint, ids, tokens).await
+    let tokens: usize = ids.iter().map(|i| i.len() + prompt.len() + 2).sum();
+    queue_and_wait(app, endpoint, ids, tokens, prompt).await
 }
 
 /// Each text's ids, truncated or refused (413) when over the model's limit.
-fn tokenize(app: &App, texts: &[String], truncate: bool) -> Result<Vec<Vec<u32>>, ApiError> {
+fn tokenize(
+    app: &App,
+    texts: &[String],
+    truncate: bool,
+    prompt: &[u32],
+) -> Result<Vec<Vec<u32>>, ApiError> {
     #[cfg(feature = "failpoints")]
     fail::fail_point!("serve-tokenize");
-    let prompt = &app.options.prompt;
     let room = app.tokenizer.max_content_len().saturating_sub(prompt.len());
     texts
         .iter()
@@ -772,11 +824,12 @@ async fn queue_and_wait(
     endpoint: &'static str,
     ids: Vec<Vec<u32>>,
     tokens: usize,
+    prompt: Vec<u32>,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let (reply, answer) = tokio::sync::oneshot::channel();
     let job = Job {
         inputs: ids,
-        prompt: app.options.prompt.clone(),
+        prompt,
         enqueued: Instant::now(),
         reply,
     };
@@ -903,18 +956,12 @@ async fn openai_embeddings(State(app): State<Arc<App>>, body: axum::body::Bytes)
                 )))
             }
         };
-        if let Some(d) = req.dimensions {
-            if d != app2.dimension {
-                return Err(ApiError::bad(format!(
-                    "`dimensions` = {d}: this model makes {}-dimensional vectors and cannot be \
-                     shortened (it was not trained for it); leave `dimensions` out",
-                    app2.dimension
-                )));
-            }
-        }
+        let prompt = request_prompt(&app2, req.prompt_name.as_deref())?;
+        cut(&app2, &mut [], req.dimensions)?;
         let texts = req.texts;
         let truncate = app2.options.long_inputs == LongInputs::Truncate;
-        let (vectors, tokens) = embed(&app2, "/v1/embeddings", texts, truncate).await?;
+        let (mut vectors, tokens) = embed(&app2, "/v1/embeddings", texts, truncate, prompt).await?;
+        cut(&app2, &mut vectors, req.dimensions)?;
         let data: Vec<Value> = vectors
             .iter()
             .enumerate()
@@ -949,11 +996,14 @@ async fn tei_embed(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Resp
                  the server returns them as the model makes them; leave it out",
             ));
         }
+        let prompt = request_prompt(&app2, req.prompt_name.as_deref())?;
+        cut(&app2, &mut [], req.dimensions)?;
         let texts = req.texts;
         let truncate = req
             .truncate
             .unwrap_or(app2.options.long_inputs == LongInputs::Truncate);
-        let (vectors, _) = embed(&app2, "/embed", texts, truncate).await?;
+        let (mut vectors, _) = embed(&app2, "/embed", texts, truncate, prompt).await?;
+        cut(&app2, &mut vectors, req.dimensions)?;
         Ok(axum::Json(vectors).into_response())
     })
     .await

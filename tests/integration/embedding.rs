@@ -157,7 +157,7 @@ fn ranks(xs: &[f64]) -> Vec<f64> {
     r
 }
 
-fn spearman(a: &[f64], b: &[f64]) -> f64 {
+pub(crate) fn spearman(a: &[f64], b: &[f64]) -> f64 {
     let (ra, rb) = (ranks(a), ranks(b));
     let n = ra.len() as f64;
     let (ma, mb) = (ra.iter().sum::<f64>() / n, rb.iter().sum::<f64>() / n);

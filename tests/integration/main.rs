@@ -6,6 +6,7 @@ mod distributed;
 mod documents;
 mod embedding;
 mod engine;
+mod families;
 mod hardening;
 mod index;
 mod layers;

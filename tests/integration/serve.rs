@@ -365,9 +365,14 @@ fn serve_refuses_what_it_cannot_do_and_stops_gracefully() {
         (r#"{"input": []}"#, 400, "empty list"),
         (r#"{"input": [[101, 102]]}"#, 400, "token-id inputs"),
         (
-            r#"{"input": "x", "dimensions": 8}"#,
+            r#"{"input": "x", "dimensions": 65}"#,
             400,
-            "cannot be shortened",
+            "ask for 1 to 64",
+        ),
+        (
+            r#"{"input": "x", "prompt_name": "nope"}"#,
+            400,
+            "is not one of the model's prompts",
         ),
         (
             r#"{"input": "x", "encoding_format": "int8"}"#,
@@ -387,6 +392,35 @@ fn serve_refuses_what_it_cannot_do_and_stops_gracefully() {
         .as_str()
         .unwrap()
         .contains("input 1 has"));
+    // `dimensions` cuts and re-normalises (OpenAI's field and TEI's), equal to the full
+    // vector's first values, scaled.
+    let (got, _, full) = post_raw(&openai, r#"{"input": "a short text"}"#);
+    assert_eq!(got, 200, "{full}");
+    let full: Vec<f64> = serde_json::from_value(full["data"][0]["embedding"].clone()).unwrap();
+    for (endpoint, body) in [
+        (
+            openai.clone(),
+            r#"{"input": "a short text", "dimensions": 8}"#,
+        ),
+        (
+            format!("{url}/embed"),
+            r#"{"inputs": "a short text", "dimensions": 8}"#,
+        ),
+    ] {
+        let (got, _, answer) = post_raw(&endpoint, body);
+        assert_eq!(got, 200, "{answer}");
+        let v = if answer.is_array() {
+            &answer[0]
+        } else {
+            &answer["data"][0]["embedding"]
+        };
+        let v: Vec<f64> = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(v.len(), 8, "{endpoint}");
+        let norm = full[..8].iter().map(|x| x * x).sum::<f64>().sqrt();
+        for (a, b) in v.iter().zip(&full[..8]) {
+            assert!((a - b / norm).abs() < 1e-5, "{endpoint}: {v:?} vs {full:?}");
+        }
+    }
     // TEI's per-request `truncate` wins over the server's policy.
     let (got, _, answer) = post_raw(
         &format!("{url}/embed"),

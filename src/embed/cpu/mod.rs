@@ -80,8 +80,30 @@ pub struct CpuBert {
     hidden: usize,
     max_positions: usize,
     act: Activation,
+    /// MPNet's relative position bias per head and distance (see [`Relative`]).
+    relative: Option<Relative>,
     path: KernelPath,
     precision: Precision,
+}
+
+/// A relative position bias: per head, the value added to the score of query `i` and key `j`
+/// for every distance `j - i` from `-(max - 1)` to `max - 1`.
+struct Relative {
+    by_distance: Vec<Vec<f32>>,
+    max: usize,
+}
+
+impl Relative {
+    /// Add head `head`'s bias to the scores [len, len] of one sequence.
+    fn add(&self, head: usize, scores: &mut [f32], len: usize) {
+        let table = &self.by_distance[head];
+        for (i, row) in scores.chunks_exact_mut(len).enumerate() {
+            let from = self.max - 1 - i;
+            for (s, b) in row.iter_mut().zip(&table[from..from + len]) {
+                *s += b;
+            }
+        }
+    }
 }
 
 fn vec1(t: &Tensor) -> Result<Vec<f32>> {
@@ -112,6 +134,7 @@ impl CpuBert {
         layers: Vec<LayerWeights<'_>>,
         heads: usize,
         act: Activation,
+        relative: Option<Vec<Vec<f32>>>,
         path: KernelPath,
         precision: Precision,
     ) -> Result<Self> {
@@ -166,6 +189,10 @@ impl CpuBert {
                     })
                 })
                 .collect::<Result<_>>()?,
+            relative: relative.map(|by_distance| Relative {
+                max: by_distance.first().map_or(1, Vec::len).div_ceil(2),
+                by_distance,
+            }),
             heads,
             hidden,
             act,
@@ -257,10 +284,25 @@ impl CpuBert {
         let (h, path) = (self.hidden, self.path);
         linear(path, &l.qkv, x, total, None, None, &mut s.qkv);
         match path {
-            KernelPath::Avx2 => {
-                attention_gemm_crate(&s.qkv, starts, lengths, self.heads, h, &mut s.context)
-            }
-            _ => attention_packed(path, &s.qkv, starts, lengths, self.heads, h, &mut s.context),
+            KernelPath::Avx2 => attention_gemm_crate(
+                &s.qkv,
+                starts,
+                lengths,
+                self.heads,
+                h,
+                self.relative.as_ref(),
+                &mut s.context,
+            ),
+            _ => attention_packed(
+                path,
+                &s.qkv,
+                starts,
+                lengths,
+                self.heads,
+                h,
+                self.relative.as_ref(),
+                &mut s.context,
+            ),
         }
         linear(
             path,
@@ -415,6 +457,7 @@ fn linear(
 
 /// Self-attention on our packed GEMM (the avx512 and portable paths): per sequence and head,
 /// K^T and V are packed into the thread's buffers, then scores = Q K^T, softmax, P V.
+#[allow(clippy::too_many_arguments)]
 fn attention_packed(
     path: KernelPath,
     qkv: &[f32],
@@ -422,6 +465,7 @@ fn attention_packed(
     lengths: &[usize],
     heads: usize,
     h: usize,
+    relative: Option<&Relative>,
     out: &mut Vec<f32>,
 ) {
     let hs = h / heads;
@@ -462,6 +506,9 @@ fn attention_packed(
                     ldc: len,
                 };
                 gemm::f32_gemm(path, q, kt.view(), Epilogue::NONE, false);
+                if let Some(r) = relative {
+                    r.add(head, scores, len);
+                }
                 for row in scores.chunks_exact_mut(len) {
                     softmax(path, row);
                 }
@@ -487,6 +534,7 @@ fn attention_gemm_crate(
     lengths: &[usize],
     heads: usize,
     h: usize,
+    relative: Option<&Relative>,
     out: &mut Vec<f32>,
 ) {
     let hs = h / heads;
@@ -530,6 +578,9 @@ fn attention_gemm_crate(
                     false,
                     Parallelism::None,
                 );
+                if let Some(r) = relative {
+                    r.add(head, scores, len);
+                }
                 for row in scores.chunks_exact_mut(len) {
                     softmax(KernelPath::Avx2, row);
                 }

@@ -1,0 +1,489 @@
+//! The model families against transformers + sentence-transformers: random-weight models of
+//! each family (written by `ragline random-model --family`, the same bytes the reference saw),
+//! and all-mpnet-base-v2 with its real weights. The reference vectors come from
+//! scripts/reference-families.py (sentence-transformers' `encode`, `encode_query` and
+//! `encode_document`), the STS-B figure from scripts/reference-sts.py.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use candle_core::Tensor;
+
+use crate::util::{model_dir, ragline, read_jsonl, root, run, shared_data};
+
+const FAMILIES: &[&str] = &["bert", "xlm-roberta", "distilbert", "mpnet"];
+
+fn read_matrix(path: &Path) -> Vec<Vec<f32>> {
+    Tensor::read_npy(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .to_vec2::<f32>()
+        .unwrap()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+fn lowest_cosine(ours: &[Vec<f32>], theirs: &[Vec<f32>]) -> (f64, usize) {
+    assert_eq!(ours.len(), theirs.len());
+    let mut worst = (1.0f64, 0);
+    for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
+        assert_eq!(a.len(), b.len(), "text {i}: dimension");
+        let c = cosine(a, b);
+        if c < worst.0 {
+            worst = (c, i);
+        }
+    }
+    worst
+}
+
+fn kernel_paths() -> Vec<&'static str> {
+    use ragline::embed::cpu::kernels::KernelPath;
+    [KernelPath::Avx512, KernelPath::Avx2, KernelPath::Portable]
+        .into_iter()
+        .filter(|p| p.supported())
+        .map(|p| p.name())
+        .collect()
+}
+
+fn reference_dir(family: &str) -> PathBuf {
+    root().join("tests/fixtures/families").join(family)
+}
+
+fn texts_file() -> PathBuf {
+    root().join("tests/fixtures/parity/texts.jsonl")
+}
+
+fn sha256(path: &Path) -> String {
+    let o = run(Command::new("sha256sum").arg(path));
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// The family's random model, written as the reference script had ragline write it (the
+/// command recorded in reference.json), and checked to be the same bytes.
+fn family_model(dir: &Path, family: &str) -> PathBuf {
+    let meta: serde_json::Value =
+        serde_json::from_slice(&fs::read(reference_dir(family).join("reference.json")).unwrap())
+            .unwrap();
+    let command = meta["command"].as_str().unwrap();
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let arg = |flag: &str| -> usize {
+        let at = words.iter().position(|w| *w == flag).unwrap();
+        words[at + 1].parse().unwrap()
+    };
+    let out = dir.join(family);
+    ragline::embed::random::save_random_family(
+        &model_dir(),
+        &out,
+        family,
+        arg("--hidden"),
+        arg("--layers"),
+        arg("--seed") as u64,
+    )
+    .unwrap();
+    assert_eq!(
+        sha256(&out.join("model.safetensors")),
+        meta["weights_sha256"].as_str().unwrap(),
+        "{family}: ragline no longer writes the weights the reference was computed on; \
+         rerun scripts/reference-families.py"
+    );
+    out
+}
+
+/// `ragline embed` of the parity texts with `extra` flags, on a kernel path.
+fn embed(model: &Path, kernels: &str, extra: &[&str], out: &Path) -> Vec<Vec<f32>> {
+    let o = run(ragline()
+        .env("RAGLINE_CPU_KERNELS", kernels)
+        .args(["embed", "--device", "cpu", "--model"])
+        .arg(model)
+        .arg("--input")
+        .arg(texts_file())
+        .arg("--output")
+        .arg(out)
+        .args(extra));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    read_matrix(out)
+}
+
+/// Every family, every CPU kernel path, and each of sentence-transformers' entry points
+/// (`encode` with the model's default prompt, `encode_query`, `encode_document`): a cosine
+/// of at least 0.9999 to the reference on the 230 parity texts. The folders exercise both layouts of
+/// the pooling config, CLS/mean pooling, a Dense layer, Normalize and its absence, prompts,
+/// `default_prompt_name` and `include_prompt: false`.
+#[test]
+fn every_family_matches_sentence_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("v.npy");
+    for family in FAMILIES {
+        let model = family_model(dir.path(), family);
+        for (name, flags) in [
+            ("encode", &[][..]),
+            ("query", &["--prompt", "query"][..]),
+            ("document", &["--prompt", "document"][..]),
+        ] {
+            let reference = read_matrix(&reference_dir(family).join(format!("{name}.npy")));
+            for kernels in kernel_paths() {
+                let ours = embed(&model, kernels, flags, &out);
+                let (worst, at) = lowest_cosine(&ours, &reference);
+                eprintln!("{family} {name} {kernels}: lowest cosine {worst:.6} (text {at})");
+                assert!(
+                    worst >= 0.9999,
+                    "{family} {name} on {kernels}: text {at} has cosine {worst}"
+                );
+            }
+        }
+    }
+    // The prompts matter: MPNet's folder names a default prompt; without it the vectors are
+    // not sentence-transformers' `encode` (the comparison above can tell).
+    let model = family_model(dir.path(), "mpnet");
+    let ours = embed(&model, "portable", &["--prompt", "none"], &out);
+    let reference = read_matrix(&reference_dir("mpnet").join("encode.npy"));
+    let (worst, _) = lowest_cosine(&ours, &reference);
+    assert!(worst < 0.9999, "no prompt, yet cosine {worst}");
+}
+
+/// The candle encoder (what CUDA and Metal run: padded batches, masks, the relative position
+/// bias as a tensor) matches the same references on the CPU in f32.
+#[test]
+fn every_family_matches_on_the_gpu_code_path() {
+    use candle_core::{DType, Device};
+    use ragline::embed::texts::embed_texts;
+    use ragline::embed::{EmbeddingModel, ModelFiles};
+
+    let dir = tempfile::tempdir().unwrap();
+    let texts: Vec<String> = read_jsonl(&texts_file())
+        .iter()
+        .map(|v| v["text"].as_str().unwrap().to_string())
+        .collect();
+    let sample: Vec<&str> = texts.iter().step_by(3).map(String::as_str).collect();
+    for family in FAMILIES {
+        let model = family_model(dir.path(), family);
+        let files = ModelFiles::from_dir(family, &model).unwrap();
+        let m = EmbeddingModel::load_candle(&files, &Device::Cpu, DType::F32).unwrap();
+        assert!(m.pads());
+        let reference = read_matrix(&reference_dir(family).join("document.npy"));
+        let prompt = m.tokenizer.passage_prompt_ids().to_vec();
+        let mut worst = 1.0f64;
+        embed_texts(&m, &sample, &prompt, 2048, |i, v| {
+            worst = worst.min(cosine(&v, &reference[i * 3]));
+            Ok(())
+        })
+        .unwrap();
+        eprintln!("{family} candle f32: lowest cosine {worst:.6}");
+        assert!(worst >= 0.9999, "{family}: lowest cosine {worst}");
+    }
+}
+
+/// `--dimensions N`: the vectors are the full ones cut to N and re-normalised; more than the
+/// model has is refused with exit 2; the cut is part of the vector set's identity.
+#[test]
+fn dimensions_cut_and_renormalise() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = family_model(dir.path(), "xlm-roberta");
+    let out = dir.path().join("v.npy");
+    let ours = embed(&model, "portable", &["--dimensions", "16"], &out);
+    let full = read_matrix(&reference_dir("xlm-roberta").join("encode.npy"));
+    for (i, (v, f)) in ours.iter().zip(&full).enumerate() {
+        assert_eq!(v.len(), 16);
+        let norm: f64 = v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "text {i}: norm {norm}");
+        let c = cosine(v, &f[..16]);
+        assert!(c >= 0.9999, "text {i}: cosine {c} to the cut reference");
+    }
+    let o = run(ragline()
+        .args(["embed", "--device", "cpu", "--dimensions", "33", "--model"])
+        .arg(&model)
+        .arg("--input")
+        .arg(texts_file())
+        .arg("--output")
+        .arg(&out));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--dimensions 33 is more than"), "{stderr}");
+}
+
+/// An unknown `model_type` exits 2 and names the supported ones.
+#[test]
+fn an_unknown_family_is_refused_naming_the_supported_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = family_model(dir.path(), "bert");
+    let config = model.join("config.json");
+    let text = fs::read_to_string(&config)
+        .unwrap()
+        .replace("\"bert\"", "\"gpt2\"");
+    fs::write(&config, text).unwrap();
+    let o = run(ragline()
+        .args(["embed", "--device", "cpu", "--model"])
+        .arg(&model)
+        .arg("--input")
+        .arg(texts_file())
+        .arg("--output")
+        .arg(dir.path().join("v.npy")));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("model_type `gpt2` is not supported")
+            && stderr.contains("mpnet")
+            && stderr.contains("xlm-roberta"),
+        "{stderr}"
+    );
+}
+
+/// The real all-mpnet-base-v2 (scripts/fetch-model.sh sentence-transformers/all-mpnet-base-v2):
+/// cosine >= 0.9999 to sentence-transformers on the parity texts on every kernel path, and
+/// STS-B Spearman equal to sentence-transformers' to 4 decimals (x100: 0.01).
+#[test]
+fn all_mpnet_base_v2_matches_sentence_transformers() {
+    let model = root().join("models/all-mpnet-base-v2");
+    if !model.join("model.safetensors").is_file() {
+        assert!(
+            std::env::var("RAGLINE_REQUIRE_DATA").as_deref() != Ok("1"),
+            "models/all-mpnet-base-v2 is missing and RAGLINE_REQUIRE_DATA=1: run \
+             scripts/fetch-model.sh sentence-transformers/all-mpnet-base-v2"
+        );
+        eprintln!("skipped: models/all-mpnet-base-v2 is missing (scripts/fetch-model.sh)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("v.npy");
+    let reference = read_matrix(&reference_dir("all-mpnet-base-v2").join("encode.npy"));
+    // The best path on every text; the others (the portable one runs at 25 tokens/s in a
+    // test build) on every 23rd (10 texts, long ones among them).
+    let lines: Vec<String> = fs::read_to_string(texts_file())
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let sample = dir.path().join("sample.jsonl");
+    fs::write(
+        &sample,
+        lines
+            .iter()
+            .step_by(23)
+            .map(|l| format!("{l}\n"))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let sampled: Vec<Vec<f32>> = reference.iter().step_by(23).cloned().collect();
+    for (n, kernels) in kernel_paths().into_iter().enumerate() {
+        let (input, theirs) = if n == 0 {
+            (texts_file(), &reference)
+        } else {
+            (sample.clone(), &sampled)
+        };
+        let o = run(ragline()
+            .env("RAGLINE_CPU_KERNELS", kernels)
+            .args(["embed", "--device", "cpu", "--model"])
+            .arg(&model)
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(&out));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let ours = read_matrix(&out);
+        let (worst, at) = lowest_cosine(&ours, theirs);
+        eprintln!(
+            "all-mpnet-base-v2 {kernels}: lowest cosine {worst:.6} over {} texts",
+            ours.len()
+        );
+        assert!(worst >= 0.9999, "{kernels}: text {at} has cosine {worst}");
+    }
+
+    let Some(sts) = shared_data("stsb/sts-test.tsv") else {
+        return;
+    };
+    let expected: serde_json::Value = serde_json::from_slice(
+        &fs::read(root().join("tests/fixtures/stsb-reference-mpnet.json")).unwrap(),
+    )
+    .unwrap();
+    let input = dir.path().join("s.jsonl");
+    let mut gold = Vec::new();
+    let mut lines = String::new();
+    for line in fs::read_to_string(&sts).unwrap().lines().skip(1) {
+        let f: Vec<&str> = line.split('\t').collect();
+        gold.push(f[0].parse::<f64>().unwrap());
+        for s in &f[1..3] {
+            lines.push_str(&serde_json::json!({ "text": s }).to_string());
+            lines.push('\n');
+        }
+    }
+    fs::write(&input, lines).unwrap();
+    let o = run(ragline()
+        .args(["embed", "--device", "cpu", "--model"])
+        .arg(&model)
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&out));
+    assert_eq!(o.status.code(), Some(0));
+    let v = read_matrix(&out);
+    let cos: Vec<f64> = v.chunks(2).map(|p| cosine(&p[0], &p[1])).collect();
+    let ours = crate::embedding::spearman(&cos, &gold) * 100.0;
+    let theirs = expected["spearman_x100"].as_f64().unwrap();
+    eprintln!("all-mpnet-base-v2 STS-B Spearman x100: ragline {ours:.4}, sentence-transformers {theirs:.4}");
+    assert!(
+        (ours - theirs).abs() < 0.01,
+        "ragline {ours:.4} vs sentence-transformers {theirs:.4}"
+    );
+}
+
+/// An index built with an e5-style model (the xlm-roberta folder's prompts "query: " and
+/// "passage: "): chunks are embedded with the document prompt and `search` embeds the query
+/// with the query prompt. Each vector-search score equals the cosine of sentence-transformers'
+/// `encode_query` and `encode_document` vectors; without the prompts it would not.
+#[test]
+fn search_embeds_queries_and_documents_with_their_prompts() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = family_model(dir.path(), "xlm-roberta");
+    let texts: Vec<String> = read_jsonl(&texts_file())
+        .iter()
+        .map(|v| v["text"].as_str().unwrap().to_string())
+        .collect();
+    let docs = dir.path().join("docs");
+    fs::create_dir_all(&docs).unwrap();
+    let picked: Vec<usize> = (40..48).collect();
+    for &i in &picked {
+        fs::write(docs.join(format!("d{i}.txt")), &texts[i]).unwrap();
+    }
+    let index = format!("sqlite://{}", dir.path().join("i.db").display());
+    let o = run(ragline()
+        .args(["ingest", "--device", "cpu", "--model"])
+        .arg(&model)
+        .arg(&docs)
+        .args(["--index", &index]));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let query = read_matrix(&reference_dir("xlm-roberta").join("query.npy"));
+    let document = read_matrix(&reference_dir("xlm-roberta").join("document.npy"));
+    let plain = read_matrix(&reference_dir("xlm-roberta").join("encode.npy"));
+    let dot = |a: &[f32], b: &[f32]| -> f64 {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| f64::from(*x) * f64::from(*y))
+            .sum()
+    };
+    let mut differs = 0;
+    for q in [41usize, 45] {
+        let o = run(ragline()
+            .args([
+                "search", "--json", "--mode", "vector", "-k", "8", "--index", &index,
+            ])
+            .arg(&texts[q]));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let hits = crate::util::stdout_json(&o);
+        let hits = hits.as_array().unwrap();
+        assert_eq!(hits.len(), picked.len());
+        for h in hits {
+            let id = h["document_id"].as_str().unwrap();
+            let d: usize = id
+                .trim_start_matches('d')
+                .trim_end_matches(".txt")
+                .parse()
+                .unwrap();
+            let score = h["score"].as_f64().unwrap();
+            let expected = dot(&query[q], &document[d]);
+            assert!(
+                (score - expected).abs() < 1e-4,
+                "query {q}, {id}: score {score}, sentence-transformers {expected}"
+            );
+            if (dot(&plain[q], &plain[d]) - expected).abs() > 1e-3 {
+                differs += 1;
+            }
+        }
+    }
+    assert!(
+        differs > 8,
+        "the prompts changed only {differs} of 16 scores"
+    );
+}
+
+/// An index built with `--dimensions 16`: the vector set records the cut, and `search`
+/// (without the flag) cuts the query the same way: scores are the cosines of the cut
+/// sentence-transformers vectors.
+#[test]
+fn an_index_built_with_dimensions_is_searched_with_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = family_model(dir.path(), "xlm-roberta");
+    let texts: Vec<String> = read_jsonl(&texts_file())
+        .iter()
+        .map(|v| v["text"].as_str().unwrap().to_string())
+        .collect();
+    let docs = dir.path().join("docs");
+    fs::create_dir_all(&docs).unwrap();
+    for (i, text) in texts.iter().enumerate().take(54).skip(50) {
+        fs::write(docs.join(format!("d{i}.txt")), text).unwrap();
+    }
+    let index = format!("sqlite://{}", dir.path().join("i.db").display());
+    let o = run(ragline()
+        .args(["ingest", "--device", "cpu", "--dimensions", "16", "--model"])
+        .arg(&model)
+        .arg(&docs)
+        .args(["--index", &index]));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = run(ragline().args(["status", "--json", "--index", &index]));
+    let status = String::from_utf8_lossy(&o.stdout);
+    assert!(status.contains("\"dimension\": 16"), "{status}");
+    let o = run(ragline()
+        .args([
+            "search", "--json", "--mode", "vector", "-k", "4", "--index", &index,
+        ])
+        .arg(&texts[51]));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let query = read_matrix(&reference_dir("xlm-roberta").join("query.npy"));
+    let document = read_matrix(&reference_dir("xlm-roberta").join("document.npy"));
+    for h in crate::util::stdout_json(&o).as_array().unwrap() {
+        let id = h["document_id"].as_str().unwrap();
+        let d: usize = id
+            .trim_start_matches('d')
+            .trim_end_matches(".txt")
+            .parse()
+            .unwrap();
+        let expected = cosine(&query[51][..16], &document[d][..16]);
+        let score = h["score"].as_f64().unwrap();
+        assert!(
+            (score - expected).abs() < 1e-4,
+            "{id}: {score} vs {expected}"
+        );
+    }
+}
