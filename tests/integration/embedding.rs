@@ -7,14 +7,14 @@ use candle_core::Tensor;
 
 use crate::util::{model_dir, root, run, shared_data};
 
-fn read_matrix(path: &Path) -> Vec<Vec<f32>> {
+pub(crate) fn read_matrix(path: &Path) -> Vec<Vec<f32>> {
     Tensor::read_npy(path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .to_vec2::<f32>()
         .unwrap()
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
+pub(crate) fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let dot: f64 = a
         .iter()
         .zip(b)
@@ -26,7 +26,7 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// The CPU kernel paths this machine runs (`RAGLINE_CPU_KERNELS` values), best first.
-fn kernel_paths() -> Vec<&'static str> {
+pub(crate) fn kernel_paths() -> Vec<&'static str> {
     use ragline::embed::cpu::kernels::KernelPath;
     [KernelPath::Avx512, KernelPath::Avx2, KernelPath::Portable]
         .into_iter()

@@ -8,29 +8,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use candle_core::Tensor;
-
+use crate::embedding::{cosine, kernel_paths, read_matrix};
 use crate::util::{model_dir, ragline, read_jsonl, root, run, shared_data};
 
 const FAMILIES: &[&str] = &["bert", "xlm-roberta", "distilbert", "mpnet"];
-
-fn read_matrix(path: &Path) -> Vec<Vec<f32>> {
-    Tensor::read_npy(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .to_vec2::<f32>()
-        .unwrap()
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| f64::from(*x) * f64::from(*y))
-        .sum();
-    let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    dot / (na * nb)
-}
 
 fn lowest_cosine(ours: &[Vec<f32>], theirs: &[Vec<f32>]) -> (f64, usize) {
     assert_eq!(ours.len(), theirs.len());
@@ -45,21 +26,70 @@ fn lowest_cosine(ours: &[Vec<f32>], theirs: &[Vec<f32>]) -> (f64, usize) {
     worst
 }
 
-fn kernel_paths() -> Vec<&'static str> {
-    use ragline::embed::cpu::kernels::KernelPath;
-    [KernelPath::Avx512, KernelPath::Avx2, KernelPath::Portable]
-        .into_iter()
-        .filter(|p| p.supported())
-        .map(|p| p.name())
-        .collect()
-}
-
 fn reference_dir(family: &str) -> PathBuf {
     root().join("tests/fixtures/families").join(family)
 }
 
 fn texts_file() -> PathBuf {
     root().join("tests/fixtures/parity/texts.jsonl")
+}
+
+/// The parity texts.
+fn parity_texts() -> Vec<String> {
+    read_jsonl(&texts_file())
+        .iter()
+        .map(|v| v["text"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Ingest the parity texts `picked` (one `dN.txt` file each) with `model` and `flags` into
+/// a SQLite index in `dir`; returns its URI.
+fn ingest_texts(dir: &Path, model: &Path, picked: &[usize], flags: &[&str]) -> String {
+    let texts = parity_texts();
+    let docs = dir.join("docs");
+    fs::create_dir_all(&docs).unwrap();
+    for &i in picked {
+        fs::write(docs.join(format!("d{i}.txt")), &texts[i]).unwrap();
+    }
+    let index = format!("sqlite://{}", dir.join("i.db").display());
+    let o = run(ragline()
+        .args(["ingest", "--device", "cpu"])
+        .args(flags)
+        .arg("--model")
+        .arg(model)
+        .arg(&docs)
+        .args(["--index", &index]));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    index
+}
+
+/// `ragline search --mode vector --json`'s hits.
+fn vector_search(index: &str, query: &str, k: usize) -> Vec<serde_json::Value> {
+    let o = run(ragline()
+        .args(["search", "--json", "--mode", "vector", "--index", index])
+        .args(["-k", &k.to_string()])
+        .arg(query));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    crate::util::stdout_json(&o).as_array().unwrap().clone()
+}
+
+/// The parity text a search hit came from (its document is `dN.txt`).
+fn hit_text(hit: &serde_json::Value) -> usize {
+    let id = hit["document_id"].as_str().unwrap();
+    id.trim_start_matches('d')
+        .trim_end_matches(".txt")
+        .parse()
+        .unwrap()
 }
 
 fn sha256(path: &Path) -> String {
@@ -168,10 +198,7 @@ fn every_family_matches_on_the_gpu_code_path() {
     use ragline::embed::{EmbeddingModel, ModelFiles};
 
     let dir = tempfile::tempdir().unwrap();
-    let texts: Vec<String> = read_jsonl(&texts_file())
-        .iter()
-        .map(|v| v["text"].as_str().unwrap().to_string())
-        .collect();
+    let texts = parity_texts();
     let sample: Vec<&str> = texts.iter().step_by(3).map(String::as_str).collect();
     for family in FAMILIES {
         let model = family_model(dir.path(), family);
@@ -357,28 +384,9 @@ fn all_mpnet_base_v2_matches_sentence_transformers() {
 fn search_embeds_queries_and_documents_with_their_prompts() {
     let dir = tempfile::tempdir().unwrap();
     let model = family_model(dir.path(), "xlm-roberta");
-    let texts: Vec<String> = read_jsonl(&texts_file())
-        .iter()
-        .map(|v| v["text"].as_str().unwrap().to_string())
-        .collect();
-    let docs = dir.path().join("docs");
-    fs::create_dir_all(&docs).unwrap();
+    let texts = parity_texts();
     let picked: Vec<usize> = (40..48).collect();
-    for &i in &picked {
-        fs::write(docs.join(format!("d{i}.txt")), &texts[i]).unwrap();
-    }
-    let index = format!("sqlite://{}", dir.path().join("i.db").display());
-    let o = run(ragline()
-        .args(["ingest", "--device", "cpu", "--model"])
-        .arg(&model)
-        .arg(&docs)
-        .args(["--index", &index]));
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let index = ingest_texts(dir.path(), &model, &picked, &[]);
     let query = read_matrix(&reference_dir("xlm-roberta").join("query.npy"));
     let document = read_matrix(&reference_dir("xlm-roberta").join("document.npy"));
     let plain = read_matrix(&reference_dir("xlm-roberta").join("encode.npy"));
@@ -390,32 +398,15 @@ fn search_embeds_queries_and_documents_with_their_prompts() {
     };
     let mut differs = 0;
     for q in [41usize, 45] {
-        let o = run(ragline()
-            .args([
-                "search", "--json", "--mode", "vector", "-k", "8", "--index", &index,
-            ])
-            .arg(&texts[q]));
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let hits = crate::util::stdout_json(&o);
-        let hits = hits.as_array().unwrap();
+        let hits = vector_search(&index, &texts[q], 8);
         assert_eq!(hits.len(), picked.len());
-        for h in hits {
-            let id = h["document_id"].as_str().unwrap();
-            let d: usize = id
-                .trim_start_matches('d')
-                .trim_end_matches(".txt")
-                .parse()
-                .unwrap();
+        for h in &hits {
+            let d = hit_text(h);
             let score = h["score"].as_f64().unwrap();
             let expected = dot(&query[q], &document[d]);
             assert!(
                 (score - expected).abs() < 1e-4,
-                "query {q}, {id}: score {score}, sentence-transformers {expected}"
+                "query {q}, text {d}: score {score}, sentence-transformers {expected}"
             );
             if (dot(&plain[q], &plain[d]) - expected).abs() > 1e-3 {
                 differs += 1;
@@ -435,55 +426,22 @@ fn search_embeds_queries_and_documents_with_their_prompts() {
 fn an_index_built_with_dimensions_is_searched_with_them() {
     let dir = tempfile::tempdir().unwrap();
     let model = family_model(dir.path(), "xlm-roberta");
-    let texts: Vec<String> = read_jsonl(&texts_file())
-        .iter()
-        .map(|v| v["text"].as_str().unwrap().to_string())
-        .collect();
-    let docs = dir.path().join("docs");
-    fs::create_dir_all(&docs).unwrap();
-    for (i, text) in texts.iter().enumerate().take(54).skip(50) {
-        fs::write(docs.join(format!("d{i}.txt")), text).unwrap();
-    }
-    let index = format!("sqlite://{}", dir.path().join("i.db").display());
-    let o = run(ragline()
-        .args(["ingest", "--device", "cpu", "--dimensions", "16", "--model"])
-        .arg(&model)
-        .arg(&docs)
-        .args(["--index", &index]));
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let texts = parity_texts();
+    let picked: Vec<usize> = (50..54).collect();
+    let index = ingest_texts(dir.path(), &model, &picked, &["--dimensions", "16"]);
     let o = run(ragline().args(["status", "--json", "--index", &index]));
     let status = String::from_utf8_lossy(&o.stdout);
     assert!(status.contains("\"dimension\": 16"), "{status}");
-    let o = run(ragline()
-        .args([
-            "search", "--json", "--mode", "vector", "-k", "4", "--index", &index,
-        ])
-        .arg(&texts[51]));
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let hits = vector_search(&index, &texts[51], 4);
     let query = read_matrix(&reference_dir("xlm-roberta").join("query.npy"));
     let document = read_matrix(&reference_dir("xlm-roberta").join("document.npy"));
-    for h in crate::util::stdout_json(&o).as_array().unwrap() {
-        let id = h["document_id"].as_str().unwrap();
-        let d: usize = id
-            .trim_start_matches('d')
-            .trim_end_matches(".txt")
-            .parse()
-            .unwrap();
+    for h in &hits {
+        let d = hit_text(h);
         let expected = cosine(&query[51][..16], &document[d][..16]);
         let score = h["score"].as_f64().unwrap();
         assert!(
             (score - expected).abs() < 1e-4,
-            "{id}: {score} vs {expected}"
+            "text {d}: {score} vs {expected}"
         );
     }
 }
