@@ -4,7 +4,8 @@
     PY=$(scripts/reference-venv.sh)
     $PY scripts/reference-families.py [--ragline target/debug/ragline]
 
-For each family of `ragline random-model --family` (bert, xlm-roberta, distilbert, mpnet), the
+For each family of `ragline random-model --family` (bert, xlm-roberta, distilbert, mpnet,
+modernbert, qwen3, gemma3), the
 script has ragline write a small random-weight model in the Hugging Face and
 sentence-transformers layout (32 dimensions, 2 layers, MiniLM's tokenizer; each family's folder
 exercises another part of the layout: prompts, Dense, the new pooling config, include_prompt),
@@ -30,7 +31,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "families")
-FAMILIES = {"bert": 101, "xlm-roberta": 102, "distilbert": 103, "mpnet": 104}
+FAMILIES = {"bert": 101, "xlm-roberta": 102, "distilbert": 103, "mpnet": 104, "modernbert": 105, "qwen3": 106, "gemma3": 107}
 HIDDEN, LAYERS = 32, 2
 
 

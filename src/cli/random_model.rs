@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use ragline::embed::random::save_random_family;
+use ragline::embed::random::{save_random_family_with, RandomOptions};
 
 #[derive(Args, Debug)]
 pub struct RandomModelArgs {
@@ -23,23 +23,36 @@ pub struct RandomModelArgs {
     /// Encoder layers.
     #[arg(long, default_value_t = 2)]
     layers: usize,
-    /// The architecture: bert, xlm-roberta, distilbert or mpnet (each with its own
-    /// sentence-transformers settings: see `ragline::embed::random::save_random_family`).
+    /// The architecture: bert, xlm-roberta, distilbert, mpnet, modernbert, qwen3 or gemma3
+    /// (each with its own sentence-transformers settings: see
+    /// `ragline::embed::random::save_random_family`).
     #[arg(long, default_value = "bert")]
     family: String,
     /// Seed of the weights.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// sentence_bert_config.json's max_seq_length (long-input models), with the positions
+    /// for it.
+    #[arg(long)]
+    max_seq_length: Option<usize>,
+    /// The published model's shape (modernbert: ModernBERT-base; qwen3:
+    /// Qwen3-Embedding-0.6B; gemma3: EmbeddingGemma-300m), not --hidden and --layers.
+    #[arg(long)]
+    real_shape: bool,
 }
 
 pub fn run(args: RandomModelArgs) -> anyhow::Result<ExitCode> {
-    save_random_family(
+    save_random_family_with(
         &args.base,
         &args.out,
         &args.family,
         args.hidden,
         args.layers,
         args.seed,
+        RandomOptions {
+            max_seq_length: args.max_seq_length,
+            real_shape: args.real_shape,
+        },
     )
     .with_context(|| format!("cannot write a model into {}", args.out.display()))?;
     println!(

@@ -13,6 +13,7 @@ pub mod npy;
 pub mod pool;
 pub mod random;
 pub mod remote;
+pub mod rotary;
 pub mod texts;
 pub mod tokenizer;
 pub mod window;

@@ -3,11 +3,12 @@
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::VarBuilder;
 
-use super::bert::{Bert, BertConfig, Family, SUPPORTED_MODEL_TYPES};
+use super::bert::{Bert, BertConfig, SUPPORTED_MODEL_TYPES};
 use super::cpu::kernels::{KernelPath, Precision};
 use super::cpu::CpuBert;
 use super::device::DTypeChoice;
 use super::files::{DenseActivation, DenseSpec, ModelFiles, Pooling};
+use super::rotary::{Arch, RotaryConfig, RotaryModel, ROTARY_MODEL_TYPES};
 use super::tokenizer::TextTokenizer;
 use super::EmbedError;
 
@@ -17,10 +18,12 @@ struct ArchProbe {
     model_type: Option<String>,
 }
 
-/// The encoder: candle ops on any device, or the fused unpadded path on the CPU in f32.
+/// The encoder: candle ops on any device, or the fused unpadded path on the CPU in f32 (the
+/// BERT-like families); the rotary families (ModernBERT, Qwen3, Gemma3) on candle ops.
 enum Encoder {
     Candle(Bert),
     Cpu(Box<CpuBert>),
+    Rotary(Box<RotaryModel>),
 }
 
 pub struct EmbeddingModel {
@@ -31,7 +34,7 @@ pub struct EmbeddingModel {
     pub tokenizer: TextTokenizer,
     pooling: Pooling,
     head: Head,
-    family: Family,
+    model_type: String,
     device: Device,
     dtype: DType,
 }
@@ -183,8 +186,19 @@ impl EmbeddingModel {
         let path = cpu_path()?;
         precision.check(path).map_err(EmbedError::Unsupported)?;
         let mut model = Self::load_candle(files, device, DType::F32)?;
-        if let Encoder::Candle(bert) = &model.encoder {
-            model.encoder = Encoder::Cpu(Box::new(bert.to_cpu(path, precision)?));
+        match &model.encoder {
+            Encoder::Candle(bert) => {
+                model.encoder = Encoder::Cpu(Box::new(bert.to_cpu(path, precision)?));
+            }
+            Encoder::Rotary(_) if precision != Precision::F32 => {
+                return Err(EmbedError::Unsupported(format!(
+                    "--dtype {}: model_type `{}` runs in f32 on the CPU (bf16 and int8 are for \
+                     the BERT-like families); use --dtype f32",
+                    precision.name(),
+                    model.model_type
+                )))
+            }
+            _ => {}
         }
         Ok(model)
     }
@@ -205,18 +219,21 @@ impl EmbeddingModel {
             reason: format!("not the expected JSON: {e}"),
         })?;
         let model_type = probe.model_type.unwrap_or_else(|| "(none)".into());
-        if !SUPPORTED_MODEL_TYPES.contains(&model_type.as_str()) {
+        if !SUPPORTED_MODEL_TYPES.contains(&model_type.as_str())
+            && !ROTARY_MODEL_TYPES.contains(&model_type.as_str())
+        {
+            let mut all: Vec<&str> = SUPPORTED_MODEL_TYPES
+                .iter()
+                .chain(ROTARY_MODEL_TYPES)
+                .copied()
+                .collect();
+            all.sort_unstable();
             return Err(EmbedError::Unsupported(format!(
                 "{}: model_type `{model_type}` is not supported; supported: {}",
                 files.config.display(),
-                SUPPORTED_MODEL_TYPES.join(", ")
+                all.join(", ")
             )));
         }
-        let config: BertConfig =
-            serde_json::from_slice(&raw).map_err(|e| EmbedError::ModelFile {
-                path: files.config.clone(),
-                reason: format!("not a BERT config: {e}"),
-            })?;
         // SAFETY: the weights file is memory-mapped read-only; ragline does not modify it
         // while running, and a file truncated under us is the user's to avoid.
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&files.weights], dtype, device) }
@@ -224,16 +241,38 @@ impl EmbeddingModel {
             path: files.weights.clone(),
             reason: e.to_string(),
         })?;
-        let bert = Bert::load(vb, &config).map_err(|e| EmbedError::ModelFile {
+        let misfit = |e: candle_core::Error| EmbedError::ModelFile {
             path: files.weights.clone(),
             reason: format!("does not fit config.json: {e}"),
-        })?;
+        };
+        let encoder = match Arch::from_model_type(&model_type) {
+            Some(arch) => {
+                let config =
+                    RotaryConfig::from_json(&raw, arch).map_err(|e| EmbedError::ModelFile {
+                        path: files.config.clone(),
+                        reason: e.to_string(),
+                    })?;
+                Encoder::Rotary(Box::new(RotaryModel::load(vb, config).map_err(misfit)?))
+            }
+            None => {
+                let config: BertConfig =
+                    serde_json::from_slice(&raw).map_err(|e| EmbedError::ModelFile {
+                        path: files.config.clone(),
+                        reason: format!("not a BERT config: {e}"),
+                    })?;
+                Encoder::Candle(Bert::load(vb, &config).map_err(misfit)?)
+            }
+        };
+        let (max_positions, hidden) = match &encoder {
+            Encoder::Candle(b) => (b.max_positions(), b.hidden_size()),
+            Encoder::Rotary(r) => (r.max_positions(), r.hidden_size()),
+            Encoder::Cpu(_) => unreachable!("loaded as candle first"),
+        };
         let max_len = files
             .max_seq_length
-            .unwrap_or(bert.max_positions())
-            .min(bert.max_positions());
+            .unwrap_or(max_positions)
+            .min(max_positions);
         let tokenizer = TextTokenizer::load(files, max_len)?;
-        let hidden = bert.hidden_size();
         let head = Head::load(files)?;
         if let Some(first) = files.dense.first() {
             if first.in_features != hidden {
@@ -252,10 +291,10 @@ impl EmbeddingModel {
             tokenizer,
             pooling: files.pooling,
             head,
-            family: bert.family(),
+            model_type,
             device: device.clone(),
             dtype,
-            encoder: Encoder::Candle(bert),
+            encoder,
         })
     }
 
@@ -268,7 +307,7 @@ impl EmbeddingModel {
         Ok(EmbeddingModel {
             pooling: files.pooling,
             head: Head::load(&files)?,
-            family: bert.family(),
+            model_type: format!("{:?}", bert.family()).to_lowercase(),
             device: bert.device().clone(),
             dtype: bert.dtype(),
             hidden: bert.hidden_size(),
@@ -313,15 +352,15 @@ impl EmbeddingModel {
         }
     }
 
-    /// The encoder family.
-    pub fn family(&self) -> Family {
-        self.family
+    /// config.json's `model_type`.
+    pub fn model_type(&self) -> &str {
+        &self.model_type
     }
 
     /// Whether the encoder computes padding: batches are rectangles (candle) or not (the
     /// fused CPU path, which lays sequences end to end).
     pub fn pads(&self) -> bool {
-        matches!(self.encoder, Encoder::Candle(_))
+        !matches!(self.encoder, Encoder::Cpu(_))
     }
 
     /// Batches for sequences of `lengths` tokens within `budget` tokens computed.
@@ -347,6 +386,9 @@ impl EmbeddingModel {
     pub fn encoder_kind(&self) -> String {
         match &self.encoder {
             Encoder::Candle(b) => format!("candle encoder, {:?}", b.dtype()).to_lowercase(),
+            Encoder::Rotary(r) => {
+                format!("candle {} encoder, {:?}", self.model_type, r.dtype()).to_lowercase()
+            }
             Encoder::Cpu(c) => format!(
                 "fused CPU encoder, {} on the {} kernels",
                 c.precision().name(),
@@ -360,7 +402,7 @@ impl EmbeddingModel {
     pub fn cpu_flops(&self, lengths: &[usize]) -> Option<f64> {
         match &self.encoder {
             Encoder::Cpu(c) => Some(c.flops(lengths)),
-            Encoder::Candle(_) => None,
+            Encoder::Candle(_) | Encoder::Rotary(_) => None,
         }
     }
 
@@ -368,7 +410,7 @@ impl EmbeddingModel {
     pub fn cpu_kernels(&self) -> Option<(KernelPath, Precision)> {
         match &self.encoder {
             Encoder::Cpu(c) => Some((c.path(), c.precision())),
-            Encoder::Candle(_) => None,
+            Encoder::Candle(_) | Encoder::Rotary(_) => None,
         }
     }
 
@@ -385,6 +427,7 @@ impl EmbeddingModel {
         match &self.encoder {
             Encoder::Cpu(c) => c.precision().name().to_string(),
             Encoder::Candle(b) => format!("{:?}", b.dtype()).to_lowercase(),
+            Encoder::Rotary(r) => format!("{:?}", r.dtype()).to_lowercase(),
         }
     }
 
@@ -482,7 +525,8 @@ impl EmbeddingModel {
         }
         let bert = match &self.encoder {
             Encoder::Cpu(cpu) => return self.embed_cpu(cpu, seqs, prefix, suffix),
-            Encoder::Candle(bert) => bert,
+            Encoder::Candle(bert) => Some(bert),
+            Encoder::Rotary(_) => None,
         };
         let len = longest + prefix.len() + suffix.len();
         let b = seqs.len();
@@ -498,10 +542,19 @@ impl EmbeddingModel {
             mask[row * len..row * len + n].fill(1.0);
             lengths.push(n);
         }
-        let ids = Tensor::from_vec(ids, (b, len), &self.device)?;
-        let mask =
-            Tensor::from_vec(mask, (b, len), &self.device)?.to_dtype(bert.activation_dtype())?;
-        let hidden = bert.forward(&ids, &mask)?;
+        let (hidden, mask) = match (bert, &self.encoder) {
+            (Some(bert), _) => {
+                let ids = Tensor::from_vec(ids, (b, len), &self.device)?;
+                let mask = Tensor::from_vec(mask, (b, len), &self.device)?
+                    .to_dtype(bert.activation_dtype())?;
+                (bert.forward(&ids, &mask)?, mask)
+            }
+            (None, Encoder::Rotary(r)) => (
+                r.forward(ids, &lengths)?,
+                Tensor::from_vec(mask, (b, len), &self.device)?,
+            ),
+            (None, _) => unreachable!("the CPU encoder returned above"),
+        };
         // Pooling leaves out the prompt where the model says so (sentence-transformers'
         // include_prompt = false): its tokens are masked for mean and max.
         let skip = self.pool_skip(prefix.len());
@@ -569,6 +622,7 @@ fn cpu_path() -> Result<KernelPath, EmbedError> {
 }
 
 fn encoder(bert: Bert) -> Result<Encoder, EmbedError> {
+    // (The rotary families load through `load_candle`; this is for BERT-like parts.)
     if bert.device().is_cpu() && bert.dtype() == DType::F32 {
         Ok(Encoder::Cpu(Box::new(
             bert.to_cpu(cpu_path()?, Precision::F32)?,

@@ -162,7 +162,25 @@ pub fn save_random_model(
 }
 
 /// The families [`save_random_family`] writes, with what each one's folder exercises.
-pub const RANDOM_FAMILIES: &[&str] = &["bert", "xlm-roberta", "distilbert", "mpnet"];
+pub const RANDOM_FAMILIES: &[&str] = &[
+    "bert",
+    "xlm-roberta",
+    "distilbert",
+    "mpnet",
+    "modernbert",
+    "qwen3",
+    "gemma3",
+];
+
+/// What else a random model may be asked for.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RandomOptions {
+    /// sentence_bert_config.json's max_seq_length (and room for it in the positions).
+    pub max_seq_length: Option<usize>,
+    /// The published models' shapes ([`RotaryShape::real`]; BERT-base's for the BERT-like
+    /// families), not `hidden` and `layers`; the vocabulary stays the base folder's.
+    pub real_shape: bool,
+}
 
 /// Write a random-weight model of `family` (one of [`RANDOM_FAMILIES`]) in the Hugging Face
 /// and sentence-transformers layout, with the tokenizer of the model folder `base`. Each
@@ -172,7 +190,13 @@ pub const RANDOM_FAMILIES: &[&str] = &["bert", "xlm-roberta", "distilbert", "mpn
 ///   `embedding_dimension`), e5's prompts ("query: ", "passage: ") and Normalize;
 /// - `distilbert`: CLS pooling, a Dense layer (tanh, to 3/4 of the hidden size), Normalize;
 /// - `mpnet`: mean pooling without the prompt (`include_prompt: false`), named prompts with a
-///   `default_prompt_name`, no normalisation.
+///   `default_prompt_name`, no normalisation;
+/// - `modernbert`: mean pooling, "search_query: " / "search_document: " prompts, Normalize;
+///   a local window of 8 in every other layer;
+/// - `qwen3`: last-token pooling, the tokenizer appending the end token ([SEP]) and padding
+///   on the left, Qwen3-Embedding's instruction as query prompt, Normalize;
+/// - `gemma3` (bidirectional, EmbeddingGemma's layout): mean pooling, two Dense layers
+///   (hidden -> 2 hidden -> hidden, no bias, identity), Normalize, its prompts.
 pub fn save_random_family(
     base: &Path,
     out: &Path,
@@ -180,6 +204,27 @@ pub fn save_random_family(
     hidden: usize,
     layers: usize,
     seed: u64,
+) -> Result<(), EmbedError> {
+    save_random_family_with(
+        base,
+        out,
+        family,
+        hidden,
+        layers,
+        seed,
+        RandomOptions::default(),
+    )
+}
+
+/// [`save_random_family`] with [`RandomOptions`].
+pub fn save_random_family_with(
+    base: &Path,
+    out: &Path,
+    family: &str,
+    hidden: usize,
+    layers: usize,
+    seed: u64,
+    options: RandomOptions,
 ) -> Result<(), EmbedError> {
     if !RANDOM_FAMILIES.contains(&family) {
         return Err(EmbedError::Unsupported(format!(
@@ -211,13 +256,27 @@ pub fn save_random_family(
         "xlm-roberta" | "mpnet" => 2,
         _ => 0,
     };
+    let positions =
+        number("max_position_embeddings", 512).max(options.max_seq_length.unwrap_or(0)) + offset;
+    // A BERT-like real shape is BERT-base's (XLM-RoBERTa-base, MPNet-base; DistilBERT has 6
+    // layers), with the base folder's vocabulary.
+    let (hidden, layers, heads, intermediate) = if options.real_shape {
+        (768, if family == "distilbert" { 6 } else { 12 }, 12, 3072)
+    } else {
+        (
+            hidden,
+            layers,
+            if hidden.is_multiple_of(4) { 4 } else { 1 },
+            hidden * 2,
+        )
+    };
     let shape = RandomBert {
         vocab: number("vocab_size", 30522),
         hidden,
         layers,
-        heads: if hidden.is_multiple_of(4) { 4 } else { 1 },
-        intermediate: hidden * 2,
-        positions: number("max_position_embeddings", 512) + offset,
+        heads,
+        intermediate,
+        positions,
         seed,
     };
     let copied: &[&str] = if family == "bert" {
@@ -261,6 +320,96 @@ pub fn save_random_family(
         serde_json::json!({"idx": idx, "name": idx.to_string(), "path": path,
                            "type": format!("sentence_transformers.models.{kind}")})
     };
+    if let Some(n) = options.max_seq_length {
+        write_json(
+            &out.join("sentence_bert_config.json"),
+            &serde_json::json!({"max_seq_length": n, "do_lower_case": false}),
+        )?;
+    }
+    if matches!(family, "modernbert" | "qwen3" | "gemma3") {
+        let rotary = if options.real_shape {
+            RotaryShape::real(family)
+        } else {
+            RotaryShape::small(family, hidden, layers)
+        };
+        let max_positions = match family {
+            "modernbert" => 8192,
+            "qwen3" => 32768,
+            _ => 2048,
+        }
+        .max(options.max_seq_length.unwrap_or(0));
+        let (config, weights) = random_rotary(family, rotary, shape.vocab, max_positions, seed);
+        let h = rotary.hidden;
+        let (pooling, prompts) = match family {
+            "modernbert" => (
+                "mean",
+                serde_json::json!({"query": "search_query: ", "document": "search_document: "}),
+            ),
+            "qwen3" => (
+                "lasttoken",
+                serde_json::json!({"query": "Instruct: Given a web search query, retrieve \
+                                   relevant passages that answer the query\nQuery:",
+                                   "document": ""}),
+            ),
+            _ => (
+                "mean",
+                serde_json::json!({"query": "task: search result | query: ",
+                                   "document": "title: none | text: ",
+                                   "Clustering": "task: clustering | query: "}),
+            ),
+        };
+        write_json(
+            &out.join("1_Pooling/config.json"),
+            &serde_json::json!({"embedding_dimension": h, "pooling_mode": pooling,
+                                "include_prompt": true}),
+        )?;
+        write_json(
+            &out.join("config_sentence_transformers.json"),
+            &serde_json::json!({"prompts": prompts, "default_prompt_name": null,
+                                "similarity_fn_name": "cosine"}),
+        )?;
+        let mut modules = vec![
+            module(0, "", "Transformer"),
+            module(1, "1_Pooling", "Pooling"),
+        ];
+        if family == "gemma3" {
+            for (i, (inputs, outputs)) in [(h, 2 * h), (2 * h, h)].into_iter().enumerate() {
+                let name = format!("{}_Dense", i + 2);
+                let dir = out.join(&name);
+                std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+                write_json(
+                    &dir.join("config.json"),
+                    &serde_json::json!({"in_features": inputs, "out_features": outputs,
+                                        "bias": false,
+                                        "activation_function":
+                                            "torch.nn.modules.linear.Identity"}),
+                )?;
+                let (w, _) = RandomBert {
+                    seed: seed ^ (0xDE45E + i as u64),
+                    ..shape
+                }
+                .matrix(outputs, inputs);
+                let w = (w * (1.0 / (inputs as f64).sqrt()))?;
+                candle_core::safetensors::save(
+                    &HashMap::from([("linear.weight".to_string(), w)]),
+                    dir.join("model.safetensors"),
+                )?;
+                modules.push(module(i + 2, &name, "Dense"));
+            }
+        }
+        let n = modules.len();
+        modules.push(module(n, &format!("{n}_Normalize"), "Normalize"));
+        write_json(
+            &out.join("modules.json"),
+            &serde_json::Value::Array(modules),
+        )?;
+        if family == "qwen3" {
+            decoder_tokenizer(out)?;
+        }
+        write_json(&out.join("config.json"), &config)?;
+        candle_core::safetensors::save(&weights, out.join("model.safetensors"))?;
+        return Ok(());
+    }
     let mut weights = shape.weights();
     let mut config = shape.config();
     match family {
@@ -381,6 +530,44 @@ pub fn save_random_family(
     Ok(())
 }
 
+/// Make the copied BERT tokenizer a decoder's: the end token ([SEP]) after the text and
+/// nothing before it, padding on the left (as Qwen3-Embedding's tokenizer does).
+fn decoder_tokenizer(out: &Path) -> Result<(), EmbedError> {
+    let bad = |path: &Path, reason: String| EmbedError::ModelFile {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let path = out.join("tokenizer.json");
+    let raw = std::fs::read(&path).map_err(|e| bad(&path, e.to_string()))?;
+    let mut t: serde_json::Value =
+        serde_json::from_slice(&raw).map_err(|e| bad(&path, e.to_string()))?;
+    t["post_processor"] = serde_json::json!({
+        "type": "TemplateProcessing",
+        "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                   {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}},
+                 {"SpecialToken": {"id": "[SEP]", "type_id": 1}}],
+        "special_tokens": {"[SEP]": {"id": "[SEP]", "ids": [102], "tokens": ["[SEP]"]}}
+    });
+    if let Some(p) = t.get_mut("padding").and_then(|p| p.as_object_mut()) {
+        p.insert("direction".into(), "Left".into());
+    }
+    std::fs::write(&path, serde_json::to_vec(&t).expect("JSON"))
+        .map_err(|e| bad(&path, e.to_string()))?;
+    let path = out.join("tokenizer_config.json");
+    let mut c: serde_json::Value = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| serde_json::json!({}));
+    c["tokenizer_class"] = "PreTrainedTokenizerFast".into();
+    c["padding_side"] = "left".into();
+    c["eos_token"] = "[SEP]".into();
+    c["pad_token"] = "[PAD]".into();
+    std::fs::write(&path, serde_json::to_vec_pretty(&c).expect("JSON"))
+        .map_err(|e| bad(&path, e.to_string()))
+}
+
 /// BERT's weight names as `family` names them (MPNet has no token types).
 fn rename_weights(
     weights: HashMap<String, Tensor>,
@@ -435,4 +622,237 @@ fn rename_weights(
         out.insert(new, t);
     }
     out
+}
+
+/// Deterministic uniform weights (xorshift), named and shaped as asked.
+struct Draw {
+    state: u64,
+    tensors: HashMap<String, Tensor>,
+}
+
+impl Draw {
+    fn new(seed: u64) -> Self {
+        Draw {
+            state: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            tensors: HashMap::new(),
+        }
+    }
+
+    /// Uniform in offset ± scale.
+    fn put(&mut self, name: &str, shape: &[usize], scale: f32, offset: f32) {
+        let count: usize = shape.iter().product();
+        let values: Vec<f32> = (0..count)
+            .map(|_| {
+                self.state ^= self.state << 13;
+                self.state ^= self.state >> 7;
+                self.state ^= self.state << 17;
+                offset
+                    + ((self.state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32 * scale
+            })
+            .collect();
+        let t = Tensor::from_vec(values, shape, &Device::Cpu).expect("shape and length agree");
+        self.tensors.insert(name.to_string(), t);
+    }
+
+    /// A linear layer's weight [out, in], scaled so activations keep their size.
+    fn linear(&mut self, name: &str, outputs: usize, inputs: usize) {
+        let scale = 1.7 / (inputs as f32).sqrt();
+        self.put(&format!("{name}.weight"), &[outputs, inputs], scale, 0.0);
+    }
+}
+
+/// The shape of a random rotary-family model.
+#[derive(Clone, Copy, Debug)]
+pub struct RotaryShape {
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    /// ModernBERT's local_attention, Gemma's sliding_window.
+    pub window: usize,
+    /// Every how many layers one is global (ModernBERT) / full (Gemma).
+    pub global_every: usize,
+}
+
+impl RotaryShape {
+    /// A small shape for tests: 4 heads (2 key/value heads for the decoders, with a head size
+    /// that is not hidden / heads), a window of 8 and a global layer every 2.
+    pub fn small(family: &str, hidden: usize, layers: usize) -> Self {
+        let decoder = family != "modernbert";
+        RotaryShape {
+            hidden,
+            layers,
+            heads: 4,
+            kv_heads: if decoder { 2 } else { 4 },
+            head_dim: if decoder { hidden / 2 } else { hidden / 4 },
+            intermediate: hidden * 2,
+            window: 8,
+            global_every: 2,
+        }
+    }
+
+    /// The published models' shapes (for benchmarks): ModernBERT-base (gte-modernbert-base),
+    /// Qwen3-Embedding-0.6B, EmbeddingGemma-300m.
+    pub fn real(family: &str) -> Self {
+        match family {
+            "modernbert" => RotaryShape {
+                hidden: 768,
+                layers: 22,
+                heads: 12,
+                kv_heads: 12,
+                head_dim: 64,
+                intermediate: 1152,
+                window: 128,
+                global_every: 3,
+            },
+            "qwen3" => RotaryShape {
+                hidden: 1024,
+                layers: 28,
+                heads: 16,
+                kv_heads: 8,
+                head_dim: 128,
+                intermediate: 3072,
+                window: 0,
+                global_every: 1,
+            },
+            _ => RotaryShape {
+                hidden: 768,
+                layers: 24,
+                heads: 3,
+                kv_heads: 1,
+                head_dim: 256,
+                intermediate: 1152,
+                window: 512,
+                global_every: 6,
+            },
+        }
+    }
+}
+
+/// config.json and weights of a random ModernBERT, Qwen3 or Gemma3 (bidirectional) model.
+pub fn random_rotary(
+    family: &str,
+    shape: RotaryShape,
+    vocab: usize,
+    max_positions: usize,
+    seed: u64,
+) -> (serde_json::Value, HashMap<String, Tensor>) {
+    let s = shape;
+    let (h, hd) = (s.hidden, s.head_dim);
+    let mut d = Draw::new(seed);
+    match family {
+        "modernbert" => {
+            d.put("embeddings.tok_embeddings.weight", &[vocab, h], 1.0, 0.0);
+            d.put("embeddings.norm.weight", &[h], 0.1, 1.0);
+            for l in 0..s.layers {
+                let p = format!("layers.{l}");
+                if l > 0 {
+                    d.put(&format!("{p}.attn_norm.weight"), &[h], 0.1, 1.0);
+                }
+                d.linear(&format!("{p}.attn.Wqkv"), 3 * s.heads * hd, h);
+                d.linear(&format!("{p}.attn.Wo"), h, s.heads * hd);
+                d.put(&format!("{p}.mlp_norm.weight"), &[h], 0.1, 1.0);
+                d.linear(&format!("{p}.mlp.Wi"), 2 * s.intermediate, h);
+                d.linear(&format!("{p}.mlp.Wo"), h, s.intermediate);
+            }
+            d.put("final_norm.weight", &[h], 0.1, 1.0);
+            let config = serde_json::json!({
+                "architectures": ["ModernBertModel"], "model_type": "modernbert",
+                "vocab_size": vocab, "hidden_size": h, "num_hidden_layers": s.layers,
+                "num_attention_heads": s.heads, "intermediate_size": s.intermediate,
+                "hidden_activation": "gelu", "max_position_embeddings": max_positions,
+                "norm_eps": 1e-5, "norm_bias": false, "attention_bias": false,
+                "mlp_bias": false, "local_attention": s.window,
+                "global_attn_every_n_layers": s.global_every,
+                "global_rope_theta": 160000.0, "local_rope_theta": 10000.0,
+                "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102,
+                "cls_token_id": 101, "sep_token_id": 102
+            });
+            (config, d.tensors)
+        }
+        _ => {
+            let gemma = family == "gemma3";
+            // Gemma's RMSNorm scales by 1 + w: weights near 0 there, near 1 for Qwen3.
+            let norm = if gemma { 0.0 } else { 1.0 };
+            d.put(
+                "embed_tokens.weight",
+                &[vocab, h],
+                if gemma { 0.2 } else { 1.0 },
+                0.0,
+            );
+            for l in 0..s.layers {
+                let p = format!("layers.{l}");
+                d.put(&format!("{p}.input_layernorm.weight"), &[h], 0.1, norm);
+                d.put(
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    &[h],
+                    0.1,
+                    norm,
+                );
+                if gemma {
+                    d.put(
+                        &format!("{p}.pre_feedforward_layernorm.weight"),
+                        &[h],
+                        0.1,
+                        norm,
+                    );
+                    d.put(
+                        &format!("{p}.post_feedforward_layernorm.weight"),
+                        &[h],
+                        0.1,
+                        norm,
+                    );
+                }
+                d.linear(&format!("{p}.self_attn.q_proj"), s.heads * hd, h);
+                d.linear(&format!("{p}.self_attn.k_proj"), s.kv_heads * hd, h);
+                d.linear(&format!("{p}.self_attn.v_proj"), s.kv_heads * hd, h);
+                d.linear(&format!("{p}.self_attn.o_proj"), h, s.heads * hd);
+                d.put(&format!("{p}.self_attn.q_norm.weight"), &[hd], 0.1, norm);
+                d.put(&format!("{p}.self_attn.k_norm.weight"), &[hd], 0.1, norm);
+                d.linear(&format!("{p}.mlp.gate_proj"), s.intermediate, h);
+                d.linear(&format!("{p}.mlp.up_proj"), s.intermediate, h);
+                d.linear(&format!("{p}.mlp.down_proj"), h, s.intermediate);
+            }
+            d.put("norm.weight", &[h], 0.1, norm);
+            let config = if gemma {
+                let types: Vec<&str> = (0..s.layers)
+                    .map(|i| {
+                        if (i + 1) % s.global_every.max(1) == 0 {
+                            "full_attention"
+                        } else {
+                            "sliding_attention"
+                        }
+                    })
+                    .collect();
+                serde_json::json!({
+                    "architectures": ["Gemma3TextModel"], "model_type": "gemma3_text",
+                    "vocab_size": vocab, "hidden_size": h, "num_hidden_layers": s.layers,
+                    "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads,
+                    "head_dim": hd, "intermediate_size": s.intermediate,
+                    "hidden_activation": "gelu_pytorch_tanh",
+                    "max_position_embeddings": max_positions, "rms_norm_eps": 1e-6,
+                    "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                    "sliding_window": s.window, "layer_types": types,
+                    "query_pre_attn_scalar": hd + hd / 2,
+                    "use_bidirectional_attention": true, "attention_bias": false,
+                    "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102,
+                    "tie_word_embeddings": true
+                })
+            } else {
+                serde_json::json!({
+                    "architectures": ["Qwen3Model"], "model_type": "qwen3",
+                    "vocab_size": vocab, "hidden_size": h, "num_hidden_layers": s.layers,
+                    "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads,
+                    "head_dim": hd, "intermediate_size": s.intermediate, "hidden_act": "silu",
+                    "max_position_embeddings": max_positions, "rms_norm_eps": 1e-6,
+                    "rope_theta": 1000000.0, "rope_scaling": null, "use_sliding_window": false,
+                    "attention_bias": false, "tie_word_embeddings": true,
+                    "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102
+                })
+            };
+            (config, d.tensors)
+        }
+    }
 }

@@ -11,7 +11,19 @@ use std::process::Command;
 use crate::embedding::{cosine, kernel_paths, read_matrix};
 use crate::util::{model_dir, ragline, read_jsonl, root, run, shared_data};
 
-const FAMILIES: &[&str] = &["bert", "xlm-roberta", "distilbert", "mpnet"];
+const FAMILIES: &[&str] = &[
+    "bert",
+    "xlm-roberta",
+    "distilbert",
+    "mpnet",
+    "modernbert",
+    "qwen3",
+    "gemma3",
+];
+
+/// The families on candle ops on every device (the CPU kernel paths are the BERT-like
+/// families' fused encoder: one run each is enough for these).
+const ROTARY: &[&str] = &["modernbert", "qwen3", "gemma3"];
 
 fn lowest_cosine(ours: &[Vec<f32>], theirs: &[Vec<f32>]) -> (f64, usize) {
     assert_eq!(ours.len(), theirs.len());
@@ -154,9 +166,11 @@ fn embed(model: &Path, kernels: &str, extra: &[&str], out: &Path) -> Vec<Vec<f32
 
 /// Every family, every CPU kernel path, and each of sentence-transformers' entry points
 /// (`encode` with the model's default prompt, `encode_query`, `encode_document`): a cosine
-/// of at least 0.9999 to the reference on the 230 parity texts. The folders exercise both layouts of
-/// the pooling config, CLS/mean pooling, a Dense layer, Normalize and its absence, prompts,
-/// `default_prompt_name` and `include_prompt: false`.
+/// of at least 0.9999 to the reference on the 230 parity texts. The folders exercise both
+/// layouts of the pooling config, CLS/mean/last-token pooling, one and two Dense layers,
+/// Normalize and its absence, prompts, `default_prompt_name`, `include_prompt: false`, local
+/// attention windows, grouped key/value heads, and a decoder's tokenizer (end token appended,
+/// left padding).
 #[test]
 fn every_family_matches_sentence_transformers() {
     let dir = tempfile::tempdir().unwrap();
@@ -169,7 +183,11 @@ fn every_family_matches_sentence_transformers() {
             ("document", &["--prompt", "document"][..]),
         ] {
             let reference = read_matrix(&reference_dir(family).join(format!("{name}.npy")));
-            for kernels in kernel_paths() {
+            let mut paths = kernel_paths();
+            if ROTARY.contains(family) {
+                paths.truncate(1);
+            }
+            for kernels in paths {
                 let ours = embed(&model, kernels, flags, &out);
                 let (worst, at) = lowest_cosine(&ours, &reference);
                 eprintln!("{family} {name} {kernels}: lowest cosine {worst:.6} (text {at})");
@@ -377,19 +395,27 @@ fn all_mpnet_base_v2_matches_sentence_transformers() {
 }
 
 /// An index built with an e5-style model (the xlm-roberta folder's prompts "query: " and
-/// "passage: "): chunks are embedded with the document prompt and `search` embeds the query
+/// "passage: ", and the qwen3 and gemma3 folders' own): chunks are embedded with the document prompt and `search` embeds the query
 /// with the query prompt. Each vector-search score equals the cosine of sentence-transformers'
 /// `encode_query` and `encode_document` vectors; without the prompts it would not.
 #[test]
 fn search_embeds_queries_and_documents_with_their_prompts() {
+    // e5's prompts; Qwen3-Embedding's instruction (and an empty document prompt) on a
+    // last-token decoder; EmbeddingGemma's prompts with its two Dense layers.
+    for family in ["xlm-roberta", "qwen3", "gemma3"] {
+        search_with_prompts(family);
+    }
+}
+
+fn search_with_prompts(family: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let model = family_model(dir.path(), "xlm-roberta");
+    let model = family_model(dir.path(), family);
     let texts = parity_texts();
     let picked: Vec<usize> = (40..48).collect();
     let index = ingest_texts(dir.path(), &model, &picked, &[]);
-    let query = read_matrix(&reference_dir("xlm-roberta").join("query.npy"));
-    let document = read_matrix(&reference_dir("xlm-roberta").join("document.npy"));
-    let plain = read_matrix(&reference_dir("xlm-roberta").join("encode.npy"));
+    let query = read_matrix(&reference_dir(family).join("query.npy"));
+    let document = read_matrix(&reference_dir(family).join("document.npy"));
+    let plain = read_matrix(&reference_dir(family).join("encode.npy"));
     let dot = |a: &[f32], b: &[f32]| -> f64 {
         a.iter()
             .zip(b)
@@ -406,7 +432,7 @@ fn search_embeds_queries_and_documents_with_their_prompts() {
             let expected = dot(&query[q], &document[d]);
             assert!(
                 (score - expected).abs() < 1e-4,
-                "query {q}, text {d}: score {score}, sentence-transformers {expected}"
+                "{family}: query {q}, text {d}: score {score}, sentence-transformers {expected}"
             );
             if (dot(&plain[q], &plain[d]) - expected).abs() > 1e-3 {
                 differs += 1;
@@ -415,7 +441,7 @@ fn search_embeds_queries_and_documents_with_their_prompts() {
     }
     assert!(
         differs > 8,
-        "the prompts changed only {differs} of 16 scores"
+        "{family}: the prompts changed only {differs} of 16 scores"
     );
 }
 
@@ -442,6 +468,163 @@ fn an_index_built_with_dimensions_is_searched_with_them() {
         assert!(
             (score - expected).abs() < 1e-4,
             "text {d}: {score} vs {expected}"
+        );
+    }
+}
+
+/// Peak resident memory of a command, in MiB (GNU time's report).
+fn peak_rss_mb(cmd: &mut Command) -> u64 {
+    let o = run(cmd);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let kb = stderr
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Maximum resident set size (kbytes): ")
+        })
+        .unwrap_or_else(|| panic!("no peak RSS from /usr/bin/time: {stderr}"));
+    kb.trim().parse::<u64>().unwrap() / 1024
+}
+
+/// A ModernBERT-shaped and an XLM-RoBERTa-shaped model (random weights, 4 heads; base sizes
+/// in BENCHMARKS.md by scripts/long-inputs.sh) embed one input of 2,048, 4,096 and 8,192
+/// tokens, whole (no truncation below the model's limit). Attention memory that grew with the
+/// square of the length would add 4 heads x (8192^2 - 4096^2) x 4 bytes = 768 MiB from 4k
+/// to 8k; blockwise attention adds what the activations take (a few MiB here).
+#[test]
+fn long_inputs_take_memory_that_grows_with_their_length_not_its_square() {
+    assert!(
+        Path::new("/usr/bin/time").is_file(),
+        "GNU time is needed (apt-get install time; .ci/run installs it)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    for family in ["modernbert", "xlm-roberta"] {
+        let model = dir.path().join(family);
+        ragline::embed::random::save_random_family_with(
+            &model_dir(),
+            &model,
+            family,
+            64,
+            2,
+            21,
+            ragline::embed::random::RandomOptions {
+                max_seq_length: Some(8192),
+                real_shape: false,
+            },
+        )
+        .unwrap();
+        let mut peaks = Vec::new();
+        for tokens in [2048usize, 4096, 8192] {
+            let input = dir.path().join(format!("{family}-{tokens}.jsonl"));
+            // "token" is one word piece; the specials make up the rest.
+            let text = vec!["token"; tokens - 2].join(" ");
+            fs::write(
+                &input,
+                serde_json::json!({ "text": text }).to_string() + "\n",
+            )
+            .unwrap();
+            let out = dir.path().join(format!("{family}-{tokens}-out.jsonl"));
+            let mb = peak_rss_mb(
+                Command::new("/usr/bin/time")
+                    .arg("-v")
+                    .arg(env!("CARGO_BIN_EXE_ragline"))
+                    .args(["embed", "--device", "cpu", "--model"])
+                    .arg(&model)
+                    .arg("--input")
+                    .arg(&input)
+                    .arg("--output")
+                    .arg(&out),
+            );
+            let report = fs::read_to_string(&out).unwrap();
+            let row: serde_json::Value =
+                serde_json::from_str(report.lines().next().unwrap()).unwrap();
+            let v = row["vector"].as_array().unwrap();
+            assert_eq!(v.len(), 64);
+            assert!(v.iter().all(|x| x.as_f64().unwrap().is_finite()));
+            eprintln!("{family}: {tokens} tokens, peak RSS {mb} MiB");
+            peaks.push(mb);
+        }
+        assert!(
+            peaks[2] < peaks[1] + 128,
+            "{family}: peak RSS {peaks:?} MiB at 2k/4k/8k tokens grows like the square"
+        );
+    }
+}
+
+/// A backfill from MiniLM (384-d) to the real all-mpnet-base-v2 (768-d) while searches run:
+/// every search answers during it, and afterwards search uses MPNet, its scores the cosines
+/// of sentence-transformers' MPNet vectors.
+#[test]
+fn a_backfill_from_minilm_to_mpnet_keeps_search_up() {
+    let mpnet = root().join("models/all-mpnet-base-v2");
+    if !mpnet.join("model.safetensors").is_file() {
+        assert!(
+            std::env::var("RAGLINE_REQUIRE_DATA").as_deref() != Ok("1"),
+            "models/all-mpnet-base-v2 is missing and RAGLINE_REQUIRE_DATA=1"
+        );
+        eprintln!("skipped: models/all-mpnet-base-v2 is missing (scripts/fetch-model.sh)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let texts = parity_texts();
+    // Short texts: each is one chunk, embedded whole as the reference was.
+    let picked: Vec<usize> = (36..48).collect();
+    let index = ingest_texts(dir.path(), &model_dir(), &picked, &[]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let searcher = {
+        let (stop, index, query) = (stop.clone(), index.clone(), texts[39].clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || n == 0 {
+                let hits = vector_search(&index, &query, 3);
+                assert!(!hits.is_empty(), "a search came back empty");
+                n += 1;
+            }
+            n
+        })
+    };
+    let o = run(ragline()
+        .args([
+            "backfill",
+            "--stage",
+            "embed",
+            "--progress",
+            "none",
+            "--device",
+            "cpu",
+        ])
+        .args(["--index", &index, "--model"])
+        .arg(&mpnet));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let searches = searcher.join().expect("every search answered");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    eprintln!("{searches} searches during the backfill");
+    let o = run(ragline().args(["status", "--json", "--index", &index]));
+    let status = crate::util::stdout_json(&o);
+    let active: Vec<&serde_json::Value> = status["vector_sets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["active"] == true)
+        .collect();
+    assert_eq!(active.len(), 1, "{status}");
+    assert_eq!(active[0]["dimension"], 768, "{status}");
+    let reference = read_matrix(&reference_dir("all-mpnet-base-v2").join("encode.npy"));
+    let hits = vector_search(&index, &texts[39], 12);
+    assert_eq!(hits.len(), picked.len());
+    for h in &hits {
+        let d = hit_text(h);
+        let expected = cosine(&reference[39], &reference[d]);
+        let score = h["score"].as_f64().unwrap();
+        assert!(
+            (score - expected).abs() < 1e-4,
+            "text {d}: score {score}, sentence-transformers {expected}"
         );
     }
 }

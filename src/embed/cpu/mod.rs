@@ -94,11 +94,12 @@ struct Relative {
 }
 
 impl Relative {
-    /// Add head `head`'s bias to the scores [len, len] of one sequence.
-    fn add(&self, head: usize, scores: &mut [f32], len: usize) {
+    /// Add head `head`'s bias to the scores [rows, len] of one sequence's query rows from
+    /// `first` on.
+    fn add(&self, head: usize, scores: &mut [f32], first: usize, len: usize) {
         let table = &self.by_distance[head];
         for (i, row) in scores.chunks_exact_mut(len).enumerate() {
-            let from = self.max - 1 - i;
+            let from = self.max - 1 - (first + i);
             for (s, b) in row.iter_mut().zip(&table[from..from + len]) {
                 *s += b;
             }
@@ -455,6 +456,11 @@ fn linear(
     }
 }
 
+/// Query rows per attention block: a sequence's scores take [QUERY_BLOCK, len] floats per
+/// task, so attention memory grows with the length, not its square (8,192 tokens: 8 MiB, not
+/// 256 MiB, per head in flight). Softmax is over whole rows, so blocking the queries is exact.
+const QUERY_BLOCK: usize = 256;
+
 /// Self-attention on our packed GEMM (the avx512 and portable paths): per sequence and head,
 /// K^T and V are packed into the thread's buffers, then scores = Q K^T, softmax, P V.
 #[allow(clippy::too_many_arguments)]
@@ -478,7 +484,6 @@ fn attention_packed(
         |(scores, kt, v), task| {
             let (seq, head) = (task / heads, task % heads);
             let (start, len) = (starts[seq], lengths[seq]);
-            sized(scores, len * len);
             let base = start * stride + head * hs;
             // K^T [hs, len]: element (d, j) is K[j, d].
             kt.fill(&qkv[base + h..], hs, len, 1, stride);
@@ -497,29 +502,34 @@ fn attention_packed(
             };
             // SAFETY: each task reads rows start..start+len of qkv at its head's columns and
             // writes only its own head's columns of those rows of `out`; tasks never overlap.
-            unsafe {
-                let q = Operands {
-                    a: qkv[base..].as_ptr(),
-                    lda: stride,
-                    m: len,
-                    c: scores.as_mut_ptr(),
-                    ldc: len,
-                };
-                gemm::f32_gemm(path, q, kt.view(), Epilogue::NONE, false);
-                if let Some(r) = relative {
-                    r.add(head, scores, len);
+            // Query rows go QUERY_BLOCK at a time: scores are [block, len], never [len, len].
+            for q0 in (0..len).step_by(QUERY_BLOCK) {
+                let rows = QUERY_BLOCK.min(len - q0);
+                sized(scores, rows * len);
+                unsafe {
+                    let q = Operands {
+                        a: qkv[base + q0 * stride..].as_ptr(),
+                        lda: stride,
+                        m: rows,
+                        c: scores.as_mut_ptr(),
+                        ldc: len,
+                    };
+                    gemm::f32_gemm(path, q, kt.view(), Epilogue::NONE, false);
+                    if let Some(r) = relative {
+                        r.add(head, scores, q0, len);
+                    }
+                    for row in scores.chunks_exact_mut(len) {
+                        softmax(path, row);
+                    }
+                    let p = Operands {
+                        a: scores.as_ptr(),
+                        lda: len,
+                        m: rows,
+                        c: out_ptr.get().add((start + q0) * h + head * hs),
+                        ldc: h,
+                    };
+                    gemm::f32_gemm(path, p, v, Epilogue::NONE, false);
                 }
-                for row in scores.chunks_exact_mut(len) {
-                    softmax(path, row);
-                }
-                let p = Operands {
-                    a: scores.as_ptr(),
-                    lda: len,
-                    m: len,
-                    c: out_ptr.get().add(start * h + head * hs),
-                    ldc: h,
-                };
-                gemm::f32_gemm(path, p, v, Epilogue::NONE, false);
             }
         },
     );
@@ -547,66 +557,71 @@ fn attention_gemm_crate(
         .for_each_init(Vec::new, |scores, task| {
             let (seq, head) = (task / heads, task % heads);
             let (start, len) = (starts[seq], lengths[seq]);
-            scores.clear();
-            scores.resize(len * len, 0f32);
             let base = start * stride + head * hs;
-            let q = qkv[base..].as_ptr();
             let k = qkv[base + h..].as_ptr();
             let v = qkv[base + 2 * h..].as_ptr();
-            // SAFETY: each task reads rows start..start+len of qkv at its head's columns and
-            // writes only its own head's columns of those rows of `out`; tasks never overlap.
-            unsafe {
-                // scores = Q K^T: [len, hs] x [hs, len].
-                gemm_crate(
-                    len,
-                    len,
-                    hs,
-                    scores.as_mut_ptr(),
-                    1,
-                    len as isize,
-                    false,
-                    q,
-                    1,
-                    stride as isize,
-                    k,
-                    stride as isize,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    Parallelism::None,
-                );
-                if let Some(r) = relative {
-                    r.add(head, scores, len);
+            // Query rows go QUERY_BLOCK at a time: scores are [block, len], never [len, len].
+            for q0 in (0..len).step_by(QUERY_BLOCK) {
+                let rows = QUERY_BLOCK.min(len - q0);
+                scores.clear();
+                scores.resize(rows * len, 0f32);
+                let q = qkv[base + q0 * stride..].as_ptr();
+                // SAFETY: each task reads rows start..start+len of qkv at its head's columns
+                // and writes only its own head's columns of those rows of `out`; tasks never
+                // overlap.
+                unsafe {
+                    // scores = Q K^T: [rows, hs] x [hs, len].
+                    gemm_crate(
+                        rows,
+                        len,
+                        hs,
+                        scores.as_mut_ptr(),
+                        1,
+                        len as isize,
+                        false,
+                        q,
+                        1,
+                        stride as isize,
+                        k,
+                        stride as isize,
+                        1,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        Parallelism::None,
+                    );
+                    if let Some(r) = relative {
+                        r.add(head, scores, q0, len);
+                    }
+                    for row in scores.chunks_exact_mut(len) {
+                        softmax(KernelPath::Avx2, row);
+                    }
+                    // context = P V: [rows, len] x [len, hs], into out[start + q0.., head*hs..].
+                    let dst = out_ptr.get().add((start + q0) * h + head * hs);
+                    gemm_crate(
+                        rows,
+                        hs,
+                        len,
+                        dst,
+                        1,
+                        h as isize,
+                        false,
+                        scores.as_ptr(),
+                        1,
+                        len as isize,
+                        v,
+                        1,
+                        stride as isize,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        Parallelism::None,
+                    );
                 }
-                for row in scores.chunks_exact_mut(len) {
-                    softmax(KernelPath::Avx2, row);
-                }
-                // context = P V: [len, len] x [len, hs], into out[start.., head*hs..].
-                let dst = out_ptr.get().add(start * h + head * hs);
-                gemm_crate(
-                    len,
-                    hs,
-                    len,
-                    dst,
-                    1,
-                    h as isize,
-                    false,
-                    scores.as_ptr(),
-                    1,
-                    len as isize,
-                    v,
-                    1,
-                    stride as isize,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    Parallelism::None,
-                );
             }
         });
 }
