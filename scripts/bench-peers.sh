@@ -9,7 +9,8 @@
 # 2,000 passages cut from ../shared/data (react-docs and MDN paragraphs), built once into
 # target/bench-peers/passages.jsonl. DEVICE is cpu (default) or cuda. DTYPE=bf16|int8 runs
 # ragline in that precision (sentence-transformers stays f32 on the CPU); RAGLINE_CPU_KERNELS
-# forces ragline's CPU kernel path (avx512, avx2, portable).
+# forces ragline's CPU kernel path (avx512, avx2, portable). PASSAGES=N takes the first N
+# passages only (the big models: scripts/bench-families.sh).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -27,7 +28,12 @@ mkdir -p "$OUT"
 [ -s "$OUT/passages.jsonl" ] || python3 scripts/bench-passages.py "$OUT/passages.jsonl"
 
 export RAYON_NUM_THREADS=$THREADS OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
-"$PYTHON" - "$OUT/passages.jsonl" "$MODEL" "$RAGLINE" "$THREADS" "$RUNS" "$DEVICE" "${DTYPE:-auto}" <<'PY'
+INPUT=$OUT/passages.jsonl
+if [ -n "${PASSAGES:-}" ]; then
+  INPUT=$OUT/passages-$PASSAGES.jsonl
+  head -n "$PASSAGES" "$OUT/passages.jsonl" > "$INPUT"
+fi
+"$PYTHON" - "$INPUT" "$MODEL" "$RAGLINE" "$THREADS" "$RUNS" "$DEVICE" "${DTYPE:-auto}" <<'PY'
 import json, os, platform, statistics, subprocess, sys, time
 path, model_dir, ragline, threads, runs, device, dtype = sys.argv[1:8]
 threads, runs = int(threads), int(runs)
@@ -54,7 +60,7 @@ def run_ragline():
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t
 
-run_st()  # warm-up: torch's first call allocates and plans
+st.encode(texts[:64], batch_size=32)  # warm-up: torch's first call allocates and plans
 times = {"sentence-transformers": [], "ragline": []}
 for i in range(runs):
     order = [("ragline", run_ragline), ("sentence-transformers", run_st)]

@@ -68,15 +68,27 @@ mkdir -p "$tmp/model/1_Pooling"
 
 from_hub() {
   local base="https://huggingface.co/$MODEL/resolve/main"
-  curl -fs --max-time 10 -o /dev/null "https://huggingface.co/api/models/$MODEL" || return 1
+  # Gated models (google/embeddinggemma-300m) need a token; it goes in a header, never a URL.
+  local auth=()
+  [ -n "${HF_TOKEN:-}" ] && auth=(-H "Authorization: Bearer $HF_TOKEN")
+  curl -fs --max-time 10 "${auth[@]}" -o /dev/null "https://huggingface.co/api/models/$MODEL" || return 1
   echo "downloading $MODEL from the Hugging Face hub"
   for f in config.json tokenizer.json model.safetensors; do
-    curl -fsSL --retry 3 -o "$tmp/model/$f" "$base/$f" || return 1
+    curl -fsSL --retry 3 "${auth[@]}" -o "$tmp/model/$f" "$base/$f" || return 1
   done
   for f in modules.json sentence_bert_config.json config_sentence_transformers.json \
            1_Pooling/config.json tokenizer_config.json special_tokens_map.json vocab.txt; do
-    curl -fsSL --retry 3 -o "$tmp/model/$f" "$base/$f" 2>/dev/null || rm -f "$tmp/model/$f"
+    curl -fsSL --retry 3 "${auth[@]}" -o "$tmp/model/$f" "$base/$f" 2>/dev/null || rm -f "$tmp/model/$f"
   done
+  # The Dense modules modules.json names (embeddinggemma: 2_Dense, 3_Dense).
+  if [ -f "$tmp/model/modules.json" ]; then
+    for d in $("$PYTHON" -c 'import json,sys; print(" ".join(m["path"] for m in json.load(open(sys.argv[1])) if m.get("type", "").endswith("Dense") and m.get("path")))' "$tmp/model/modules.json"); do
+      mkdir -p "$tmp/model/$d"
+      for f in config.json model.safetensors; do
+        curl -fsSL --retry 3 "${auth[@]}" -o "$tmp/model/$d/$f" "$base/$d/$f" || return 1
+      done
+    done
+  fi
 }
 
 from_pypi() {

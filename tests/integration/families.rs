@@ -628,3 +628,72 @@ fn a_backfill_from_minilm_to_mpnet_keeps_search_up() {
         );
     }
 }
+
+/// `bench` and `eval` with each rotary family (ingest, search, embed and serve are driven by
+/// the tests above and in serve.rs through the same `EmbeddingModel`): the bench report names
+/// the family's encoder, and eval scores the SciFact slice in every mode.
+#[test]
+fn bench_and_eval_run_the_rotary_families() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus");
+    fs::create_dir_all(&corpus).unwrap();
+    for (i, t) in parity_texts().iter().enumerate().take(80) {
+        fs::write(corpus.join(format!("d{i}.md")), t).unwrap();
+    }
+    let data = root().join("tests/fixtures/scifact-mini");
+    for family in ROTARY {
+        let model = family_model(dir.path(), family);
+        let o = run(ragline()
+            .args([
+                "bench", "--json", "--device", "cpu", "--chunks", "60", "--model",
+            ])
+            .arg(&model)
+            .arg("--corpus")
+            .arg(&corpus));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let report = crate::util::stdout_json(&o);
+        let model_type = if *family == "gemma3" {
+            "gemma3_text"
+        } else {
+            family
+        };
+        assert!(
+            report["encoder"].as_str().unwrap().contains(model_type),
+            "{family}: {report}"
+        );
+        assert!(report["tokens_per_s"].as_f64().unwrap() > 0.0, "{report}");
+        let o = run(ragline()
+            .args(["eval", "--truncate", "--device", "cpu", "--json", "--model"])
+            .arg(&model)
+            .arg("--corpus")
+            .arg(data.join("corpus.jsonl"))
+            .arg("--queries")
+            .arg(data.join("queries.jsonl"))
+            .arg("--qrels")
+            .arg(data.join("qrels/test.tsv"))
+            .arg("--index")
+            .arg(format!(
+                "sqlite://{}",
+                dir.path().join(format!("{family}.db")).display()
+            )));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let scores = crate::util::stdout_json(&o);
+        let scores = scores.as_array().unwrap();
+        assert_eq!(scores.len(), 3, "{family}: {scores:?}");
+        for s in scores {
+            assert_eq!(s["queries"], 25, "{family}: {s}");
+            let n = s["ndcg_at_10"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&n), "{family}: {s}");
+        }
+    }
+}
