@@ -367,7 +367,7 @@ impl RotaryModel {
         let rope_index = |t: f64| bases.iter().position(|&b| b == t).unwrap_or(0);
         let ropes: Vec<Vec<f32>> = bases.iter().map(|&t| inv_freq(t)).collect();
         let mut layers = Vec::with_capacity(c.layers);
-        let model = match c.arch {
+        let (embeddings, embedding_norm, embedding_scale, final_norm) = match c.arch {
             Arch::ModernBert => {
                 let embeddings =
                     candle_nn::embedding(c.vocab, h, vb.pp("embeddings.tok_embeddings"))?;
@@ -393,16 +393,7 @@ impl RotaryModel {
                     });
                 }
                 let final_norm = layer_norm(vb.pp("final_norm"), h)?;
-                Self::assemble(
-                    config.clone(),
-                    embeddings,
-                    embedding_norm,
-                    None,
-                    layers,
-                    final_norm,
-                    vb.device(),
-                    vb.dtype(),
-                )
+                (embeddings, embedding_norm, None, final_norm)
             }
             Arch::Qwen3 | Arch::Gemma3 => {
                 let embeddings = candle_nn::embedding(c.vocab, h, vb.pp("embed_tokens"))?;
@@ -449,43 +440,20 @@ impl RotaryModel {
                     .to_dtype(vb.dtype())?
                     .to_dtype(DType::F64)?
                     .to_scalar::<f64>()?;
-                Self::assemble(
-                    config.clone(),
-                    embeddings,
-                    None,
-                    gemma.then_some(scale),
-                    layers,
-                    final_norm,
-                    vb.device(),
-                    vb.dtype(),
-                )
+                (embeddings, None, gemma.then_some(scale), final_norm)
             }
         };
-        Ok(RotaryModel { ropes, ..model })
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn assemble(
-        config: RotaryConfig,
-        embeddings: Embedding,
-        embedding_norm: Option<Norm>,
-        embedding_scale: Option<f64>,
-        layers: Vec<Layer>,
-        final_norm: Norm,
-        device: &Device,
-        dtype: DType,
-    ) -> Self {
-        RotaryModel {
-            config,
+        Ok(RotaryModel {
             embeddings,
             embedding_norm,
             embedding_scale,
             layers,
             final_norm,
-            ropes: Vec::new(),
-            device: device.clone(),
-            dtype,
-        }
+            ropes,
+            device: vb.device().clone(),
+            dtype: vb.dtype(),
+            config,
+        })
     }
 
     pub fn arch(&self) -> Arch {

@@ -640,7 +640,6 @@ fn bench_and_eval_run_the_rotary_families() {
     for (i, t) in parity_texts().iter().enumerate().take(80) {
         fs::write(corpus.join(format!("d{i}.md")), t).unwrap();
     }
-    let data = root().join("tests/fixtures/scifact-mini");
     for family in ROTARY {
         let model = family_model(dir.path(), family);
         let o = run(ragline()
@@ -667,20 +666,10 @@ fn bench_and_eval_run_the_rotary_families() {
             "{family}: {report}"
         );
         assert!(report["tokens_per_s"].as_f64().unwrap() > 0.0, "{report}");
-        let o = run(ragline()
-            .args(["eval", "--truncate", "--device", "cpu", "--json", "--model"])
-            .arg(&model)
-            .arg("--corpus")
-            .arg(data.join("corpus.jsonl"))
-            .arg("--queries")
-            .arg(data.join("queries.jsonl"))
-            .arg("--qrels")
-            .arg(data.join("qrels/test.tsv"))
-            .arg("--index")
-            .arg(format!(
-                "sqlite://{}",
-                dir.path().join(format!("{family}.db")).display()
-            )));
+        let o = run(&mut crate::index::eval_scifact_mini_with(
+            &model,
+            &dir.path().join(format!("{family}.db")),
+        ));
         assert_eq!(
             o.status.code(),
             Some(0),

@@ -246,10 +246,15 @@ fn bench_write_takes_the_batch_size_and_writes_every_chunk() {
 
 /// `ragline eval --truncate --json` of the SciFact slice on the CPU, into an index in `dir`.
 fn eval_scifact_mini(dir: &Path) -> std::process::Command {
+    eval_scifact_mini_with(&model_dir(), &dir.join("e.db"))
+}
+
+/// [`eval_scifact_mini`] with `model`, into the SQLite file `db`.
+pub(crate) fn eval_scifact_mini_with(model: &Path, db: &Path) -> std::process::Command {
     let data = root().join("tests/fixtures/scifact-mini");
     let mut cmd = ragline();
     cmd.args(["eval", "--truncate", "--device", "cpu", "--json", "--model"])
-        .arg(model_dir())
+        .arg(model)
         .arg("--corpus")
         .arg(data.join("corpus.jsonl"))
         .arg("--queries")
@@ -257,7 +262,7 @@ fn eval_scifact_mini(dir: &Path) -> std::process::Command {
         .arg("--qrels")
         .arg(data.join("qrels/test.tsv"))
         .arg("--index")
-        .arg(format!("sqlite://{}", dir.join("e.db").display()));
+        .arg(format!("sqlite://{}", db.display()));
     cmd
 }
 
