@@ -1,10 +1,12 @@
 //! The CPU GEMM kernels on the encoder's shapes, in FLOP/s (`Throughput::Elements` counts
 //! floating-point operations: 2 x M x K x N): M = 2,048 tokens (the CPU batch budget), the
-//! (K, N) of all-MiniLM-L6-v2's dense layers (QKV, attention output, FFN in, FFN out), per
-//! kernel path and precision this CPU supports. `gemm-crate` is the `gemm` crate (the avx2
-//! path; it picks its own AVX2 kernels).
+//! (K, N) of all-MiniLM-L6-v2's dense layers (QKV, attention output, FFN in, FFN out), or of
+//! BERT-base's with `RAGLINE_BENCH_SHAPES=base`, per kernel path and precision this CPU
+//! supports. `gemm-crate` is the `gemm` crate (candle's CPU GEMM; it picks its own kernels),
+//! for comparison.
 //!
 //!     cargo bench --bench kernels
+//!     RAGLINE_BENCH_SHAPES=base cargo bench --bench kernels
 
 use std::time::Duration;
 
@@ -14,11 +16,17 @@ use ragline::embed::cpu::kernels::{features, KernelPath};
 use ragline::embed::cpu::pack::{PackedBf16, PackedF32, PackedI8};
 
 const M: usize = 2048;
-const SHAPES: [(&str, usize, usize); 4] = [
+const MINILM: [(&str, usize, usize); 4] = [
     ("qkv-384x1152", 384, 1152),
     ("out-384x384", 384, 384),
     ("ffn-in-384x1536", 384, 1536),
     ("ffn-out-1536x384", 1536, 384),
+];
+const BASE: [(&str, usize, usize); 4] = [
+    ("qkv-768x2304", 768, 2304),
+    ("out-768x768", 768, 768),
+    ("ffn-in-768x3072", 768, 3072),
+    ("ffn-out-3072x768", 3072, 768),
 ];
 
 fn data(len: usize) -> Vec<f32> {
@@ -33,7 +41,11 @@ fn kernels(c: &mut Criterion) {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    for (name, k, n) in SHAPES {
+    let shapes = match std::env::var("RAGLINE_BENCH_SHAPES").as_deref() {
+        Ok("base") => BASE,
+        _ => MINILM,
+    };
+    for (name, k, n) in shapes {
         let a = data(M * k);
         let b = data(k * n);
         let mut out = vec![0f32; M * n];
@@ -71,7 +83,7 @@ fn kernels(c: &mut Criterion) {
                 )
             })
         });
-        for path in [KernelPath::Avx512, KernelPath::Portable] {
+        for path in [KernelPath::Avx512, KernelPath::Avx2, KernelPath::Portable] {
             if !path.supported() {
                 continue;
             }

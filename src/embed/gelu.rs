@@ -6,21 +6,33 @@
 
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
-/// erf(x) for f32, |error| < 2e-7: x * P(x^2) / Q(x^2) on x clamped to [-4, 4].
+/// The numerator of erf's rational approximation, a polynomial in x^2, highest power first.
+pub const ERF_P: [f32; 7] = [
+    -2.726_142_3e-10,
+    2.770_681_4e-8,
+    -2.101_024e-6,
+    -5.692_506_4e-5,
+    -7.349_906_3e-4,
+    -2.954_600_1e-3,
+    -1.609_603_3e-2,
+];
+/// Its denominator, highest power first.
+pub const ERF_Q: [f32; 5] = [
+    -1.456_607_2e-5,
+    -2.133_740_6e-4,
+    -1.682_827e-3,
+    -7.373_329_5e-3,
+    -1.426_474e-2,
+];
+
+/// erf(x) for f32, |error| < 2e-7: x * P(x^2) / Q(x^2) on x clamped to [-4, 4]. The vector
+/// kernels (`cpu/avx2.rs`, `cpu/avx512.rs`) evaluate the same polynomials.
 #[inline(always)]
 pub fn erf(x: f32) -> f32 {
     let x = x.clamp(-4.0, 4.0);
     let x2 = x * x;
-    let mut p = x2 * -2.726_142_3e-10 + 2.770_681_4e-8;
-    p = x2 * p + -2.101_024e-6;
-    p = x2 * p + -5.692_506_4e-5;
-    p = x2 * p + -7.349_906_3e-4;
-    p = x2 * p + -2.954_600_1e-3;
-    p = x2 * p + -1.609_603_3e-2;
-    let mut q = x2 * -1.456_607_2e-5 + -2.133_740_6e-4;
-    q = x2 * q + -1.682_827e-3;
-    q = x2 * q + -7.373_329_5e-3;
-    q = x2 * q + -1.426_474e-2;
+    let p = ERF_P[1..].iter().fold(ERF_P[0], |p, &c| x2 * p + c);
+    let q = ERF_Q[1..].iter().fold(ERF_Q[0], |q, &c| x2 * q + c);
     x * p / q
 }
 

@@ -6,7 +6,9 @@
 
 use std::arch::x86_64::*;
 
-use super::gemm::{I8Scales, Store};
+use crate::embed::gelu::{ERF_P, ERF_Q};
+
+use super::gemm::{row_ptrs, I8Scales, Store};
 use super::pack::NR;
 
 /// Rows of the micro-kernels' tile: 14 x 2 accumulators + 2 weight registers + 1 broadcast.
@@ -25,16 +27,14 @@ fn gelu(x: __m512) -> __m512 {
     let z = _mm512_mul_ps(x, splat(std::f32::consts::FRAC_1_SQRT_2));
     let z = _mm512_max_ps(_mm512_min_ps(z, splat(4.0)), splat(-4.0));
     let z2 = _mm512_mul_ps(z, z);
-    let mut p = _mm512_fmadd_ps(z2, splat(-2.726_142_3e-10), splat(2.770_681_4e-8));
-    p = _mm512_fmadd_ps(z2, p, splat(-2.101_024e-6));
-    p = _mm512_fmadd_ps(z2, p, splat(-5.692_506_4e-5));
-    p = _mm512_fmadd_ps(z2, p, splat(-7.349_906_3e-4));
-    p = _mm512_fmadd_ps(z2, p, splat(-2.954_600_1e-3));
-    p = _mm512_fmadd_ps(z2, p, splat(-1.609_603_3e-2));
-    let mut q = _mm512_fmadd_ps(z2, splat(-1.456_607_2e-5), splat(-2.133_740_6e-4));
-    q = _mm512_fmadd_ps(z2, q, splat(-1.682_827e-3));
-    q = _mm512_fmadd_ps(z2, q, splat(-7.373_329_5e-3));
-    q = _mm512_fmadd_ps(z2, q, splat(-1.426_474e-2));
+    let mut p = splat(ERF_P[0]);
+    for c in &ERF_P[1..] {
+        p = _mm512_fmadd_ps(z2, p, splat(*c));
+    }
+    let mut q = splat(ERF_Q[0]);
+    for c in &ERF_Q[1..] {
+        q = _mm512_fmadd_ps(z2, q, splat(*c));
+    }
     let erf = _mm512_div_ps(_mm512_mul_ps(z, p), q);
     _mm512_mul_ps(_mm512_mul_ps(splat(0.5), x), _mm512_add_ps(splat(1.0), erf))
 }
@@ -83,17 +83,6 @@ unsafe fn store_row(st: &Store, i: usize, v: [__m512; 2], m: (__mmask16, __mmask
     _mm512_mask_storeu_ps(c.add(16), m.1, b);
 }
 
-/// Row pointers of the tile's A rows; rows past the last real one repeat it (they are
-/// computed, never stored), so no read leaves A.
-#[inline(always)]
-unsafe fn row_ptrs<T>(a: *const T, lda: usize, rows: usize) -> [*const T; MR] {
-    let mut rp = [a; MR];
-    for (i, p) in rp.iter_mut().enumerate() {
-        *p = a.add(i.min(rows - 1) * lda);
-    }
-    rp
-}
-
 /// f32: tile = A [rows][lda] (kc columns) · B [kc][32] (rows ldb apart), then the store's
 /// epilogue.
 ///
@@ -110,7 +99,7 @@ pub unsafe fn micro_f32(
     st: &Store,
 ) {
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
-    let rp = row_ptrs(a, lda, st.rows);
+    let rp: [_; MR] = row_ptrs(a, lda, st.rows);
     let mut bp = b;
     for kk in 0..kc {
         let b0 = _mm512_loadu_ps(bp);
@@ -135,7 +124,7 @@ pub unsafe fn micro_f32(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub unsafe fn micro_bf16(pairs: usize, a: *const u32, lda: usize, b: *const u32, st: &Store) {
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
-    let rp = row_ptrs(a, lda, st.rows);
+    let rp: [_; MR] = row_ptrs(a, lda, st.rows);
     let mut bp = b;
     for q in 0..pairs {
         let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.cast()));
@@ -170,7 +159,7 @@ pub unsafe fn micro_i8(
     s: &I8Scales,
 ) {
     let mut acc = [[_mm512_setzero_si512(); 2]; MR];
-    let rp = row_ptrs(a, lda, st.rows);
+    let rp: [_; MR] = row_ptrs(a, lda, st.rows);
     let mut bp = b;
     for q in 0..quads {
         let b0 = _mm512_loadu_si512(bp.cast());
@@ -460,28 +449,6 @@ pub unsafe fn fma_probe(iters: usize) -> f32 {
         sum = _mm512_add_ps(sum, x);
     }
     _mm512_reduce_add_ps(sum)
-}
-
-/// The same probe with 8-lane AVX2 FMAs (12 chains).
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn fma_probe_avx2(iters: usize) -> f32 {
-    let mut acc = [_mm256_setzero_ps(); 12];
-    let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-    for _ in 0..iters {
-        for x in acc.iter_mut() {
-            *x = _mm256_fmadd_ps(*x, a, b);
-        }
-    }
-    let mut out = [0f32; 8];
-    let mut sum = _mm256_setzero_ps();
-    for x in acc {
-        sum = _mm256_add_ps(sum, x);
-    }
-    _mm256_storeu_ps(out.as_mut_ptr(), sum);
-    out.iter().sum()
 }
 
 #[cfg(test)]

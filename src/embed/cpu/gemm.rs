@@ -225,6 +225,8 @@ pub unsafe fn f32_gemm(
     let (micro, mr): (MicroF32, usize) = match path {
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512 => (super::avx512::micro_f32, super::avx512::MR),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => (super::avx2::micro_f32, super::avx2::MR),
         _ => (micro_f32_portable, MR_PORTABLE),
     };
     drive(
@@ -251,6 +253,24 @@ pub unsafe fn f32_gemm(
             }
         },
     );
+}
+
+/// Row pointers of a tile's `R` rows of A; rows past the last real one repeat it (they are
+/// computed, never stored), so no read leaves A.
+///
+/// # Safety
+/// `a` holds `rows` (1..=R) rows at stride lda.
+#[inline(always)]
+pub(super) unsafe fn row_ptrs<T, const R: usize>(
+    a: *const T,
+    lda: usize,
+    rows: usize,
+) -> [*const T; R] {
+    let mut rp = [a; R];
+    for (i, p) in rp.iter_mut().enumerate() {
+        *p = a.add(i.min(rows - 1) * lda);
+    }
+    rp
 }
 
 /// An f32 micro-kernel: tile = A [rows][lda] (kc columns) · B [kc][32] (rows ldb apart).
@@ -624,8 +644,17 @@ mod tests {
     }
 
     #[test]
+    fn avx2_f32_gemm_matches_the_reference() {
+        if !KernelPath::Avx2.supported() {
+            eprintln!("skipped: this CPU has no AVX2 and FMA");
+            return;
+        }
+        f32_path(KernelPath::Avx2);
+    }
+
+    #[test]
     fn fused_gelu_is_gelu_of_the_sum() {
-        for path in [KernelPath::Portable, KernelPath::Avx512] {
+        for path in [KernelPath::Portable, KernelPath::Avx2, KernelPath::Avx512] {
             if !path.supported() {
                 continue;
             }

@@ -15,7 +15,8 @@ pub enum KernelPath {
     /// AVX-512 F/BW/VL intrinsics: ragline's own packed GEMM (f32, and bf16 or int8 where
     /// the CPU has AVX512-BF16 or AVX512-VNNI), attention, softmax, GELU and layer norm.
     Avx512,
-    /// AVX2 + FMA: the `gemm` crate's kernels, with our element-wise ops compiled for AVX2.
+    /// AVX2 + FMA intrinsics: ragline's packed GEMM with an AVX2 micro-kernel (f32 only),
+    /// layer norm and GELU; softmax compiled for AVX2.
     Avx2,
     /// Plain Rust that runs anywhere: ragline's packed GEMM with a scalar micro-kernel that
     /// the compiler vectorises for the baseline instruction set.
@@ -153,7 +154,7 @@ pub fn peak_flops(path: KernelPath, seconds: f64) -> Option<f64> {
         use rayon::prelude::*;
         let (probe, flops_per_iter): (unsafe fn(usize) -> f32, f64) = match path {
             KernelPath::Avx512 => (super::avx512::fma_probe, 24.0 * 16.0 * 2.0),
-            KernelPath::Avx2 => (super::avx512::fma_probe_avx2, 12.0 * 8.0 * 2.0),
+            KernelPath::Avx2 => (super::avx2::fma_probe, 12.0 * 8.0 * 2.0),
             KernelPath::Portable => return None,
         };
         if !path.supported() {

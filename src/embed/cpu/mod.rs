@@ -3,14 +3,13 @@
 //! The sequences of a batch are laid end to end ([total tokens, hidden]) so that the dense
 //! layers, which are most of the work, compute only real tokens; attention runs per sequence
 //! and head, in parallel, straight on the fused QKV buffer through strided GEMMs (no
-//! transposes, no copies, no mask). Bias and residual adds are folded into the GEMMs (the
-//! destination is pre-filled and accumulated into), GELU and layer norm work in place.
+//! transposes, no copies, no mask). Bias, residual and GELU are applied to each tile of the
+//! GEMM in registers ([`gemm`]); layer norm works in place.
 //!
-//! Three kernel paths ([`kernels::KernelPath`]), chosen at run time: `avx512` (our packed
-//! GEMM with AVX-512 micro-kernels, GELU fused into the GEMM, vectorised attention, softmax
-//! and layer norm; bf16 and int8 dense layers on CPUs that have AVX512-BF16 / VNNI), `avx2`
-//! (the `gemm` crate, which candle itself uses), `portable` (our packed GEMM with a plain
-//! Rust micro-kernel). Results match the candle path (see the tests) and sentence-transformers
+//! Three kernel paths ([`kernels::KernelPath`]), chosen at run time, all on our packed GEMM:
+//! `avx512` (AVX-512 micro-kernels, vectorised softmax and layer norm; bf16 and int8 dense
+//! layers on CPUs that have AVX512-BF16 / VNNI), `avx2` (AVX2 + FMA micro-kernels and layer
+//! norm), `portable` (a plain Rust micro-kernel). Results match the candle path (see the tests) and sentence-transformers
 //! (tests/integration/embedding.rs).
 
 pub mod gemm;
@@ -18,9 +17,10 @@ pub mod kernels;
 pub mod pack;
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 
-use ::gemm::{gemm as gemm_crate, Parallelism};
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
@@ -31,8 +31,6 @@ use super::gelu;
 
 /// A dense layer's weights in the layout its kernel path reads.
 enum Weights {
-    /// [inputs, outputs], row-major, for the `gemm` crate (the avx2 path).
-    Rows(Vec<f32>),
     F32(PackedF32),
     Bf16(PackedBf16),
     Int8(PackedI8),
@@ -147,7 +145,6 @@ impl CpuBert {
             let (inputs, outputs) = w.dims2()?;
             let rows = vec1(w)?;
             let weights = match (path, precision) {
-                (KernelPath::Avx2, _) => Weights::Rows(rows),
                 (_, Precision::F32) => Weights::F32(PackedF32::from_rows(&rows, inputs, outputs)),
                 (_, Precision::Bf16) => {
                     Weights::Bf16(PackedBf16::from_rows(&rows, inputs, outputs))
@@ -284,27 +281,16 @@ impl CpuBert {
     ) {
         let (h, path) = (self.hidden, self.path);
         linear(path, &l.qkv, x, total, None, None, &mut s.qkv);
-        match path {
-            KernelPath::Avx2 => attention_gemm_crate(
-                &s.qkv,
-                starts,
-                lengths,
-                self.heads,
-                h,
-                self.relative.as_ref(),
-                &mut s.context,
-            ),
-            _ => attention_packed(
-                path,
-                &s.qkv,
-                starts,
-                lengths,
-                self.heads,
-                h,
-                self.relative.as_ref(),
-                &mut s.context,
-            ),
-        }
+        attention(
+            path,
+            &s.qkv,
+            starts,
+            lengths,
+            self.heads,
+            h,
+            self.relative.as_ref(),
+            &mut s.context,
+        );
         linear(
             path,
             &l.attention_out,
@@ -344,13 +330,6 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
-fn threads() -> Parallelism {
-    match rayon::current_num_threads() {
-        0 | 1 => Parallelism::None,
-        n => Parallelism::Rayon(n),
-    }
-}
-
 /// Make `v` hold exactly `len` values, writing only those it did not hold before.
 fn sized(v: &mut Vec<f32>, len: usize) {
     if v.len() > len {
@@ -372,86 +351,40 @@ fn linear(
 ) {
     let (k, n) = (l.inputs, l.outputs);
     debug_assert_eq!(x.len(), rows * k);
-    let Weights::Rows(w) = &l.weights else {
-        // The packed kernels add the bias and the residual and apply the exact GELU to the
-        // tile in registers; other activations run after.
-        let fused = act == Some(Activation::GeluErf);
-        sized(dst, rows * n);
-        let ops = Operands {
-            a: x.as_ptr(),
-            lda: k,
-            m: rows,
-            c: dst.as_mut_ptr(),
-            ldc: n,
-        };
-        let epi = Epilogue {
-            bias: l.bias.as_ptr(),
-            residual: residual.map_or(std::ptr::null(), <[f32]>::as_ptr),
-            ldr: n,
-            gelu: fused,
-        };
-        // SAFETY: dst is rows x n, x is rows x k, the residual rows x n, the bias n, all
-        // row-major with the strides given; the bf16 and int8 weights exist only where
-        // `Precision::check` found the CPU features for them.
-        unsafe {
-            match &l.weights {
-                Weights::F32(w) => gemm::f32_gemm(path, ops, w.view(), epi, true),
-                #[cfg(target_arch = "x86_64")]
-                Weights::Bf16(w) => gemm::bf16_gemm(ops, w, epi, true),
-                #[cfg(target_arch = "x86_64")]
-                Weights::Int8(w) => gemm::i8_gemm(ops, w, epi, l.one_signed_input, true),
-                #[cfg(not(target_arch = "x86_64"))]
-                Weights::Bf16(_) | Weights::Int8(_) => {
-                    unreachable!("bf16 and int8 weights exist only on x86-64 (this is a bug)")
-                }
-                Weights::Rows(_) => unreachable!("handled below"),
-            }
-        }
-        if let (Some(act), false) = (act, fused) {
-            activate(path, dst, act);
-        }
-        return;
+    // The packed kernels add the bias and the residual and apply the exact GELU to the tile
+    // in registers; other activations run after.
+    let fused = act == Some(Activation::GeluErf);
+    sized(dst, rows * n);
+    let ops = Operands {
+        a: x.as_ptr(),
+        lda: k,
+        m: rows,
+        c: dst.as_mut_ptr(),
+        ldc: n,
     };
-    // The `gemm` crate accumulates into a destination pre-filled with bias and residual.
-    dst.clear();
-    match residual {
-        Some(r) => {
-            for row in r.chunks_exact(n) {
-                dst.extend(row.iter().zip(&l.bias).map(|(a, b)| a + b));
-            }
-        }
-        None => {
-            for _ in 0..rows {
-                dst.extend_from_slice(&l.bias);
-            }
-        }
-    }
-    // SAFETY: dst is rows x n, x is rows x k, w is k x n, all row-major with the strides
-    // given; gemm reads and writes within those bounds.
+    let epi = Epilogue {
+        bias: l.bias.as_ptr(),
+        residual: residual.map_or(std::ptr::null(), <[f32]>::as_ptr),
+        ldr: n,
+        gelu: fused,
+    };
+    // SAFETY: dst is rows x n, x is rows x k, the residual rows x n, the bias n, all
+    // row-major with the strides given; the bf16 and int8 weights exist only where
+    // `Precision::check` found the CPU features for them.
     unsafe {
-        gemm_crate(
-            rows,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            true,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            1,
-            n as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            threads(),
-        );
+        match &l.weights {
+            Weights::F32(w) => gemm::f32_gemm(path, ops, w.view(), epi, true),
+            #[cfg(target_arch = "x86_64")]
+            Weights::Bf16(w) => gemm::bf16_gemm(ops, w, epi, true),
+            #[cfg(target_arch = "x86_64")]
+            Weights::Int8(w) => gemm::i8_gemm(ops, w, epi, l.one_signed_input, true),
+            #[cfg(not(target_arch = "x86_64"))]
+            Weights::Bf16(_) | Weights::Int8(_) => {
+                unreachable!("bf16 and int8 weights exist only on x86-64 (this is a bug)")
+            }
+        }
     }
-    if let Some(act) = act {
+    if let (Some(act), false) = (act, fused) {
         activate(path, dst, act);
     }
 }
@@ -461,10 +394,10 @@ fn linear(
 /// 256 MiB, per head in flight). Softmax is over whole rows, so blocking the queries is exact.
 const QUERY_BLOCK: usize = 256;
 
-/// Self-attention on our packed GEMM (the avx512 and portable paths): per sequence and head,
+/// Self-attention on our packed GEMM: per sequence and head,
 /// K^T and V are packed into the thread's buffers, then scores = Q K^T, softmax, P V.
 #[allow(clippy::too_many_arguments)]
-fn attention_packed(
+fn attention(
     path: KernelPath,
     qkv: &[f32],
     starts: &[usize],
@@ -535,97 +468,6 @@ fn attention_packed(
     );
 }
 
-/// Self-attention per sequence and head over the fused QKV rows [total, 3h] (the query part
-/// already scaled by 1/sqrt(head size)) with the `gemm` crate (the avx2 path); returns the
-/// context [total, h].
-fn attention_gemm_crate(
-    qkv: &[f32],
-    starts: &[usize],
-    lengths: &[usize],
-    heads: usize,
-    h: usize,
-    relative: Option<&Relative>,
-    out: &mut Vec<f32>,
-) {
-    let hs = h / heads;
-    let total: usize = lengths.iter().sum();
-    sized(out, total * h);
-    let stride = 3 * h;
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    (0..starts.len() * heads)
-        .into_par_iter()
-        .for_each_init(Vec::new, |scores, task| {
-            let (seq, head) = (task / heads, task % heads);
-            let (start, len) = (starts[seq], lengths[seq]);
-            let base = start * stride + head * hs;
-            let k = qkv[base + h..].as_ptr();
-            let v = qkv[base + 2 * h..].as_ptr();
-            // Query rows go QUERY_BLOCK at a time: scores are [block, len], never [len, len].
-            for q0 in (0..len).step_by(QUERY_BLOCK) {
-                let rows = QUERY_BLOCK.min(len - q0);
-                scores.clear();
-                scores.resize(rows * len, 0f32);
-                let q = qkv[base + q0 * stride..].as_ptr();
-                // SAFETY: each task reads rows start..start+len of qkv at its head's columns
-                // and writes only its own head's columns of those rows of `out`; tasks never
-                // overlap.
-                unsafe {
-                    // scores = Q K^T: [rows, hs] x [hs, len].
-                    gemm_crate(
-                        rows,
-                        len,
-                        hs,
-                        scores.as_mut_ptr(),
-                        1,
-                        len as isize,
-                        false,
-                        q,
-                        1,
-                        stride as isize,
-                        k,
-                        stride as isize,
-                        1,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        Parallelism::None,
-                    );
-                    if let Some(r) = relative {
-                        r.add(head, scores, q0, len);
-                    }
-                    for row in scores.chunks_exact_mut(len) {
-                        softmax(KernelPath::Avx2, row);
-                    }
-                    // context = P V: [rows, len] x [len, hs], into out[start + q0.., head*hs..].
-                    let dst = out_ptr.get().add((start + q0) * h + head * hs);
-                    gemm_crate(
-                        rows,
-                        hs,
-                        len,
-                        dst,
-                        1,
-                        h as isize,
-                        false,
-                        scores.as_ptr(),
-                        1,
-                        len as isize,
-                        v,
-                        1,
-                        stride as isize,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        Parallelism::None,
-                    );
-                }
-            }
-        });
-}
-
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
 // SAFETY: the pointer is only used for disjoint writes (see `attention`).
@@ -679,19 +521,13 @@ pub(crate) fn softmax_scalar(row: &mut [f32]) {
     softmax_generic(row)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_avx2(row: &mut [f32]) {
-    softmax_generic(row)
-}
-
 fn softmax(path: KernelPath, row: &mut [f32]) {
     // SAFETY (all arms): the path was checked against the CPU when the encoder was built.
     match path {
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512 => unsafe { avx512::softmax(row) },
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 => unsafe { softmax_avx2(row) },
+        KernelPath::Avx2 => unsafe { avx2::softmax(row) },
         _ => softmax_generic(row),
     }
 }
@@ -715,6 +551,8 @@ fn layer_norm(path: KernelPath, x: &mut [f32], n: &Norm, h: usize) {
         KernelPath::Avx512 => unsafe {
             avx512::layer_norm_rows(rows, h, &n.weight, &n.bias, n.eps)
         },
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => unsafe { avx2::layer_norm_rows(rows, h, &n.weight, &n.bias, n.eps) },
         _ => layer_norm_scalar(rows, h, &n.weight, &n.bias, n.eps),
     });
 }
