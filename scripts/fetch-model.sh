@@ -30,12 +30,15 @@ case "$MODEL" in
 esac
 PYTHON=${PYTHON:-python3}
 
-# Check a model folder: the required files are there and parse, the weights hold tensors.
+# Check a model folder: the required files are there and parse, the weights (model.safetensors,
+# or every shard model.safetensors.index.json names) hold tensors and are whole.
 check() {
   local dir=$1
-  for f in config.json tokenizer.json model.safetensors; do
+  for f in config.json tokenizer.json; do
     [ -s "$dir/$f" ] || { echo "missing $dir/$f" >&2; return 1; }
   done
+  [ -s "$dir/model.safetensors" ] || [ -s "$dir/model.safetensors.index.json" ] \
+    || { echo "missing $dir/model.safetensors" >&2; return 1; }
   "$PYTHON" - "$dir" <<'PY' || return 1
 import json, struct, sys, os
 d = sys.argv[1]
@@ -43,14 +46,21 @@ for f in ("config.json", "tokenizer.json", "modules.json", "sentence_bert_config
     p = os.path.join(d, f)
     if os.path.exists(p):
         json.load(open(p))
-with open(os.path.join(d, "model.safetensors"), "rb") as f:
-    n = struct.unpack("<Q", f.read(8))[0]
-    header = json.loads(f.read(n))
-tensors = [k for k in header if k != "__metadata__"]
-assert tensors, "model.safetensors holds no tensors"
-size = os.path.getsize(os.path.join(d, "model.safetensors"))
-end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
-assert 8 + n + end == size, f"model.safetensors is truncated ({size} bytes, header says {8 + n + end})"
+if os.path.exists(os.path.join(d, "model.safetensors")):
+    files = ["model.safetensors"]
+else:
+    files = sorted(set(json.load(open(os.path.join(d, "model.safetensors.index.json")))["weight_map"].values()))
+for name in files:
+    assert "/" not in name and name.endswith(".safetensors"), f"bad shard name {name!r}"
+    path = os.path.join(d, name)
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    tensors = [k for k in header if k != "__metadata__"]
+    assert tensors, f"{name} holds no tensors"
+    size = os.path.getsize(path)
+    end = max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
+    assert 8 + n + end == size, f"{name} is truncated ({size} bytes, header says {8 + n + end})"
 PY
   if [ -n "$SHA" ]; then
     echo "$SHA  $dir/model.safetensors" | sha256sum -c --quiet - || return 1
@@ -73,9 +83,19 @@ from_hub() {
   [ -n "${HF_TOKEN:-}" ] && auth=(-H "Authorization: Bearer $HF_TOKEN")
   curl -fs --max-time 10 "${auth[@]}" -o /dev/null "https://huggingface.co/api/models/$MODEL" || return 1
   echo "downloading $MODEL from the Hugging Face hub"
-  for f in config.json tokenizer.json model.safetensors; do
+  for f in config.json tokenizer.json; do
     curl -fsSL --retry 3 "${auth[@]}" -o "$tmp/model/$f" "$base/$f" || return 1
   done
+  # A large model (Qwen3-Embedding-4B, -8B) is split into shards that an index names.
+  if ! curl -fsSL --retry 3 "${auth[@]}" -o "$tmp/model/model.safetensors" \
+         "$base/model.safetensors" 2>/dev/null; then
+    rm -f "$tmp/model/model.safetensors"
+    curl -fsSL --retry 3 "${auth[@]}" -o "$tmp/model/model.safetensors.index.json" \
+      "$base/model.safetensors.index.json" || return 1
+    for f in $("$PYTHON" -c 'import json,sys; print(" ".join(sorted(set(n for n in json.load(open(sys.argv[1]))["weight_map"].values() if "/" not in n and n.endswith(".safetensors")))))' "$tmp/model/model.safetensors.index.json"); do
+      curl -fsSL --retry 3 "${auth[@]}" -o "$tmp/model/$f" "$base/$f" || return 1
+    done
+  fi
   for f in modules.json sentence_bert_config.json config_sentence_transformers.json \
            1_Pooling/config.json tokenizer_config.json special_tokens_map.json vocab.txt; do
     curl -fsSL --retry 3 "${auth[@]}" -o "$tmp/model/$f" "$base/$f" 2>/dev/null || rm -f "$tmp/model/$f"

@@ -28,7 +28,12 @@ pub struct ModelFiles {
     pub dir: PathBuf,
     pub config: PathBuf,
     pub tokenizer: PathBuf,
-    pub weights: PathBuf,
+    /// The safetensors files holding the weights, in order: `model.safetensors`, or the
+    /// shards `model.safetensors.index.json` names (as transformers' `save_pretrained` splits
+    /// a large model).
+    pub weights: Vec<PathBuf>,
+    /// The file to name when the weights are wrong: `model.safetensors` or the shard index.
+    pub weights_named: PathBuf,
     pub pooling: Pooling,
     pub normalize: bool,
     /// Longest input in tokens, special tokens included (sentence_bert_config.json, else the
@@ -165,19 +170,7 @@ impl ModelFiles {
         };
         let config = need("config.json")?;
         let tokenizer = need("tokenizer.json")?;
-        let weights = dir.join("model.safetensors");
-        if !weights.is_file() {
-            let reason = if dir.join("pytorch_model.bin").is_file() {
-                "missing: only pytorch_model.bin is there, and ragline reads safetensors; \
-                 convert it (e.g. with the safetensors `convert` script)"
-            } else {
-                "missing"
-            };
-            return Err(EmbedError::ModelFile {
-                path: weights,
-                reason: reason.into(),
-            });
-        }
+        let (weights, weights_named) = find_weights(dir)?;
 
         // modules.json lists the sentence-transformers pipeline; without it, a plain
         // transformers model gets mean pooling, as sentence-transformers itself does.
@@ -249,6 +242,7 @@ impl ModelFiles {
             config,
             tokenizer,
             weights,
+            weights_named,
             pooling,
             normalize,
             max_seq_length,
@@ -287,11 +281,107 @@ fn models_dirs() -> Vec<PathBuf> {
     dirs
 }
 
+/// The shard index transformers writes beside sharded weights.
+const SHARD_INDEX: &str = "model.safetensors.index.json";
+
+/// The most shards a model may name (Qwen3-Embedding-8B has 4; the largest public models a
+/// few hundred).
+const MAX_SHARDS: usize = 4096;
+
+#[derive(Deserialize)]
+struct ShardIndex {
+    weight_map: std::collections::BTreeMap<String, String>,
+}
+
+/// The weights of a model folder: `model.safetensors`, else the shards its
+/// `model.safetensors.index.json` names (each a plain file name in the folder, in the order
+/// of their names), with the file to name in errors.
+fn find_weights(dir: &Path) -> Result<(Vec<PathBuf>, PathBuf), EmbedError> {
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok((vec![single.clone()], single));
+    }
+    let index = dir.join(SHARD_INDEX);
+    if !index.is_file() {
+        let reason = if dir.join("pytorch_model.bin").is_file()
+            || dir.join("pytorch_model.bin.index.json").is_file()
+        {
+            "missing: only pytorch_model.bin is there, and ragline reads safetensors; \
+             convert it (e.g. with the safetensors `convert` script)"
+        } else {
+            "missing (and no model.safetensors.index.json naming shards)"
+        };
+        return Err(EmbedError::ModelFile {
+            path: single,
+            reason: reason.into(),
+        });
+    }
+    let shards = shard_names(&index)?;
+    let mut files = Vec::with_capacity(shards.len());
+    for name in shards {
+        let path = dir.join(&name);
+        if !path.is_file() {
+            return Err(EmbedError::ModelFile {
+                path: index,
+                reason: format!("names the shard `{name}`, which is missing from the folder"),
+            });
+        }
+        files.push(path);
+    }
+    Ok((files, index))
+}
+
+/// The distinct shard files a shard index names, sorted; refused when one is not a plain
+/// `.safetensors` file name (the index is a downloaded file: it must not point elsewhere).
+fn shard_names(index: &Path) -> Result<Vec<String>, EmbedError> {
+    let parsed: ShardIndex = read_json(index)?;
+    let bad = |reason: String| EmbedError::ModelFile {
+        path: index.to_path_buf(),
+        reason,
+    };
+    let names: std::collections::BTreeSet<String> = parsed.weight_map.into_values().collect();
+    if names.is_empty() {
+        return Err(bad("its weight_map names no shard".into()));
+    }
+    if names.len() > MAX_SHARDS {
+        return Err(bad(format!(
+            "names {} shards; at most {MAX_SHARDS} are read",
+            names.len()
+        )));
+    }
+    for name in &names {
+        let plain = !name.is_empty()
+            && name.ends_with(".safetensors")
+            && !name.starts_with('.')
+            && !name.contains(['/', '\\', '\0'])
+            && Path::new(name).components().count() == 1;
+        if !plain {
+            return Err(bad(format!(
+                "names the shard `{}`, which is not a .safetensors file name in the model folder",
+                name.escape_debug()
+            )));
+        }
+    }
+    Ok(names.into_iter().collect())
+}
+
+/// The most bytes a model's JSON file may hold (configs are kilobytes; a shard index of a
+/// large model a few megabytes).
+const MAX_JSON_BYTES: u64 = 64 << 20;
+
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, EmbedError> {
-    let bytes = std::fs::read(path).map_err(|e| EmbedError::ModelFile {
+    let io = |e: std::io::Error| EmbedError::ModelFile {
         path: path.to_path_buf(),
         reason: e.to_string(),
-    })?;
+    };
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > MAX_JSON_BYTES {
+        return Err(EmbedError::ModelFile {
+            path: path.to_path_buf(),
+            reason: format!("is {len} bytes; a model's JSON file is at most {MAX_JSON_BYTES}"),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(io)?;
     serde_json::from_slice(&bytes).map_err(|e| EmbedError::ModelFile {
         path: path.to_path_buf(),
         reason: format!("not the expected JSON: {e}"),
@@ -426,7 +516,18 @@ fn hub_snapshot(id: &str) -> Result<PathBuf, EmbedError> {
         .build()
         .map_err(|e| EmbedError::NotFound(format!("cannot set up the hub client: {e}")))?;
     let repo = api.model(id.to_string());
+    let unreachable = |file: &str, e: hf_hub::api::sync::ApiError| -> Result<PathBuf, EmbedError> {
+        if let Some(dir) = from_cache() {
+            return Ok(dir);
+        }
+        Err(EmbedError::NotFound(format!(
+            "cannot get `{file}` of model `{id}` from the hub ({e}) and it is not cached; \
+             check the id, the network, or run scripts/fetch-model.sh and give --model the \
+             folder"
+        )))
+    };
     let mut dir = None;
+    let mut sharded = false;
     for file in FILES {
         match repo.get(file) {
             Ok(path) => {
@@ -434,18 +535,20 @@ fn hub_snapshot(id: &str) -> Result<PathBuf, EmbedError> {
                     dir = path.parent().map(Path::to_path_buf);
                 }
             }
-            Err(e) if OPTIONAL.contains(file) => {
-                let _ = e;
-            }
-            Err(e) => {
-                if let Some(dir) = from_cache() {
-                    return Ok(dir);
-                }
-                return Err(EmbedError::NotFound(format!(
-                    "cannot get `{file}` of model `{id}` from the hub ({e}) and it is not \
-                     cached; check the id, the network, or run scripts/fetch-model.sh and \
-                     give --model the folder"
-                )));
+            Err(_) if OPTIONAL.contains(file) => {}
+            // A large model is split into shards that an index names.
+            Err(_) if *file == "model.safetensors" => sharded = true,
+            Err(e) => return unreachable(file, e),
+        }
+    }
+    if sharded {
+        let index = match repo.get(SHARD_INDEX) {
+            Ok(index) => index,
+            Err(e) => return unreachable("model.safetensors", e),
+        };
+        for shard in shard_names(&index)? {
+            if let Err(e) = repo.get(&shard) {
+                return unreachable(&shard, e);
             }
         }
     }
@@ -464,6 +567,71 @@ mod tests {
             std::fs::write(p, body).unwrap();
         }
         dir
+    }
+
+    #[test]
+    fn shards_are_read_in_order_and_must_stay_in_the_folder() {
+        let index = |map: &str| format!(r#"{{"metadata": {{}}, "weight_map": {map}}}"#);
+        let good = index(
+            r#"{"b": "model-00002-of-00002.safetensors", "a": "model-00001-of-00002.safetensors",
+                "c": "model-00001-of-00002.safetensors"}"#,
+        );
+        let dir = folder(&[
+            ("model.safetensors.index.json", &good),
+            ("model-00002-of-00002.safetensors", ""),
+            ("model-00001-of-00002.safetensors", ""),
+        ]);
+        let (files, named) = find_weights(dir.path()).unwrap();
+        let names: Vec<_> = files
+            .iter()
+            .map(|p| p.file_name().unwrap().to_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "model-00001-of-00002.safetensors",
+                "model-00002-of-00002.safetensors"
+            ]
+        );
+        assert!(named.ends_with("model.safetensors.index.json"));
+
+        // One file wins over an index beside it (as transformers loads it).
+        let dir = folder(&[
+            ("model.safetensors", ""),
+            ("model.safetensors.index.json", "{"),
+        ]);
+        let (files, _) = find_weights(dir.path()).unwrap();
+        assert_eq!(files, [dir.path().join("model.safetensors")]);
+
+        for (map, says) in [
+            (
+                r#"{"a": "../../etc/x.safetensors"}"#,
+                "not a .safetensors file name",
+            ),
+            (
+                r#"{"a": "/etc/x.safetensors"}"#,
+                "not a .safetensors file name",
+            ),
+            (
+                r#"{"a": "sub/x.safetensors"}"#,
+                "not a .safetensors file name",
+            ),
+            (r#"{"a": "model.bin"}"#, "not a .safetensors file name"),
+            (r#"{"a": ".safetensors"}"#, "not a .safetensors file name"),
+            (r#"{}"#, "names no shard"),
+            (
+                r#"{"a": "model-1.safetensors"}"#,
+                "`model-1.safetensors`, which is missing",
+            ),
+            (r#"[1]"#, "not the expected JSON"),
+        ] {
+            let dir = folder(&[("model.safetensors.index.json", &index(map))]);
+            let err = find_weights(dir.path()).unwrap_err().to_string();
+            assert!(
+                err.contains(says) && err.contains("model.safetensors.index.json"),
+                "{map}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -236,13 +236,13 @@ impl EmbeddingModel {
         }
         // SAFETY: the weights file is memory-mapped read-only; ragline does not modify it
         // while running, and a file truncated under us is the user's to avoid.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&files.weights], dtype, device) }
+        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files.weights, dtype, device) }
             .map_err(|e| EmbedError::ModelFile {
-            path: files.weights.clone(),
-            reason: e.to_string(),
-        })?;
+                path: files.weights_named.clone(),
+                reason: e.to_string(),
+            })?;
         let misfit = |e: candle_core::Error| EmbedError::ModelFile {
-            path: files.weights.clone(),
+            path: files.weights_named.clone(),
             reason: format!("does not fit config.json: {e}"),
         };
         let encoder = match Arch::from_model_type(&model_type) {
@@ -436,11 +436,9 @@ impl EmbeddingModel {
     /// named two ways (a hub id, a folder) has the same fingerprint.
     pub fn fingerprint(&self) -> Result<String, EmbedError> {
         let mut h = blake3::Hasher::new();
-        for path in [
-            &self.files.config,
-            &self.files.tokenizer,
-            &self.files.weights,
-        ] {
+        // A single weights file hashes as the first models did; shards hash in their order.
+        let files = [&self.files.config, &self.files.tokenizer];
+        for path in files.into_iter().chain(&self.files.weights) {
             let mut f = std::fs::File::open(path).map_err(|e| EmbedError::ModelFile {
                 path: path.clone(),
                 reason: e.to_string(),

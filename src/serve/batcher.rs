@@ -309,18 +309,17 @@ fn embed_jobs(
     recent: &mut Recent,
     stats: &RunStats,
 ) -> Vec<JobResult> {
-    // The window's own prompt handling uses the encoder's passage prompt; a job's prompt is
-    // put in front of its ids here instead, so the window sees plain content ids.
-    let joined: Vec<Vec<u32>> = jobs
+    // The window puts the encoder's passage prompt before every input (and leaves it out of
+    // pooling where the model says so): here that is this group's prompt. The keys of the
+    // vectors remembered across windows include it.
+    let items: Vec<WindowItem<'_>> = jobs
         .iter()
         .flat_map(|j| j.inputs.iter())
-        .map(|ids| prompt.iter().chain(ids).copied().collect())
-        .collect();
-    let items: Vec<WindowItem<'_>> = joined
-        .iter()
         .map(|ids| WindowItem {
             ids,
-            key: Some(crate::document::Chunk::input_key_of(ids)),
+            key: Some(crate::document::Chunk::input_key_of(
+                &[prompt, ids.as_slice()].concat(),
+            )),
             text: "",
         })
         .collect();
@@ -333,7 +332,7 @@ fn embed_jobs(
         true
     };
     embed_window(
-        &NoPrompt(encoder),
+        &Prompted { encoder, prompt },
         &items,
         batch_tokens,
         recent,
@@ -361,31 +360,34 @@ fn embed_jobs(
     results
 }
 
-/// An encoder whose passage prompt is none: the batcher puts each job's prompt in its ids.
-struct NoPrompt<'a>(&'a (dyn Encoder + Sync));
+/// The server's encoder with a request's prompt as its passage prompt.
+struct Prompted<'a> {
+    encoder: &'a (dyn Encoder + Sync),
+    prompt: &'a [u32],
+}
 
-impl Encoder for NoPrompt<'_> {
+impl Encoder for Prompted<'_> {
     fn max_content_len(&self) -> usize {
-        self.0.max_content_len()
+        self.encoder.max_content_len()
     }
     fn passage_prompt_ids(&self) -> &[u32] {
-        &[]
+        self.prompt
     }
     fn plan_batches(&self, lengths: &[usize], budget: usize) -> Vec<Vec<usize>> {
-        self.0.plan_batches(lengths, budget)
+        self.encoder.plan_batches(lengths, budget)
     }
     fn computed_tokens(&self, lengths: &[usize], batch: &[usize]) -> usize {
-        self.0.computed_tokens(lengths, batch)
+        self.encoder.computed_tokens(lengths, batch)
     }
     fn embed_ids(
         &self,
         seqs: &[&[u32]],
         prompt: &[u32],
     ) -> Result<Vec<Vec<f32>>, crate::embed::EmbedError> {
-        self.0.embed_ids(seqs, prompt)
+        self.encoder.embed_ids(seqs, prompt)
     }
     fn content_ids(&self, text: &str) -> Result<Vec<u32>, crate::embed::EmbedError> {
-        self.0.content_ids(text)
+        self.encoder.content_ids(text)
     }
 }
 
@@ -471,6 +473,60 @@ mod tests {
         fn content_ids(&self, _text: &str) -> Result<Vec<u32>, crate::embed::EmbedError> {
             Ok(Vec::new())
         }
+    }
+
+    /// An encoder that embeds a sequence as [prompt length, sequence length, first id].
+    struct Echo;
+
+    impl Encoder for Echo {
+        fn max_content_len(&self) -> usize {
+            100
+        }
+        fn passage_prompt_ids(&self) -> &[u32] {
+            &[]
+        }
+        fn plan_batches(&self, lengths: &[usize], _budget: usize) -> Vec<Vec<usize>> {
+            vec![(0..lengths.len()).collect()]
+        }
+        fn computed_tokens(&self, lengths: &[usize], batch: &[usize]) -> usize {
+            batch.iter().map(|&i| lengths[i]).sum()
+        }
+        fn embed_ids(
+            &self,
+            seqs: &[&[u32]],
+            prompt: &[u32],
+        ) -> Result<Vec<Vec<f32>>, crate::embed::EmbedError> {
+            Ok(seqs
+                .iter()
+                .map(|s| vec![prompt.len() as f32, s.len() as f32, s[0] as f32])
+                .collect())
+        }
+        fn content_ids(&self, _text: &str) -> Result<Vec<u32>, crate::embed::EmbedError> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// A request's prompt reaches the model as the prompt (so pooling can leave it out where
+    /// the model says so), not as content; the same content under another prompt is not
+    /// taken from the vectors remembered for the first.
+    #[test]
+    fn a_requests_prompt_reaches_the_model_as_its_prompt() {
+        let b = Batcher::new(1_000_000);
+        let (mut prompted, prompted_rx) = job(vec![vec![5, 6, 7]]);
+        prompted.prompt = vec![9, 9];
+        b.submit(prompted);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                b.run_model(&Echo, "test", 1000, 1000, Duration::ZERO, &|_| {});
+            });
+            let got = prompted_rx.blocking_recv().unwrap().unwrap();
+            assert_eq!(got, vec![vec![2.0, 3.0, 5.0]]);
+            let (plain, plain_rx) = job(vec![vec![5, 6, 7]]);
+            b.submit(plain);
+            let got = plain_rx.blocking_recv().unwrap().unwrap();
+            assert_eq!(got, vec![vec![0.0, 3.0, 5.0]]);
+            b.close();
+        });
     }
 
     #[test]

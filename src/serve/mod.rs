@@ -688,7 +688,6 @@ impl TextSeed {
     }
 }
 
-/// Tokenize (on the server's pool), queue, wait for the vectors. Returns them with the tokens.
 /// The prompt a request asks for by `prompt_name`, else the server's.
 fn request_prompt(app: &App, name: Option<&str>) -> Result<Vec<u32>, ApiError> {
     match name {
@@ -733,6 +732,7 @@ fn cut(app: &App, vectors: &mut [Vec<f32>], dimensions: Option<usize>) -> Result
     Ok(())
 }
 
+/// Tokenize (on the server's pool), queue, wait for the vectors. Returns them with the tokens.
 async fn embed(
     app: &Arc<App>,
     endpoint: &'static str,

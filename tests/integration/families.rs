@@ -236,6 +236,154 @@ fn every_family_matches_on_the_gpu_code_path() {
     }
 }
 
+/// `ragline serve` with each family: /v1/embeddings and /embed answer sentence-transformers'
+/// vectors for `encode` (no `prompt_name`: the model's default prompt), `prompt_name` `query`
+/// and `document` (`encode_query`, `encode_document`), and `dimensions` cuts them as
+/// sentence-transformers' `truncate_dim` does (re-normalised only where the model has a
+/// Normalize module: MPNet's folder has none).
+#[test]
+fn serve_answers_each_family_with_its_prompts_and_dimensions() {
+    use crate::serve::{post, Server};
+    use serde_json::json;
+
+    let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let dir = tempfile::tempdir().unwrap();
+    let texts = parity_texts();
+    let picked: Vec<usize> = (0..texts.len()).step_by(5).collect();
+    let batch: Vec<&str> = picked.iter().map(|&i| texts[i].as_str()).collect();
+    for family in FAMILIES {
+        let model = family_model(dir.path(), family);
+        let server = Server::start(&model, &[], dir.path(), family);
+        for (name, body) in [
+            ("encode", json!({"input": batch})),
+            ("query", json!({"input": batch, "prompt_name": "query"})),
+            (
+                "document",
+                json!({"input": batch, "prompt_name": "document", "dimensions": 16}),
+            ),
+        ] {
+            let reference = read_matrix(&reference_dir(family).join(format!("{name}.npy")));
+            let (status, answer) = post(&format!("{}/v1/embeddings", server.url), &body);
+            assert_eq!(status, 200, "{family} {name}: {answer}");
+            let served: Vec<Vec<f32>> = answer["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| serde_json::from_value(d["embedding"].clone()).unwrap())
+                .collect();
+            let mut tei_body = body.clone();
+            tei_body["inputs"] = tei_body["input"].take();
+            let (status, tei) = post(&format!("{}/embed", server.url), &tei_body);
+            assert_eq!(status, 200, "{family} {name} /embed: {tei}");
+            let tei: Vec<Vec<f32>> = serde_json::from_value(tei).unwrap();
+            assert_eq!(
+                tei, served,
+                "{family} {name}: /embed and /v1/embeddings differ"
+            );
+            let cut = body.get("dimensions").and_then(|d| d.as_u64());
+            let expected: Vec<Vec<f32>> = picked
+                .iter()
+                .map(|&i| {
+                    let full = &reference[i];
+                    let mut v = full[..cut.map_or(full.len(), |d| d as usize)].to_vec();
+                    if (norm(full) - 1.0).abs() < 1e-4 {
+                        let n = norm(&v) as f32;
+                        v.iter_mut().for_each(|x| *x /= n);
+                    }
+                    v
+                })
+                .collect();
+            let (worst, at) = lowest_cosine(&served, &expected);
+            assert!(
+                worst >= 0.9999,
+                "{family} {name} served: text {at} has cosine {worst}"
+            );
+            for (i, (s, e)) in served.iter().zip(&expected).enumerate() {
+                let ratio = norm(s) / norm(e);
+                assert!(
+                    (ratio - 1.0).abs() < 1e-3,
+                    "{family} {name}: text {i} has norm {} where sentence-transformers' is {}",
+                    norm(s),
+                    norm(e)
+                );
+            }
+        }
+    }
+}
+
+/// A model saved in shards (as transformers splits Qwen3-Embedding-4B and -8B:
+/// `model.safetensors.index.json` naming `model-0000N-of-0000M.safetensors`) embeds exactly as
+/// the same weights in one file, on the fused engine (xlm-roberta) and the rotary encoder
+/// (qwen3); a shard the index names but the folder lacks is refused naming it.
+#[test]
+fn a_sharded_model_embeds_as_its_single_file() {
+    use std::collections::HashMap;
+
+    let dir = tempfile::tempdir().unwrap();
+    for family in ["xlm-roberta", "qwen3"] {
+        let model = family_model(dir.path(), family);
+        let whole = embed(&model, "portable", &[], &dir.path().join("whole.npy"));
+        let reference = read_matrix(&reference_dir(family).join("encode.npy"));
+
+        let tensors = candle_core::safetensors::load(
+            model.join("model.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let mut names: Vec<&String> = tensors.keys().collect();
+        names.sort();
+        let shards = 3;
+        let mut weight_map = serde_json::Map::new();
+        for s in 0..shards {
+            let file = format!("model-{:05}-of-{shards:05}.safetensors", s + 1);
+            let part: HashMap<String, candle_core::Tensor> = names
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % shards == s)
+                .map(|(_, n)| ((*n).clone(), tensors[*n].clone()))
+                .collect();
+            for n in part.keys() {
+                weight_map.insert(n.clone(), file.clone().into());
+            }
+            candle_core::safetensors::save(&part, model.join(&file)).unwrap();
+        }
+        fs::remove_file(model.join("model.safetensors")).unwrap();
+        let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
+        fs::write(
+            model.join("model.safetensors.index.json"),
+            serde_json::to_vec(&index).unwrap(),
+        )
+        .unwrap();
+
+        let sharded = embed(&model, "portable", &[], &dir.path().join("sharded.npy"));
+        assert_eq!(
+            sharded, whole,
+            "{family}: sharded vectors differ from the single file's"
+        );
+        let (worst, at) = lowest_cosine(&sharded, &reference);
+        assert!(
+            worst >= 0.9999,
+            "{family} sharded: text {at} has cosine {worst}"
+        );
+
+        fs::remove_file(model.join("model-00002-of-00003.safetensors")).unwrap();
+        let o = run(ragline()
+            .args(["embed", "--device", "cpu", "--model"])
+            .arg(&model)
+            .arg("--input")
+            .arg(texts_file())
+            .arg("--output")
+            .arg(dir.path().join("none.npy")));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_ne!(o.status.code(), Some(0));
+        assert!(
+            err.contains("model-00002-of-00003.safetensors") && err.contains("missing"),
+            "{err}"
+        );
+        fs::remove_dir_all(&model).unwrap();
+    }
+}
+
 /// `--dimensions N`: the vectors are the full ones cut to N and re-normalised; more than the
 /// model has is refused with exit 2; the cut is part of the vector set's identity.
 #[test]
