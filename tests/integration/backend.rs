@@ -1,6 +1,7 @@
 //! The indexes a backend test runs against: SQLite always, and PostgreSQL when
 //! `RAGLINE_TEST_POSTGRES` names a server (`scripts/postgres.sh start` prints its URL; `.ci/run`
-//! sets it). One suite, parameterised by backend: each test loops over [`test_indexes`] and
+//! sets it, with `RAGLINE_REQUIRE_POSTGRES=1` so that a missing server fails instead of
+//! skipping). One suite, parameterised by backend: each test loops over [`test_indexes`] and
 //! reads what was written through [`TestIndex`], whatever the store.
 
 use std::path::{Path, PathBuf};
@@ -11,11 +12,22 @@ use ragline::indexers::{open_reader, IndexUri};
 /// Tests that stop the server hold this for writing; every other Postgres test for reading.
 static SERVER: RwLock<()> = RwLock::new(());
 
+/// Whether the Postgres tests must run (`RAGLINE_REQUIRE_POSTGRES=1`, as CI sets): then a
+/// missing server fails them instead of skipping them.
+pub fn postgres_required() -> bool {
+    std::env::var("RAGLINE_REQUIRE_POSTGRES").as_deref() == Ok("1")
+}
+
 /// The server's URL, or None (with a message) when the Postgres tests are not asked for.
 pub fn postgres_url() -> Option<String> {
     match std::env::var("RAGLINE_TEST_POSTGRES") {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
+            assert!(
+                !postgres_required(),
+                "RAGLINE_TEST_POSTGRES is not set and RAGLINE_REQUIRE_POSTGRES=1: run \
+                 `export RAGLINE_TEST_POSTGRES=$(scripts/postgres.sh start)`"
+            );
             eprintln!(
                 "SKIPPED (postgres): RAGLINE_TEST_POSTGRES is not set; run \
                  `export RAGLINE_TEST_POSTGRES=$(scripts/postgres.sh start)` to include PostgreSQL"

@@ -366,3 +366,80 @@ fn the_real_corpus_goes_through_ingest_with_exact_counts() {
     );
     assert!(n("indexed") as usize > files / 2, "most files have text");
 }
+
+/// Every output carries what a chunk knows of its pages: the `jsonl:` records (`pages`, as
+/// `search --json` gives it) and the Parquet rows (`page_start`, `page_end`) hold what the
+/// SQLite index holds, chunk by chunk.
+#[test]
+fn every_backend_carries_the_pages_of_a_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let ingest = |index: String| {
+        let out = run(ragline()
+            .args(["ingest", "tests/fixtures/docs", "--model"])
+            .arg(model_dir())
+            .arg("--index")
+            .arg(&index));
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{index}: one file fails: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let db = dir.path().join("docs.db");
+    let jsonl = dir.path().join("docs.jsonl");
+    let parquet = dir.path().join("docs.parquet");
+    ingest(format!("sqlite://{}", db.display()));
+    ingest(format!("jsonl:{}", jsonl.display()));
+    ingest(format!("parquet:{}", parquet.display()));
+
+    type Pages = std::collections::BTreeMap<String, Option<(u64, u64)>>;
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT id, page_start, page_end FROM chunks")
+        .unwrap();
+    let in_sqlite: Pages = stmt
+        .query_map([], |r| {
+            let (a, b): (Option<u64>, Option<u64>) = (r.get(1)?, r.get(2)?);
+            Ok((r.get::<_, String>(0)?, a.zip(b)))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let paged = in_sqlite.values().filter(|p| p.is_some()).count();
+    assert!(paged >= 3, "the PDFs' chunks have pages: {in_sqlite:?}");
+    assert!(
+        paged < in_sqlite.len(),
+        "the DOCX's have none: {in_sqlite:?}"
+    );
+
+    let in_jsonl: Pages = crate::util::read_jsonl(&jsonl)
+        .iter()
+        .filter(|r| r["kind"] == "chunk")
+        .map(|r| {
+            let pages = r.get("pages").map(|p| {
+                let p = p.as_array().unwrap();
+                (p[0].as_u64().unwrap(), p[1].as_u64().unwrap())
+            });
+            (r["id"].as_str().unwrap().to_string(), pages)
+        })
+        .collect();
+    assert_eq!(in_jsonl, in_sqlite, "jsonl: against SQLite");
+
+    let o = run(std::process::Command::new(crate::util::data_python())
+        .arg(crate::util::root().join("scripts/read-parquet.py"))
+        .arg(&parquet));
+    assert!(o.status.success());
+    let read: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let in_parquet: Pages = read["pyarrow"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|r| r["kind"] == "chunk")
+        .map(|r| {
+            let pages = r["page_start"].as_u64().zip(r["page_end"].as_u64());
+            (r["id"].as_str().unwrap().to_string(), pages)
+        })
+        .collect();
+    assert_eq!(in_parquet, in_sqlite, "parquet: against SQLite");
+}

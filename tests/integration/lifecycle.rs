@@ -640,14 +640,21 @@ fn a_paused_stage_on(kind: &crate::backend::BackendKind) {
     ok(&mut with_config(&config, &db, &["pause", "embed"]));
     assert_eq!(status(&db)["stages"]["embed"]["paused"], true);
     let rep = dir.path().join("follow.json");
+    let log = dir.path().join("follow.log");
     let mut follow = with_config(&config, &db, &["enrich", "--follow", "--report"])
         .arg(&rep)
+        .env("RAGLINE_LOG", "info")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    // The worker is up and polling: give it time to (wrongly) claim, then look.
-    std::thread::sleep(Duration::from_millis(2000));
+    // The worker has asked for work and been told the stage is paused (it logs that once it
+    // has): had it claimed, the claim would be in the store by now.
+    wait_for(
+        "the worker to find the stage paused",
+        Duration::from_secs(120),
+        || fs::read_to_string(&log).is_ok_and(|l| l.contains("a stage is paused")),
+    );
     let claimed = |db: &TestIndex| -> i64 {
         db.count(
             "SELECT COUNT(*) FROM enrichment WHERE stage = 'embed' AND claimed_at IS NOT NULL",

@@ -363,7 +363,7 @@ fn tls_to_postgres_verifies_the_server_as_sslmode_says() {
         (Ok(u), Ok(c)) if !u.is_empty() && !c.is_empty() => (u, std::path::PathBuf::from(c)),
         _ => {
             assert!(
-                std::env::var("RAGLINE_REQUIRE_DATA").as_deref() != Ok("1"),
+                !crate::backend::postgres_required(),
                 "RAGLINE_TEST_POSTGRES_TLS and RAGLINE_TEST_POSTGRES_CA are not set: run \
                  `export RAGLINE_TEST_POSTGRES_TLS=$(scripts/postgres.sh tls-url) \
                  RAGLINE_TEST_POSTGRES_CA=$(scripts/postgres.sh ca)`"

@@ -37,6 +37,10 @@ pub struct Record<'a> {
     pub end: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_count: Option<u32>,
+    /// The pages a chunk spans (first, last; from 1), for paged formats: `[first, last]`, as
+    /// `search --json` gives them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pages: Option<(u32, u32)>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vector: Option<&'a [f32]>,
 }
@@ -57,6 +61,7 @@ impl<'a> Record<'a> {
             start: chunk.map(|c| c.start),
             end: chunk.map(|c| c.end),
             token_count: chunk.map(|c| c.token_count),
+            pages: chunk.and_then(|c| c.pages),
             vector: chunk.and_then(|c| c.vector.as_deref()),
         }
     }

@@ -4,7 +4,8 @@
 //!
 //! Columns: `id`, `kind` (document, chunk or text), `parent_id`, `ordinal`, `text`,
 //! `heading_path` (" > "-joined), `title`, `source`, `metadata` (a JSON string),
-//! `token_count`, `error` (embed's unusable input lines) and `vector`, a fixed-size list of
+//! `token_count`, `error` (embed's unusable input lines), `page_start` and `page_end` (the
+//! pages of a paged document a chunk spans, from 1) and `vector`, a fixed-size list of
 //! float32 (absent when the run has no model). zstd-compressed.
 //!
 //! Memory stays bounded at any size: rows are handed to the writer in batches of
@@ -45,6 +46,8 @@ pub struct Row<'a> {
     pub metadata: Option<String>,
     pub token_count: Option<u32>,
     pub error: Option<&'a str>,
+    /// The pages a chunk spans (first, last; from 1), for paged formats.
+    pub pages: Option<(u32, u32)>,
     pub vector: Option<&'a [f32]>,
 }
 
@@ -65,6 +68,7 @@ impl<'a> Row<'a> {
                 .then(|| serde_json::to_string(&doc.fields.metadata).unwrap_or_default()),
             token_count: chunk.map(|c| c.token_count),
             error: None,
+            pages: chunk.and_then(|c| c.pages),
             vector: chunk.and_then(|c| c.vector.as_deref()),
         }
     }
@@ -83,6 +87,8 @@ struct Columns {
     metadata: StringBuilder,
     token_count: Int32Builder,
     error: StringBuilder,
+    page_start: Int32Builder,
+    page_end: Int32Builder,
     vector: Option<FixedSizeListBuilder<Float32Builder>>,
     rows: usize,
 }
@@ -101,6 +107,8 @@ impl Columns {
             metadata: StringBuilder::new(),
             token_count: Int32Builder::new(),
             error: StringBuilder::new(),
+            page_start: Int32Builder::new(),
+            page_end: Int32Builder::new(),
             vector: dim.map(|d| {
                 FixedSizeListBuilder::with_capacity(
                     Float32Builder::with_capacity(BATCH_ROWS * d),
@@ -126,6 +134,8 @@ impl Columns {
             Arc::new(self.metadata.finish()),
             Arc::new(self.token_count.finish()),
             Arc::new(self.error.finish()),
+            Arc::new(self.page_start.finish()),
+            Arc::new(self.page_end.finish()),
         ];
         if let Some(v) = &mut self.vector {
             cols.push(Arc::new(v.finish()));
@@ -170,6 +180,8 @@ impl ParquetWriter {
             text("metadata", true),
             Field::new("token_count", DataType::Int32, true),
             text("error", true),
+            Field::new("page_start", DataType::Int32, true),
+            Field::new("page_end", DataType::Int32, true),
         ];
         if let Some(d) = dim {
             fields.push(Field::new(
@@ -234,6 +246,10 @@ impl ParquetWriter {
         c.token_count
             .append_option(row.token_count.map(|t| t as i32));
         c.error.append_option(row.error);
+        c.page_start
+            .append_option(row.pages.map(|(first, _)| first as i32));
+        c.page_end
+            .append_option(row.pages.map(|(_, last)| last as i32));
         if let (Some(b), Some(d)) = (&mut c.vector, self.dim) {
             match row.vector {
                 Some(v) => {

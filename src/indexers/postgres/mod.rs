@@ -574,12 +574,17 @@ pub fn execute(target: &PgTarget, sql: &str) -> Result<(), BackendError> {
 }
 
 /// A connection to the test server `RAGLINE_TEST_POSTGRES` names; `None`, with a message,
-/// when it names none (the test skips).
+/// when it names none (the test skips; with `RAGLINE_REQUIRE_POSTGRES=1` it fails).
 #[cfg(test)]
 pub(crate) fn test_server() -> Option<Client> {
     match std::env::var("RAGLINE_TEST_POSTGRES") {
         Ok(url) if !url.is_empty() => Some(Client::connect(&url, postgres::NoTls).unwrap()),
         _ => {
+            assert!(
+                std::env::var("RAGLINE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                "RAGLINE_TEST_POSTGRES is not set and RAGLINE_REQUIRE_POSTGRES=1: run \
+                 `export RAGLINE_TEST_POSTGRES=$(scripts/postgres.sh start)`"
+            );
             eprintln!("SKIPPED (postgres): RAGLINE_TEST_POSTGRES is not set");
             None
         }

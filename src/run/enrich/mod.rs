@@ -421,6 +421,7 @@ fn note_held<S: LifecycleStore>(
 
 fn note_paused(shared: &Shared<'_>) {
     let note = "a stage is paused: its work waits for `ragline resume`";
+    tracing::info!("{note}");
     let mut t = shared.tally();
     if !t.notes.iter().any(|n| n == note) {
         t.notes.push(note.to_string());

@@ -45,7 +45,7 @@ pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, String> {
         .and_then(|d| d.core_properties.as_ref())
         .and_then(|p| p.title.as_deref())
         .map(|t| tidy::normalise(t.trim()))
-        .filter(|t| !t.is_empty());
+        .filter(|t| !tidy::placeholder_title(t));
     let ir = doc.to_ir();
     let mut out = Writer::default();
     let mut notes = Vec::new();

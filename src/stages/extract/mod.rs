@@ -108,6 +108,9 @@ impl Extract {
             ("rst", Content::Text(raw)) => self
                 .runner
                 .run(limits, move |_| Ok(text::extract_rst(&raw))),
+            ("text", Content::Text(raw)) => self
+                .runner
+                .run(limits, move |_| Ok(text::extract_text(&raw))),
             (_, Content::Text(raw)) => self
                 .runner
                 .run(limits, move |_| Ok(text::extract_plain(&raw))),

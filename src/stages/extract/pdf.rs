@@ -140,12 +140,7 @@ fn info_title(doc: &PdfDocument) -> Option<String> {
     let title = pdf_oxide::optional_content::decode_pdf_text_string(title.as_string()?);
     let title = tidy::normalise(title.trim());
     // Producers write placeholders and file names; those are not titles.
-    let useless = title.is_empty()
-        || title.eq_ignore_ascii_case("untitled")
-        || title.to_ascii_lowercase().ends_with(".pdf")
-        || title.to_ascii_lowercase().ends_with(".doc")
-        || title.to_ascii_lowercase().ends_with(".docx");
-    (!useless).then_some(title)
+    (!tidy::placeholder_title(&title)).then_some(title)
 }
 
 /// A line of a page's layout: its text without spaces (to find it in the extracted text), its

@@ -33,6 +33,28 @@ pub fn paragraphs(text: &str) -> Vec<Block> {
     blocks
 }
 
+/// A `.txt` file: reStructuredText when it reads as such (Sphinx projects, Django's
+/// documentation among them, write reST in `.txt` files), else plain text. It reads as reST
+/// when it opens with an adorned title, or has at least two: a plain text file rarely
+/// underlines a line with a run of punctuation at least as long as the line.
+pub fn extract_text(raw: &str) -> Extracted {
+    let rst = extract_rst(raw);
+    let headings = rst
+        .blocks
+        .iter()
+        .filter(|b| matches!(b.kind, BlockKind::Heading { .. }))
+        .count();
+    let opens_with_title = rst
+        .blocks
+        .first()
+        .is_some_and(|b| matches!(b.kind, BlockKind::Heading { .. }));
+    if headings >= 2 || opens_with_title {
+        rst
+    } else {
+        extract_plain(raw)
+    }
+}
+
 pub fn extract_rst(raw: &str) -> Extracted {
     let all: Vec<(usize, &str)> = lines(raw).collect();
     let mut blocks = Vec::new();
@@ -149,6 +171,32 @@ fn block(kind: BlockKind, start: usize, end: usize) -> Block {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rst_in_a_txt_file_is_read_as_rst_and_plain_text_stays_plain() {
+        let sphinx = "==========\nModels\n==========\n\nA model is the source.\n\n\
+                      Fields\n======\n\nSome text.\n";
+        let got = extract_text(sphinx);
+        let headings: Vec<_> = got
+            .blocks
+            .iter()
+            .filter_map(|b| match &b.kind {
+                BlockKind::Heading { level, text } => Some((*level, text.as_str())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(headings, [(1, "Models"), (2, "Fields")]);
+        assert_eq!(got.title.as_deref(), Some("Models"));
+
+        let plain = "Dear team,\n\nthe build is green.\nScore: 10 - 2\n\nRegards\n";
+        let got = extract_text(plain);
+        assert!(got
+            .blocks
+            .iter()
+            .all(|b| matches!(b.kind, BlockKind::Paragraph)));
+        assert_eq!(got.blocks.len(), 3);
+        assert_eq!(got.title, None);
+    }
+
     use super::*;
 
     #[test]

@@ -30,6 +30,40 @@ pub fn normalise(text: &str) -> String {
     out
 }
 
+/// Whether a document property's title is a producer's placeholder rather than a title:
+/// empty, reportlab's "(anonymous)", "untitled", "Microsoft Word - report.docx" (Office's
+/// print-to-PDF), a bare file name. Such a title is ignored, and the first heading taken.
+pub fn placeholder_title(title: &str) -> bool {
+    const PLACEHOLDERS: &[&str] = &[
+        "",
+        "(anonymous)",
+        "anonymous",
+        "untitled",
+        "(untitled)",
+        "untitled document",
+        "no title",
+        "title",
+        "document",
+        "document1",
+        "powerpoint presentation",
+        "slide 1",
+    ];
+    const PRODUCERS: &[&str] = &[
+        "microsoft word - ",
+        "microsoft powerpoint - ",
+        "microsoft excel - ",
+        "untitled - ",
+    ];
+    const FILE_EXTENSIONS: &[&str] = &[
+        ".pdf", ".doc", ".docx", ".odt", ".rtf", ".txt", ".tex", ".dvi", ".ps", ".ppt", ".pptx",
+        ".xls", ".xlsx", ".indd", ".md", ".html", ".htm",
+    ];
+    let t = title.trim().to_lowercase();
+    PLACEHOLDERS.contains(&t.as_str())
+        || PRODUCERS.iter().any(|p| t.starts_with(p))
+        || FILE_EXTENSIONS.iter().any(|e| t.ends_with(e))
+}
+
 /// Normalise each page, join words hyphenated at line ends, and drop running headers and
 /// footers.
 pub fn clean_pages(pages: Vec<String>) -> Vec<String> {
@@ -230,6 +264,32 @@ pub fn join_pages(pages: &[String]) -> (String, Vec<usize>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn producers_placeholders_are_not_titles() {
+        for t in [
+            "",
+            "  ",
+            "(anonymous)",
+            "Untitled",
+            "Microsoft Word - Quarterly report",
+            "Microsoft Word - x.docx",
+            "scan_0001.pdf",
+            "notes.TXT",
+            "Document1",
+        ] {
+            assert!(placeholder_title(t), "{t:?} taken as a title");
+        }
+        for t in [
+            "Attention Is All You Need",
+            "Anonymous functions in JavaScript",
+            "Title IX compliance",
+            "The .pdf format explained",
+            "Documents and their titles",
+        ] {
+            assert!(!placeholder_title(t), "{t:?} refused as a title");
+        }
+    }
+
     use super::*;
 
     #[test]
