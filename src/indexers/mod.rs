@@ -57,6 +57,37 @@ impl ItemError {
     }
 }
 
+/// What no index can take, whatever its database says (every writer checks each item with
+/// this before writing): a chunk in an index opened without a model (its vector could never
+/// be computed), a vector of another dimension than the index's, a vector with NaN or
+/// infinite values (no distance is defined for it: pgvector refuses it, sqlite-vec would store
+/// it and rank it anywhere).
+pub(crate) fn check_item(doc: &Document, dimension: Option<usize>) -> Result<(), ItemError> {
+    let Some(chunk) = doc.chunk.as_deref() else {
+        return Ok(());
+    };
+    if doc.unchanged {
+        return Ok(());
+    }
+    let Some(d) = dimension else {
+        return Err(ItemError::permanent(
+            "this index was opened without a model; its chunks could never get vectors: \
+             run with a model (not --no-chunk)",
+        ));
+    };
+    match chunk.vector.as_deref() {
+        None => Ok(()),
+        Some(v) if v.len() != d => Err(ItemError::permanent(format!(
+            "vector of {} dimensions in an index of {d}",
+            v.len()
+        ))),
+        Some(v) if v.iter().any(|x| !x.is_finite()) => {
+            Err(ItemError::permanent(crate::embed::window::NON_FINITE))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
 /// A backend that cannot be opened or used at all: the run cannot start (exit code 2).
 #[derive(Debug, Error)]
 pub enum BackendError {

@@ -105,6 +105,28 @@ pub enum Claim {
     },
 }
 
+/// Claims in a row that may come back empty before a worker is told to look again soon.
+pub const CLAIM_TRIES: usize = 100;
+
+/// A store's claim, the same on every backend: `once` is one claim transaction. One that got
+/// nothing though there was work (every candidate went to the dead-letter queue, or another
+/// worker took the same rows) claims again, at most [`CLAIM_TRIES`] times; then the worker is
+/// told to look again in 50 ms rather than spin.
+pub fn claim_with_retries(
+    mut once: impl FnMut() -> Result<Claim, StoreError>,
+) -> Result<Claim, StoreError> {
+    for _ in 0..CLAIM_TRIES {
+        match once()? {
+            Claim::Items(items) if items.is_empty() => continue,
+            other => return Ok(other),
+        }
+    }
+    Ok(Claim::Idle {
+        paused: false,
+        next_due: Some(super::now_ms() + 50),
+    })
+}
+
 /// A chunk that needs a vector in a vector set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PendingChunk {
@@ -383,7 +405,55 @@ impl<T: EnrichStore + ?Sized> EnrichStore for Box<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::stitch;
+    use super::{claim_with_retries, stitch, Claim, CLAIM_TRIES};
+
+    /// Empty claims are retried a bounded number of times (the SQLite store once looped for
+    /// ever); a claim with work or an idle answer ends the retries at once.
+    #[test]
+    fn empty_claims_are_retried_a_bounded_number_of_times() {
+        let mut calls = 0;
+        let got = claim_with_retries(|| {
+            calls += 1;
+            Ok(Claim::Items(Vec::new()))
+        })
+        .unwrap();
+        assert_eq!(calls, CLAIM_TRIES);
+        assert!(
+            matches!(
+                got,
+                Claim::Idle {
+                    paused: false,
+                    next_due: Some(_)
+                }
+            ),
+            "{got:?}"
+        );
+
+        let mut calls = 0;
+        let got = claim_with_retries(|| {
+            calls += 1;
+            Ok(if calls < 3 {
+                Claim::Items(Vec::new())
+            } else {
+                Claim::Idle {
+                    paused: true,
+                    next_due: None,
+                }
+            })
+        })
+        .unwrap();
+        assert_eq!(calls, 3);
+        assert!(
+            matches!(
+                got,
+                Claim::Idle {
+                    paused: true,
+                    next_due: None
+                }
+            ),
+            "{got:?}"
+        );
+    }
 
     #[test]
     fn stitched_chunks_lose_their_overlaps() {

@@ -17,7 +17,13 @@ struct Fake {
 
 const POISON: u32 = 666;
 
+/// A sequence holding it gets a NaN in its vector (a model whose output overflowed).
+const OVERFLOW: u32 = 777;
+
 fn vector_of(ids: &[u32]) -> Vec<f32> {
+    if ids.contains(&OVERFLOW) {
+        return vec![f32::NAN, 1.0, 0.0];
+    }
     vec![
         ids.len() as f32,
         ids.iter().map(|&x| x as f32).sum(),
@@ -189,4 +195,28 @@ fn a_vector_embedded_in_one_window_is_reused_in_the_next() {
     // Without a key there is nothing to match on: it is embedded.
     assert_eq!(got[1], vec![Outcome::Embedded(vector_of(&a))]);
     assert_eq!(fake.batches.lock().unwrap().len(), 2);
+}
+
+/// A vector with NaN or infinite values fails its chunk (and its copies) with the reason, and
+/// is not remembered for the next window; the other chunks of its batch are embedded.
+#[test]
+fn a_non_finite_vector_fails_its_chunk_and_is_not_remembered() {
+    let fake = Fake::new(10);
+    let stats = RunStats::default();
+    let mut recent = Recent::new(8);
+    let inputs = vec![
+        (vec![OVERFLOW, 1], true),
+        (vec![1, 2], true),
+        (vec![OVERFLOW, 1], true),
+    ];
+    let got = run(&fake, &inputs, 100, &mut recent, &stats);
+    for i in [0, 2] {
+        match &got[i][..] {
+            [Outcome::Failed(reason)] => assert!(reason.contains(NON_FINITE), "{reason}"),
+            other => panic!("item {i}: {other:?}"),
+        }
+    }
+    assert_eq!(got[1], vec![Outcome::Embedded(vector_of(&[1, 2]))]);
+    assert!(recent.get(&Chunk::input_key_of(&[OVERFLOW, 1])).is_none());
+    assert!(recent.get(&Chunk::input_key_of(&[1, 2])).is_some());
 }

@@ -22,9 +22,6 @@ use crate::lifecycle::{
     CHUNK, EMBED,
 };
 
-/// Claims in a row that may come back empty before a worker is told to look again later.
-const CLAIM_TRIES: usize = 100;
-
 /// Documents queued per backfill page.
 pub const BACKFILL_PAGE: usize = 512;
 
@@ -498,19 +495,7 @@ const HELD: &str =
 
 impl LifecycleStore for PgStore {
     fn claim(&mut self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        // A claim that got nothing though there was work (every candidate went to the
-        // dead-letter queue, or another worker was claiming the same rows) claims again.
-        // Rows locked for longer than that are another transaction's: look again soon.
-        for _ in 0..CLAIM_TRIES {
-            match self.claim_once(req)? {
-                Claim::Items(items) if items.is_empty() => continue,
-                other => return Ok(other),
-            }
-        }
-        Ok(Claim::Idle {
-            paused: false,
-            next_due: Some(crate::lifecycle::now_ms() + 50),
-        })
+        crate::lifecycle::store::claim_with_retries(|| self.claim_once(req))
     }
 
     fn renew(&mut self, owner: &str, keys: &[WorkKey], lease: Duration) -> Result<(), StoreError> {

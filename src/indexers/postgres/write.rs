@@ -662,7 +662,10 @@ impl Backend for PgBackend {
             Ok(d) => d,
             Err(e) => return vec![Err(item_error(&self.target, &e)); batch.len()],
         };
-        let mut results: Vec<Result<(), ItemError>> = batch.iter().map(|d| check(d, dim)).collect();
+        let mut results: Vec<Result<(), ItemError>> = batch
+            .iter()
+            .map(|d| crate::indexers::check_item(d, dim))
+            .collect();
         // One row per id: a later item of the batch replaces an earlier one with its id.
         let mut last: HashMap<&str, usize> = HashMap::new();
         for (i, d) in batch.iter().enumerate() {
@@ -734,33 +737,6 @@ impl PgBackend {
             }
             Err(e) => Err(e),
         }
-    }
-}
-
-/// What the index cannot take, whatever PostgreSQL says.
-fn check(doc: &Document, dimension: Option<usize>) -> Result<(), ItemError> {
-    let Some(chunk) = doc.chunk.as_deref() else {
-        return Ok(());
-    };
-    if doc.unchanged {
-        return Ok(());
-    }
-    let Some(d) = dimension else {
-        return Err(ItemError::permanent(
-            "this index was opened without a model; its chunks could never get vectors: \
-             run with a model (not --no-chunk)",
-        ));
-    };
-    match chunk.vector.as_deref() {
-        None => Ok(()),
-        Some(v) if v.len() != d => Err(ItemError::permanent(format!(
-            "vector of {} dimensions in an index of {d}",
-            v.len()
-        ))),
-        Some(v) if v.iter().any(|x| !x.is_finite()) => Err(ItemError::permanent(
-            "the vector has NaN or infinite values (pgvector refuses them)",
-        )),
-        Some(_) => Ok(()),
     }
 }
 

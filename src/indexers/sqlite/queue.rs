@@ -417,13 +417,7 @@ fn held(tx: &Connection, owner: &str, key: &WorkKey) -> rusqlite::Result<Option<
 
 impl LifecycleStore for SqliteStore {
     fn claim(&mut self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        // A claim whose every candidate went to the dead-letter queue claims again.
-        loop {
-            match self.claim_once(req)? {
-                Claim::Items(items) if items.is_empty() => continue,
-                other => return Ok(other),
-            }
-        }
+        crate::lifecycle::store::claim_with_retries(|| self.claim_once(req))
     }
 
     fn renew(&mut self, owner: &str, keys: &[WorkKey], lease: Duration) -> Result<(), StoreError> {

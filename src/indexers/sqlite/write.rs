@@ -60,7 +60,7 @@ impl Backend for SqliteBackend {
         };
         let mut results: Vec<Result<(), ItemError>> = batch
             .iter()
-            .map(|d| check(d, ctx.active.as_ref().map(|s| s.dimension)))
+            .map(|d| crate::indexers::check_item(d, ctx.active.as_ref().map(|s| s.dimension)))
             .collect();
         let fast = (|| -> rusqlite::Result<()> {
             let tx = self
@@ -147,30 +147,6 @@ fn settle_all(tx: &Connection, touched: &BTreeSet<String>, ctx: &Ctx<'_>) -> rus
         settle(tx, doc, &ctx.sets, ctx.priority)?;
     }
     Ok(())
-}
-
-/// What the index cannot take, whatever SQLite says: a vector of another dimension, or a
-/// chunk in an index that has no model (its vector could never be computed).
-fn check(doc: &Document, dimension: Option<usize>) -> Result<(), ItemError> {
-    let Some(chunk) = doc.chunk.as_deref() else {
-        return Ok(());
-    };
-    if doc.unchanged {
-        return Ok(());
-    }
-    let Some(d) = dimension else {
-        return Err(ItemError::permanent(
-            "this index was opened without a model; its chunks could never get vectors: \
-             run with a model (not --no-chunk)",
-        ));
-    };
-    match chunk.vector.as_deref() {
-        Some(v) if v.len() != d => Err(ItemError::permanent(format!(
-            "vector of {} dimensions in an index of {d}",
-            v.len()
-        ))),
-        _ => Ok(()),
-    }
 }
 
 /// Write one document or chunk (already checked).

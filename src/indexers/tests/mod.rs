@@ -324,6 +324,36 @@ fn bad_items_fail_alone() {
     }
 }
 
+/// A vector with NaN or infinite values fails alone, with the same reason on every backend
+/// (only Postgres refused one before; SQLite stored it, and vector search ranked it anywhere).
+#[test]
+fn non_finite_vectors_fail_alone_on_every_backend() {
+    for ix in backends("non_finite") {
+        let f = ix.open(identity("a", 4));
+        let mut b = f.connect().unwrap();
+        let p = parent("doc", "h", 3);
+        let r = b.write(&[
+            p.clone(),
+            chunk(&p, 0, "not a number", vec![f32::NAN, 0.0, 0.0, 1.0]),
+            chunk(&p, 1, "infinite", vec![0.0, f32::INFINITY, 0.0, 0.0]),
+            chunk(&p, 2, "fine", unit(2, 4)),
+        ]);
+        assert!(r[0].is_ok() && r[3].is_ok(), "{}: {r:?}", ix.name());
+        for e in [&r[1], &r[2]] {
+            let e = e.clone().unwrap_err();
+            assert!(
+                !e.retryable && e.message.contains("NaN or infinite"),
+                "{}: {e}",
+                ix.name()
+            );
+        }
+        let reader = ix.reader();
+        assert_eq!(reader.counts().unwrap(), (1, 1, 1), "{}", ix.name());
+        let near = reader.nearest(&unit(2, 4), 5).unwrap();
+        assert_eq!(near.len(), 1, "{}: {near:?}", ix.name());
+    }
+}
+
 #[test]
 fn another_model_is_refused_without_touching_the_index() {
     for ix in backends("another_model") {
