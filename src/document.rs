@@ -44,6 +44,11 @@ pub struct Fields {
     pub metadata: BTreeMap<String, serde_json::Value>,
 }
 
+/// Why a chunk's vector with NaN or infinite values is refused, by the embedder and by every
+/// index (no distance is defined for it).
+pub const NON_FINITE_VECTOR: &str = "the vector has NaN or infinite values: the model's output \
+                                     overflowed (try --dtype f32, or check the model's weights)";
+
 /// What a chunk carries beyond its text: where it sits in its parent and what the model sees.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Chunk {

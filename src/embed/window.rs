@@ -11,10 +11,6 @@ use super::encoder::Encoder;
 use crate::document::InputKey;
 use crate::stats::RunStats;
 
-/// Why a vector with NaN or infinite values is refused (by the embedder and by every index).
-pub const NON_FINITE: &str = "the vector has NaN or infinite values: the model's output \
-                              overflowed (try --dtype f32, or check the model's weights)";
-
 /// One chunk of a window: its content token ids, their input key, and its text (what an
 /// encoder that embeds texts, a service, is sent).
 #[derive(Clone, Copy, Debug)]
@@ -124,9 +120,10 @@ pub fn embed_window<E: Encoder + ?Sized>(
                 .into_iter()
                 .map(|v| match v {
                     // No distance is defined for it: not stored, not remembered, not served.
-                    Ok(v) if v.iter().any(|x| !x.is_finite()) => {
-                        Outcome::Failed(format!("embedding on {label}: {NON_FINITE}"))
-                    }
+                    Ok(v) if v.iter().any(|x| !x.is_finite()) => Outcome::Failed(format!(
+                        "embedding on {label}: {}",
+                        crate::document::NON_FINITE_VECTOR
+                    )),
                     Ok(v) => Outcome::Embedded(v),
                     Err(reason) => {
                         Outcome::Failed(format!("embedding on {label} failed: {reason}"))

@@ -82,7 +82,7 @@ pub(crate) fn check_item(doc: &Document, dimension: Option<usize>) -> Result<(),
             v.len()
         ))),
         Some(v) if v.iter().any(|x| !x.is_finite()) => {
-            Err(ItemError::permanent(crate::embed::window::NON_FINITE))
+            Err(ItemError::permanent(crate::document::NON_FINITE_VECTOR))
         }
         Some(_) => Ok(()),
     }

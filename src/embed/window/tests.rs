@@ -212,7 +212,10 @@ fn a_non_finite_vector_fails_its_chunk_and_is_not_remembered() {
     let got = run(&fake, &inputs, 100, &mut recent, &stats);
     for i in [0, 2] {
         match &got[i][..] {
-            [Outcome::Failed(reason)] => assert!(reason.contains(NON_FINITE), "{reason}"),
+            [Outcome::Failed(reason)] => assert!(
+                reason.contains(crate::document::NON_FINITE_VECTOR),
+                "{reason}"
+            ),
             other => panic!("item {i}: {other:?}"),
         }
     }
