@@ -10,7 +10,9 @@
 # cores, 20 of them in candle-kernels' nvcc; later builds take seconds.
 #
 # --check puts scripts/cuda/typecheck-nvcc first on PATH as `nvcc`: it writes empty kernels,
-# so `cargo check` sees all the cuda code without the toolkit. Never ship what it builds.
+# so `cargo check` sees all the cuda code without the toolkit. Never ship what it builds. It
+# checks in the CPU build's target folder, so the dependencies clippy checked are reused (a
+# check makes no binary; the real build above is a release build, whose build scripts run apart).
 #
 # The binary is for sm_90 (H100/H200: CUDA_COMPUTE_CAP=90). Run it there with the CUDA 13
 # libraries on LD_LIBRARY_PATH (see scripts/gpu-check.sh).
@@ -23,7 +25,7 @@ if [ "${1:-}" = --check ]; then
   cp scripts/cuda/typecheck-nvcc "$shim/nvcc"
   chmod +x "$shim/nvcc"
   PATH="$shim:$PATH" CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} CUDARC_CUDA_VERSION=13000 \
-    CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}/cuda-check \
+    CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target} \
     cargo check --features cuda --all-targets
   echo "ok: the cuda feature type-checks"
   exit 0
