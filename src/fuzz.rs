@@ -86,10 +86,10 @@ pub fn wire(data: &[u8]) {
 
 pub fn run_record(data: &[u8]) {
     if let Ok(record) = serde_json::from_slice::<crate::queue::jetstream::RunRecord>(data) {
-        let _ = crate::pipeline::PipelineConfig::parse(&record.config);
+        let _ = crate::jobs::PipelineConfig::parse(&record.config);
     }
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = crate::pipeline::PipelineConfig::parse(text);
+        let _ = crate::jobs::PipelineConfig::parse(text);
     }
 }
 
@@ -140,8 +140,8 @@ pub fn retry_after(data: &[u8]) {
     if let Ok(value) = reqwest::header::HeaderValue::from_bytes(data) {
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(reqwest::header::RETRY_AFTER, value);
-        if let Some(d) = crate::remote::retry_after(&headers, SystemTime::now()) {
-            assert!(d <= crate::remote::MAX_RETRY_AFTER, "{d:?}");
+        if let Some(d) = crate::http::retry_after(&headers, SystemTime::now()) {
+            assert!(d <= crate::http::MAX_RETRY_AFTER, "{d:?}");
         }
     }
 }

@@ -3,8 +3,13 @@
 //! See ARCHITECTURE.md for the map. In short: [`connectors`] publish documents through the
 //! [`publisher`] onto bounded [`queue`]s; workers run [`stages`] (extract, chunk); the
 //! [`embed`] pool batches chunks through the model; [`indexers`] write to a backend; the
-//! publisher follows [`event`]s until the [`run`] is complete. [`remote`] calls services
-//! (embeddings, chat completions) within their limits; [`serve`] is the embeddings server.
+//! publisher follows [`event`]s until the [`run`] is complete. [`http`] calls services
+//! (embeddings, chat completions) within their limits; [`serve`] is the embeddings server;
+//! [`jobs`] assembles what each command runs from its config.
+
+/// The tracing target of what the library tells its user as a job goes (where it embeds, a
+/// reconnection, a circuit that opened): the CLI shows it by default, as plain lines.
+pub const NOTE: &str = "ragline::note";
 
 pub mod connectors;
 pub mod document;
@@ -13,14 +18,14 @@ pub mod eval;
 pub mod event;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod http;
 pub mod indexers;
+pub mod jobs;
 pub mod lifecycle;
 pub mod memory;
 pub mod panics;
-pub mod pipeline;
 pub mod publisher;
 pub mod queue;
-pub mod remote;
 pub mod run;
 pub mod search;
 pub mod secret;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use ragline::pipeline::{self, Progress};
+use ragline::jobs::{self, Progress};
 
 use super::enrich::{enrich_exit_code, print_enrich_summary};
 use super::ingest::write_report;
@@ -68,7 +68,7 @@ pub fn run(args: BackfillArgs, config_file: Option<&Path>) -> anyhow::Result<Exi
         std::fs::File::create(report)
             .with_context(|| format!("cannot write --report {}", report.display()))?;
     }
-    let request = pipeline::EnrichRequest {
+    let request = jobs::EnrichRequest {
         stages: vec![args.stage.clone()],
         follow: args.follow,
         model_override: None,
@@ -76,7 +76,7 @@ pub fn run(args: BackfillArgs, config_file: Option<&Path>) -> anyhow::Result<Exi
         queue: None,
     };
     let mut observer = super::observer(config.run.progress);
-    let outcome = pipeline::backfill(
+    let outcome = jobs::backfill(
         &config,
         target.as_deref(),
         &request,
@@ -94,7 +94,7 @@ pub fn run(args: BackfillArgs, config_file: Option<&Path>) -> anyhow::Result<Exi
     };
     print_enrich_summary(&mut std::io::stdout().lock(), &summary)?;
     write_report(args.report.as_deref(), &summary)?;
-    let status = pipeline::status(&config)?;
+    let status = jobs::status(&config)?;
     if let Some(b) = &status.backfill {
         println!(
             "backfill of `{}` not finished: {} of {} chunks embedded (run `ragline backfill \

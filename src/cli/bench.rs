@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use ragline::document::Document;
+use ragline::embed::EmbeddingModel;
 use ragline::stages::chunk::{
     ChunkConfig, ChunkStage, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS,
 };
@@ -115,7 +116,7 @@ pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     let model_config = args.model.resolve(&super::load_config(config_file)?);
     let (files, devices, model) = load_first(&model_config)?;
     let device = &devices[0];
-    let batch_tokens = ragline::pipeline::batch_tokens(&model_config, device);
+    let batch_tokens = ragline::jobs::batch_tokens(&model_config, device);
     let target = args.chunks.unwrap_or(if device.device.is_cpu() {
         2_000
     } else {
@@ -128,39 +129,8 @@ pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     // Chunk the corpus on every core, timed.
     let docs = read_corpus(args.corpus.as_deref())?;
     let bytes: usize = docs.iter().map(|d| d.fields.text.len()).sum();
-    let limit = model.tokenizer.max_content_len() - model.tokenizer.passage_prompt_ids().len();
-    let sizes = ChunkConfig {
-        target: args.chunk_tokens,
-        overlap: DEFAULT_CHUNK_OVERLAP,
-    }
-    .validate(limit, args.chunk_tokens != DEFAULT_CHUNK_TOKENS)
-    .map_err(anyhow::Error::msg)?;
     let started = Instant::now();
-    let tokenizer = &model.tokenizer;
-    let chunked: Vec<Vec<u32>> = docs
-        .into_par_iter()
-        .map_init(
-            || {
-                (
-                    Extract::default(),
-                    ChunkStage::new(tokenizer.clone(), sizes),
-                )
-            },
-            |(extract, chunk), mut doc| {
-                extract.process(&mut doc).ok();
-                chunk
-                    .process(&mut doc)
-                    .map(|children| {
-                        children
-                            .into_iter()
-                            .filter_map(|c| c.chunk.map(|c| c.token_ids))
-                            .collect::<Vec<_>>()
-                    })
-                    .unwrap_or_default()
-            },
-        )
-        .flatten()
-        .collect();
+    let chunked = chunk_corpus(docs, &model, args.chunk_tokens)?;
     let chunk_secs = started.elapsed().as_secs_f64();
     if chunked.is_empty() {
         bail!("the corpus yielded no chunks");
@@ -228,45 +198,90 @@ pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!(
-            "model {} on {} ({}; {}), {} threads, batches of <= {} tokens\n\
-             chunker: {:.1} MB/s ({:.1} MB/s per core) over {:.1} MB\n\
-             embedder: {} chunks, {} tokens in {:.2}s: {:.0} tokens/s, {:.1} chunks/s\n\
-             padding {:.1}%, {} batches of {:.1} chunks on average\n\
-             peak RSS {:.0} MB{}{}",
-            report.model,
-            report.device,
-            report.encoder,
-            report.cpu,
-            report.threads,
-            report.batch_tokens,
-            report.chunker_mb_per_s,
-            report.chunker_mb_per_s_per_core,
-            bytes as f64 / 1e6,
-            report.chunks,
-            report.tokens,
-            report.seconds,
-            report.tokens_per_s,
-            report.chunks_per_s,
-            report.padding_ratio * 100.0,
-            report.batches,
-            report.mean_batch_size,
-            report.peak_rss_mb,
-            report
-                .device_memory_used_mb
-                .map(|m| format!(", device memory in use {m:.0} MB"))
-                .unwrap_or_default(),
-            match (report.gflops, report.peak_gflops) {
-                (Some(g), Some(p)) => format!(
-                    "\nroofline: encoder {g:.0} GFLOP/s of a {p:.0} GFLOP/s FMA peak ({:.0}%)",
-                    100.0 * g / p
-                ),
-                (Some(g), None) => format!("\nencoder {g:.0} GFLOP/s"),
-                _ => String::new(),
-            }
-        );
+        print_report(&report);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The corpus cut into chunks on every core: each chunk's token ids.
+fn chunk_corpus(
+    docs: Vec<Document>,
+    model: &EmbeddingModel,
+    chunk_tokens: usize,
+) -> anyhow::Result<Vec<Vec<u32>>> {
+    let limit = model.tokenizer.max_content_len() - model.tokenizer.passage_prompt_ids().len();
+    let sizes = ChunkConfig {
+        target: chunk_tokens,
+        overlap: DEFAULT_CHUNK_OVERLAP,
+    }
+    .validate(limit, chunk_tokens != DEFAULT_CHUNK_TOKENS)
+    .map_err(anyhow::Error::msg)?;
+    let tokenizer = &model.tokenizer;
+    Ok(docs
+        .into_par_iter()
+        .map_init(
+            || {
+                (
+                    Extract::default(),
+                    ChunkStage::new(tokenizer.clone(), sizes),
+                )
+            },
+            |(extract, chunk), mut doc| {
+                extract.process(&mut doc).ok();
+                chunk
+                    .process(&mut doc)
+                    .map(|children| {
+                        children
+                            .into_iter()
+                            .filter_map(|c| c.chunk.map(|c| c.token_ids))
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap_or_default()
+            },
+        )
+        .flatten()
+        .collect())
+}
+
+/// The report as text.
+fn print_report(report: &Report) {
+    println!(
+        "model {} on {} ({}; {}), {} threads, batches of <= {} tokens\n\
+         chunker: {:.1} MB/s ({:.1} MB/s per core) over {:.1} MB\n\
+         embedder: {} chunks, {} tokens in {:.2}s: {:.0} tokens/s, {:.1} chunks/s\n\
+         padding {:.1}%, {} batches of {:.1} chunks on average\n\
+         peak RSS {:.0} MB{}{}",
+        report.model,
+        report.device,
+        report.encoder,
+        report.cpu,
+        report.threads,
+        report.batch_tokens,
+        report.chunker_mb_per_s,
+        report.chunker_mb_per_s_per_core,
+        report.corpus_bytes as f64 / 1e6,
+        report.chunks,
+        report.tokens,
+        report.seconds,
+        report.tokens_per_s,
+        report.chunks_per_s,
+        report.padding_ratio * 100.0,
+        report.batches,
+        report.mean_batch_size,
+        report.peak_rss_mb,
+        report
+            .device_memory_used_mb
+            .map(|m| format!(", device memory in use {m:.0} MB"))
+            .unwrap_or_default(),
+        match (report.gflops, report.peak_gflops) {
+            (Some(g), Some(p)) => format!(
+                "\nroofline: encoder {g:.0} GFLOP/s of a {p:.0} GFLOP/s FMA peak ({:.0}%)",
+                100.0 * g / p
+            ),
+            (Some(g), None) => format!("\nencoder {g:.0} GFLOP/s"),
+            _ => String::new(),
+        }
+    );
 }
 
 /// `--write URI`: chunks/s into an index.

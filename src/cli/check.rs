@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Args;
-use ragline::pipeline::{self, PipelineConfig};
+use ragline::jobs::{self, PipelineConfig};
 
 use super::{EXIT_OK, EXIT_SETUP};
 
@@ -23,7 +23,7 @@ pub fn run(_args: CheckArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
         || "no ragline.toml here: the defaults".to_string(),
         |f| f.display().to_string(),
     );
-    match pipeline::check(&config) {
+    match jobs::check(&config) {
         Ok(report) => {
             println!("# pipeline from {source}: OK");
             println!("# index: {}", report.index);

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use ragline::embed::tokenizer::TextTokenizer;
 use ragline::embed::EmbeddingModel;
-use ragline::remote::embed::{estimate_tokens, Input, RemoteEmbedder};
+use ragline::http::embed::{estimate_tokens, Input, RemoteEmbedder};
 use rayon::prelude::*;
 
 use super::model_args::{load_first, ModelArgs};
@@ -138,11 +138,101 @@ enum Sink {
     Jsonl(Box<dyn Write>),
 }
 
-pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
-    let mut config = super::load_config(config_file)?;
-    args.remote.apply(&mut config)?;
-    let model_config = args.model.resolve(&config);
-    let engine = if config.stages.embed.remote.enabled() {
+impl Sink {
+    /// The writer `--output` names by its extension (`-`: JSONL on stdout).
+    fn open(output: &std::path::Path, dimension: usize) -> anyhow::Result<Sink> {
+        let name = output.to_string_lossy().to_string();
+        let cannot = || format!("cannot write --output {name}");
+        Ok(if name.ends_with(".npy") {
+            Sink::Npy(NpyWriter::create(output, dimension).with_context(cannot)?)
+        } else if name.ends_with(".parquet") {
+            Sink::Parquet(Box::new(
+                ParquetWriter::create(output, Some(dimension)).with_context(cannot)?,
+            ))
+        } else if name == "-" {
+            Sink::Jsonl(Box::new(BufWriter::new(std::io::stdout())))
+        } else {
+            Sink::Jsonl(Box::new(BufWriter::new(
+                File::create(output).with_context(cannot)?,
+            )))
+        })
+    }
+
+    /// One input line's row: its vector, or its error (a NaN row in npy, a null vector in
+    /// Parquet, an `error` field in JSONL), so rows stay aligned with the input.
+    fn write(
+        &mut self,
+        line: usize,
+        id: Option<Value>,
+        text: Option<&str>,
+        vector: Vec<f32>,
+        error: Option<String>,
+        dimension: usize,
+    ) -> anyhow::Result<()> {
+        match self {
+            Sink::Npy(w) => {
+                let row = if error.is_some() {
+                    vec![f32::NAN; dimension]
+                } else {
+                    vector
+                };
+                w.write_row(&row)?;
+            }
+            Sink::Parquet(w) => {
+                let id = match &id {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v) => v.to_string(),
+                    None => line.to_string(),
+                };
+                let row = Row {
+                    id: &id,
+                    kind: "text",
+                    text,
+                    error: error.as_deref(),
+                    vector: error.is_none().then_some(vector.as_slice()),
+                    ..Row::default()
+                };
+                w.push(&row).map_err(anyhow::Error::msg)?;
+            }
+            Sink::Jsonl(w) => {
+                let mut obj = serde_json::Map::new();
+                if let Some(id) = id {
+                    obj.insert("id".into(), id);
+                }
+                match error {
+                    Some(reason) => obj.insert("error".into(), Value::String(reason)),
+                    None => obj.insert("vector".into(), serde_json::to_value(vector)?),
+                };
+                serde_json::to_writer(&mut *w, &obj)?;
+                w.write_all(b"\n")?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> anyhow::Result<()> {
+        match self {
+            Sink::Npy(w) => {
+                w.finish().context("writing --output")?;
+            }
+            Sink::Parquet(w) => {
+                w.finish().context("writing --output")?;
+            }
+            Sink::Jsonl(mut w) => w.flush().context("writing --output")?,
+        }
+        Ok(())
+    }
+}
+
+/// The engine `embed` runs: the service the config names, or the model on its first device
+/// with the prompt asked for (the model's default prompt, as sentence-transformers'
+/// `encode`, when none is).
+fn engine(
+    args: &EmbedArgs,
+    config: &ragline::jobs::PipelineConfig,
+    model_config: &ragline::jobs::config::ModelConfig,
+) -> anyhow::Result<Engine> {
+    if config.stages.embed.remote.enabled() {
         if args.prompt.is_some_and(|p| !matches!(p, Prompt::None)) || args.prompt_name.is_some() {
             anyhow::bail!(
                 "--prompt with a remote embedder: the service applies its model's prompts \
@@ -150,35 +240,48 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             );
         }
         config.validate()?;
-        let files = ragline::pipeline::model_files(&model_config.name)?;
-        Engine::Remote {
-            remote: ragline::pipeline::remote::remote_embedder(&config.stages.embed.remote)?,
-            tokenizer: Box::new(ragline::embed::remote::load_tokenizer(&files)?),
-        }
-    } else {
-        let (_, devices, model) = load_first(&model_config)?;
-        let device = &devices[0];
-        eprintln!("embedding on {} ({})", device.label, device.reason);
-        eprintln!("encoder: {}", model.encoder_kind());
-        let batch_tokens = ragline::pipeline::batch_tokens(&model_config, device);
-        let named = args.prompt_name.clone().or_else(|| {
-            args.prompt
-                .is_none()
-                .then(|| model.files.default_prompt_name.clone())?
+        let files = ragline::jobs::model_files(&model_config.name)?;
+        return Ok(Engine::Remote {
+            remote: ragline::jobs::service_embedder::remote_embedder(&config.stages.embed.remote)?,
+            tokenizer: Box::new(ragline::embed::service::load_tokenizer(&files)?),
         });
-        let prompt: Vec<u32> = match (args.prompt, named) {
-            (_, Some(name)) => model.tokenizer.prompt_ids(model.files.prompt(&name)?)?,
-            (None | Some(Prompt::None), None) => Vec::new(),
-            (Some(Prompt::Query), None) => model.tokenizer.query_prompt_ids().to_vec(),
-            (Some(Prompt::Document), None) => model.tokenizer.passage_prompt_ids().to_vec(),
-        };
-        Engine::Local {
-            model: Box::new(model),
-            prompt,
-            batch_tokens,
-        }
+    }
+    let (_, devices, model) = load_first(model_config)?;
+    let device = &devices[0];
+    eprintln!("embedding on {} ({})", device.label, device.reason);
+    eprintln!("encoder: {}", model.encoder_kind());
+    let batch_tokens = ragline::jobs::batch_tokens(model_config, device);
+    let named = args.prompt_name.clone().or_else(|| {
+        args.prompt
+            .is_none()
+            .then(|| model.files.default_prompt_name.clone())?
+    });
+    let prompt: Vec<u32> = match (args.prompt, named) {
+        (_, Some(name)) => model.tokenizer.prompt_ids(model.files.prompt(&name)?)?,
+        (None | Some(Prompt::None), None) => Vec::new(),
+        (Some(Prompt::Query), None) => model.tokenizer.query_prompt_ids().to_vec(),
+        (Some(Prompt::Document), None) => model.tokenizer.passage_prompt_ids().to_vec(),
     };
+    Ok(Engine::Local {
+        model: Box::new(model),
+        prompt,
+        batch_tokens,
+    })
+}
 
+/// What `embed` did: texts read, bad lines, tokens embedded.
+#[derive(Default)]
+struct Totals {
+    total: usize,
+    bad: usize,
+    tokens: usize,
+}
+
+pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    let mut config = super::load_config(config_file)?;
+    args.remote.apply(&mut config)?;
+    let model_config = args.model.resolve(&config);
+    let engine = engine(&args, &config, &model_config)?;
     let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
         Box::new(BufReader::new(std::io::stdin()))
     } else {
@@ -186,26 +289,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             || format!("cannot read --input {}", args.input.display()),
         )?))
     };
-    let out_name = args.output.to_string_lossy().to_string();
-    let mut sink = if out_name.ends_with(".npy") {
-        Sink::Npy(
-            NpyWriter::create(&args.output, engine.dimension())
-                .with_context(|| format!("cannot write --output {out_name}"))?,
-        )
-    } else if out_name.ends_with(".parquet") {
-        Sink::Parquet(Box::new(
-            ParquetWriter::create(&args.output, Some(engine.dimension()))
-                .with_context(|| format!("cannot write --output {out_name}"))?,
-        ))
-    } else if out_name == "-" {
-        Sink::Jsonl(Box::new(BufWriter::new(std::io::stdout())))
-    } else {
-        Sink::Jsonl(Box::new(BufWriter::new(
-            File::create(&args.output)
-                .with_context(|| format!("cannot write --output {out_name}"))?,
-        )))
-    };
-
+    let mut sink = Sink::open(&args.output, engine.dimension())?;
     let bar = if std::io::stderr().is_terminal() {
         let b = ProgressBar::new_spinner();
         b.set_style(ProgressStyle::with_template(
@@ -216,7 +300,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         ProgressBar::hidden()
     };
     let started = std::time::Instant::now();
-    let (mut total, mut bad, mut tokens) = (0usize, 0usize, 0usize);
+    let mut n = Totals::default();
     let mut lines = reader.lines().enumerate();
     loop {
         // One window: (line number, id, text or the reason it has none).
@@ -236,77 +320,34 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             .map(|(_, _, t)| t.as_deref().unwrap_or(""))
             .collect();
         let (vectors, window_tokens) = engine.embed(&texts)?;
-        tokens += window_tokens;
+        n.tokens += window_tokens;
         for ((line, id, text), vector) in window.into_iter().zip(vectors) {
-            total += 1;
+            n.total += 1;
             let (vector, error) = match (&text, vector) {
                 (Err(reason), _) => (Vec::new(), Some(reason.clone())),
                 (Ok(_), Ok(v)) => (v, None),
                 (Ok(_), Err(reason)) => (Vec::new(), Some(reason)),
             };
             if let Some(reason) = &error {
-                bad += 1;
+                n.bad += 1;
                 eprintln!("line {line}: {reason}");
             }
-            match &mut sink {
-                Sink::Npy(w) => {
-                    let row = if error.is_some() {
-                        vec![f32::NAN; engine.dimension()]
-                    } else {
-                        vector
-                    };
-                    w.write_row(&row)?;
-                }
-                Sink::Parquet(w) => {
-                    let id = match &id {
-                        Some(Value::String(s)) => s.clone(),
-                        Some(v) => v.to_string(),
-                        None => line.to_string(),
-                    };
-                    let row = Row {
-                        id: &id,
-                        kind: "text",
-                        text: text.as_deref().ok(),
-                        error: error.as_deref(),
-                        vector: error.is_none().then_some(vector.as_slice()),
-                        ..Row::default()
-                    };
-                    w.push(&row).map_err(anyhow::Error::msg)?;
-                }
-                Sink::Jsonl(w) => {
-                    let mut obj = serde_json::Map::new();
-                    if let Some(id) = id {
-                        obj.insert("id".into(), id);
-                    }
-                    match error {
-                        Some(reason) => obj.insert("error".into(), Value::String(reason)),
-                        None => obj.insert("vector".into(), serde_json::to_value(vector)?),
-                    };
-                    serde_json::to_writer(&mut *w, &obj)?;
-                    w.write_all(b"\n")?;
-                }
-            }
+            let text = text.as_deref().ok();
+            sink.write(line, id, text, vector, error, engine.dimension())?;
         }
-        bar.set_position(total as u64);
+        bar.set_position(n.total as u64);
     }
-    match sink {
-        Sink::Npy(w) => {
-            w.finish().context("writing --output")?;
-        }
-        Sink::Parquet(w) => {
-            w.finish().context("writing --output")?;
-        }
-        Sink::Jsonl(mut w) => w.flush().context("writing --output")?,
-    }
+    sink.finish()?;
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
-        "embedded {} texts ({} tokens) in {secs:.1}s: {:.0} tokens/s; {bad} bad lines",
-        total - bad,
-        tokens,
-        tokens as f64 / secs.max(1e-9)
+        "embedded {} texts ({} tokens) in {secs:.1}s: {:.0} tokens/s; {} bad lines",
+        n.total - n.bad,
+        n.tokens,
+        n.tokens as f64 / secs.max(1e-9),
+        n.bad
     );
-    if bad > 0 {
+    if n.bad > 0 {
         eprintln!(
             "bad lines (and texts the service refused) got NaN rows (npy), a null vector and \
              an `error` (Parquet) or an `error` field (JSONL), so rows stay aligned"

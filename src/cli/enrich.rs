@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use ragline::pipeline::{self, EnrichRequest, PipelineConfig, Progress};
+use ragline::jobs::{self, EnrichRequest, PipelineConfig, Progress};
 use ragline::run::RunSummary;
 
 use super::ingest::write_report;
@@ -98,7 +98,7 @@ pub fn run(args: EnrichArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
     let mut request = request;
     let mut observer = super::observer(config.run.progress);
     if let Some(addr) = args.metrics_addr {
-        let metrics = pipeline::metrics::EnrichMetrics::new(config.index.uri.value.clone());
+        let metrics = jobs::metrics::EnrichMetrics::new(config.index.uri.value.clone());
         let render = {
             let m = std::sync::Arc::clone(&metrics);
             std::sync::Arc::new(move || m.render())
@@ -106,10 +106,10 @@ pub fn run(args: EnrichArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
         let bound =
             ragline::serve::metrics::serve_metrics(addr, render).map_err(anyhow::Error::msg)?;
         eprintln!("metrics on http://{bound}/metrics");
-        observer = Box::new(pipeline::metrics::Both(observer, metrics.observer()));
+        observer = Box::new(jobs::metrics::Both(observer, metrics.observer()));
         request.metrics = Some(metrics);
     }
-    let summary = pipeline::enrich(&config, &request, observer.as_mut())?;
+    let summary = jobs::enrich(&config, &request, observer.as_mut())?;
     print_enrich_summary(&mut std::io::stdout().lock(), &summary)?;
     write_report(args.report.as_deref(), &summary)?;
     Ok(enrich_exit_code(&summary))

@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use ragline::eval::{ann_recall, evaluate, read_qrels, read_queries, Scores};
 use ragline::indexers::IndexUri;
-use ragline::pipeline::{self, config::SourceConfig};
+use ragline::jobs::{self, config::SourceConfig};
 use ragline::search::{Mode, Searcher};
 use ragline::stages::chunk::{DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
 
@@ -117,7 +117,7 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
         config.stages.embed.defer = false;
         super::apply_index(&mut config, &Some(index.clone()))?;
         let mut observer = super::observer(config.run.progress);
-        let summary = pipeline::ingest(&config, observer.as_mut())?;
+        let summary = jobs::ingest(&config, observer.as_mut())?;
         // Standard error: with --json, standard output holds the scores alone.
         let mut err = std::io::stderr().lock();
         writeln!(err, "corpus ingested:")?;
@@ -130,9 +130,9 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
     let needs_model = args.modes.iter().any(|m| *m != Mode::Keyword);
     let model = if needs_model {
         let spec = Searcher::model_spec(reader.as_ref()).context("the index holds no vectors")?;
-        let files = pipeline::model_files(&spec)?;
-        let devices = pipeline::devices(&model_config)?;
-        let mut model = pipeline::load_model(&files, &devices[0], &model_config)?;
+        let files = jobs::model_files(&spec)?;
+        let devices = jobs::devices(&model_config)?;
+        let mut model = jobs::load_model(&files, &devices[0], &model_config)?;
         Searcher::fit_model(reader.as_ref(), &mut model)?;
         Some(model)
     } else {

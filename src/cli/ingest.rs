@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use ragline::pipeline::{self, PipelineConfig, Progress};
+use ragline::jobs::{self, PipelineConfig, Progress};
 use ragline::run::RunSummary;
 
 use super::model_args::ModelArgs;
@@ -228,8 +228,8 @@ pub fn run(args: IngestArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
     }
     let mut observer = super::observer(config.run.progress);
     let summary = match &args.queue {
-        Some(url) => pipeline::distributed::ingest(&config, url, observer.as_mut())?,
-        None => pipeline::ingest(&config, observer.as_mut())?,
+        Some(url) => jobs::distributed::ingest(&config, url, observer.as_mut())?,
+        None => jobs::ingest(&config, observer.as_mut())?,
     };
     print_summary(&mut std::io::stdout().lock(), &summary, config.index.prune)?;
     write_report(args.report.as_deref(), &summary)?;

@@ -26,7 +26,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use ragline::pipeline::{PipelineConfig, Progress};
+use ragline::jobs::{PipelineConfig, Progress};
 use ragline::run::progress::{Bars, LogLines, Observer, Silent};
 
 /// Every document reached the index (or was dropped with a reason).
@@ -134,7 +134,7 @@ pub fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<PipelineCon
 /// Put `--index` over the config.
 pub fn apply_index(config: &mut PipelineConfig, index: &Option<String>) -> anyhow::Result<()> {
     if let Some(uri) = index {
-        config.index.uri = ragline::pipeline::config::Parsed::parse(uri)
+        config.index.uri = ragline::jobs::config::Parsed::parse(uri)
             .map_err(|e| anyhow::anyhow!("bad --index: {e}"))?;
     }
     Ok(())

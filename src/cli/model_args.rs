@@ -4,8 +4,8 @@
 use clap::Args;
 use ragline::embed::device::SelectedDevice;
 use ragline::embed::{DTypeChoice, DeviceChoice, EmbeddingModel, ModelFiles};
-use ragline::pipeline::config::{ModelConfig, Parsed};
-use ragline::pipeline::{self, PipelineConfig};
+use ragline::jobs::config::{ModelConfig, Parsed};
+use ragline::jobs::{self, PipelineConfig};
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct ModelArgs {
@@ -93,8 +93,8 @@ impl ModelArgs {
 pub fn load_first(
     config: &ModelConfig,
 ) -> anyhow::Result<(ModelFiles, Vec<SelectedDevice>, EmbeddingModel)> {
-    let files = pipeline::model_files(&config.name)?;
-    let devices = pipeline::devices(config)?;
-    let model = pipeline::load_model(&files, &devices[0], config)?;
+    let files = jobs::model_files(&config.name)?;
+    let devices = jobs::devices(config)?;
+    let model = jobs::load_model(&files, &devices[0], config)?;
     Ok((files, devices, model))
 }

@@ -18,7 +18,7 @@ pub struct PauseArgs {
 pub fn run(args: PauseArgs, config_file: Option<&Path>, pause: bool) -> anyhow::Result<ExitCode> {
     let mut config = super::load_config(config_file)?;
     super::apply_index(&mut config, &args.index)?;
-    ragline::pipeline::lifecycle_store(&config)?.set_paused(&args.stage, pause)?;
+    ragline::jobs::lifecycle_store(&config)?.set_paused(&args.stage, pause)?;
     if pause {
         println!(
             "{} paused: workers claim none of its work (what they hold, they finish); \

@@ -19,7 +19,7 @@ pub struct PromoteArgs {
 pub fn run(args: PromoteArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut config = super::load_config(config_file)?;
     super::apply_index(&mut config, &args.index)?;
-    let n = ragline::pipeline::lifecycle_store(&config)?.promote(&args.doc_ids)?;
+    let n = ragline::jobs::lifecycle_store(&config)?.promote(&args.doc_ids)?;
     println!(
         "{n} of {} documents moved to interactive priority (the others have nothing pending)",
         args.doc_ids.len()

@@ -4,9 +4,9 @@
 //! `api_key_env`) names, and no key is sent unless one is named.
 
 use clap::Args;
-use ragline::pipeline::config::Parsed;
-use ragline::pipeline::PipelineConfig;
-use ragline::remote::embed::EmbedApi;
+use ragline::http::embed::EmbedApi;
+use ragline::jobs::config::Parsed;
+use ragline::jobs::PipelineConfig;
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct RemoteArgs {

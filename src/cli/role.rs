@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::Args;
-use ragline::pipeline::distributed::{self, RoleRequest};
+use ragline::jobs::distributed::{self, RoleRequest};
 use ragline::run::distributed::Role;
 
 use super::EXIT_OK;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 use ragline::indexers::IndexUri;
-use ragline::pipeline;
+use ragline::jobs;
 use ragline::search::{Mode, Searcher};
 
 use super::model_args::ModelArgs;
@@ -59,10 +59,10 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
             "the index holds no vectors (it was built with --no-chunk); use --mode keyword",
         )?;
         let model_config = args.model.resolve(&config);
-        let files = pipeline::model_files(&spec)
+        let files = jobs::model_files(&spec)
             .with_context(|| format!("cannot find the index's model `{spec}`"))?;
-        let devices = pipeline::devices(&model_config)?;
-        let mut model = pipeline::load_model(&files, &devices[0], &model_config)?;
+        let devices = jobs::devices(&model_config)?;
+        let mut model = jobs::load_model(&files, &devices[0], &model_config)?;
         Searcher::fit_model(reader.as_ref(), &mut model)?;
         Some(model)
     };

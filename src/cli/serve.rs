@@ -114,7 +114,7 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             args.host
         );
     }
-    let batch_tokens = ragline::pipeline::batch_tokens(&model_config, &devices[0]);
+    let batch_tokens = ragline::jobs::batch_tokens(&model_config, &devices[0]);
     let prompt: Vec<u32> = match (args.prompt, &first.files.default_prompt_name) {
         (None, Some(name)) => first.tokenizer.prompt_ids(first.files.prompt(name)?)?,
         (None | Some(ServePrompt::None), _) => Vec::new(),
@@ -143,7 +143,7 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     }];
     for d in &devices[1..] {
         models.push(ModelThread {
-            encoder: Box::new(ragline::pipeline::load_model(&files, d, &model_config)?),
+            encoder: Box::new(ragline::jobs::load_model(&files, d, &model_config)?),
             label: d.label.clone(),
         });
     }

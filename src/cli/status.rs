@@ -5,8 +5,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Args;
+use ragline::jobs;
 use ragline::lifecycle::report::{StageCounts, StatusReport};
-use ragline::pipeline;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -22,7 +22,7 @@ pub struct StatusArgs {
 pub fn run(args: StatusArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut config = super::load_config(config_file)?;
     super::apply_index(&mut config, &args.index)?;
-    let report = pipeline::status(&config)?;
+    let report = jobs::status(&config)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;

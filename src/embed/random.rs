@@ -232,13 +232,10 @@ pub fn save_random_family_with(
             RANDOM_FAMILIES.join(", ")
         )));
     }
-    let io = |path: &Path, e: std::io::Error| EmbedError::ModelFile {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    };
-    std::fs::create_dir_all(out.join("1_Pooling")).map_err(|e| io(out, e))?;
+    let folder = Folder { out };
+    folder.dir("1_Pooling")?;
     let base_config: serde_json::Value = std::fs::read(base.join("config.json"))
-        .map_err(|e| io(&base.join("config.json"), e))
+        .map_err(|e| io_error(&base.join("config.json"), e))
         .and_then(|b| {
             serde_json::from_slice(&b).map_err(|e| EmbedError::ModelFile {
                 path: base.join("config.json"),
@@ -279,6 +276,74 @@ pub fn save_random_family_with(
         positions,
         seed,
     };
+    copy_base_files(base, out, family)?;
+    if let Some(n) = options.max_seq_length {
+        folder.json(
+            "sentence_bert_config.json",
+            &serde_json::json!({"max_seq_length": n, "do_lower_case": false}),
+        )?;
+    }
+    if matches!(family, "modernbert" | "qwen3" | "gemma3") {
+        write_rotary(&folder, family, &shape, options)
+    } else {
+        write_bert_like(&folder, family, &shape)
+    }
+}
+
+/// A random model's folder.
+struct Folder<'a> {
+    out: &'a Path,
+}
+
+impl Folder<'_> {
+    /// A sub-folder, made.
+    fn dir(&self, name: &str) -> Result<std::path::PathBuf, EmbedError> {
+        let dir = self.out.join(name);
+        std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
+        Ok(dir)
+    }
+
+    /// A JSON file of the folder (pretty, as the hub's are).
+    fn json(&self, name: &str, v: &serde_json::Value) -> Result<(), EmbedError> {
+        let path = self.out.join(name);
+        std::fs::write(&path, serde_json::to_vec_pretty(v).expect("JSON"))
+            .map_err(|e| io_error(&path, e))
+    }
+
+    /// A safetensors file of the folder.
+    fn tensors(&self, name: &str, tensors: &HashMap<String, Tensor>) -> Result<(), EmbedError> {
+        candle_core::safetensors::save(tensors, self.out.join(name))?;
+        Ok(())
+    }
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> EmbedError {
+    EmbedError::ModelFile {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    }
+}
+
+/// A sentence-transformers module of `modules.json`.
+fn module(idx: usize, path: &str, kind: &str) -> serde_json::Value {
+    serde_json::json!({"idx": idx, "name": idx.to_string(), "path": path,
+                       "type": format!("sentence_transformers.models.{kind}")})
+}
+
+/// A pooling config in the older layout (`pooling_mode_mean_tokens: true`, ...).
+fn old_pooling(hidden: usize, mode: &str) -> serde_json::Value {
+    serde_json::json!({
+        "word_embedding_dimension": hidden,
+        "pooling_mode_cls_token": mode == "cls",
+        "pooling_mode_mean_tokens": mode == "mean",
+        "pooling_mode_max_tokens": false,
+        "pooling_mode_mean_sqrt_len_tokens": false
+    })
+}
+
+/// The tokenizer and sentence-transformers files of `base` the family keeps (a BERT keeps
+/// its modules and prompts too; the others write their own).
+fn copy_base_files(base: &Path, out: &Path, family: &str) -> Result<(), EmbedError> {
     let copied: &[&str] = if family == "bert" {
         &[
             "tokenizer.json",
@@ -301,119 +366,112 @@ pub fn save_random_family_with(
     for file in copied {
         let from = base.join(file);
         if from.is_file() {
-            std::fs::copy(&from, out.join(file)).map_err(|e| io(&from, e))?;
+            std::fs::copy(&from, out.join(file)).map_err(|e| io_error(&from, e))?;
         }
     }
-    let write_json = |path: &Path, v: &serde_json::Value| {
-        std::fs::write(path, serde_json::to_vec_pretty(v).expect("JSON")).map_err(|e| io(path, e))
+    Ok(())
+}
+
+/// A rotary family's folder: weights, pooling, prompts, modules (Gemma3's two Dense layers),
+/// and a decoder's tokenizer for Qwen3.
+fn write_rotary(
+    folder: &Folder<'_>,
+    family: &str,
+    shape: &RandomBert,
+    options: RandomOptions,
+) -> Result<(), EmbedError> {
+    let seed = shape.seed;
+    let rotary = if options.real_shape {
+        RotaryShape::real(family)
+    } else {
+        RotaryShape::small(family, shape.hidden, shape.layers)
     };
-    let old_pooling = |mode: &str| {
-        serde_json::json!({
-            "word_embedding_dimension": hidden,
-            "pooling_mode_cls_token": mode == "cls",
-            "pooling_mode_mean_tokens": mode == "mean",
-            "pooling_mode_max_tokens": false,
-            "pooling_mode_mean_sqrt_len_tokens": false
-        })
-    };
-    let module = |idx: usize, path: &str, kind: &str| {
-        serde_json::json!({"idx": idx, "name": idx.to_string(), "path": path,
-                           "type": format!("sentence_transformers.models.{kind}")})
-    };
-    if let Some(n) = options.max_seq_length {
-        write_json(
-            &out.join("sentence_bert_config.json"),
-            &serde_json::json!({"max_seq_length": n, "do_lower_case": false}),
-        )?;
+    let max_positions = match family {
+        "modernbert" => 8192,
+        "qwen3" => 32768,
+        _ => 2048,
     }
-    if matches!(family, "modernbert" | "qwen3" | "gemma3") {
-        let rotary = if options.real_shape {
-            RotaryShape::real(family)
-        } else {
-            RotaryShape::small(family, hidden, layers)
-        };
-        let max_positions = match family {
-            "modernbert" => 8192,
-            "qwen3" => 32768,
-            _ => 2048,
-        }
-        .max(options.max_seq_length.unwrap_or(0));
-        let (config, weights) = random_rotary(family, rotary, shape.vocab, max_positions, seed);
-        let h = rotary.hidden;
-        let (pooling, prompts) = match family {
-            "modernbert" => (
-                "mean",
-                serde_json::json!({"query": "search_query: ", "document": "search_document: "}),
-            ),
-            "qwen3" => (
-                "lasttoken",
-                serde_json::json!({"query": "Instruct: Given a web search query, retrieve \
-                                   relevant passages that answer the query\nQuery:",
-                                   "document": ""}),
-            ),
-            _ => (
-                "mean",
-                serde_json::json!({"query": "task: search result | query: ",
-                                   "document": "title: none | text: ",
-                                   "Clustering": "task: clustering | query: "}),
-            ),
-        };
-        write_json(
-            &out.join("1_Pooling/config.json"),
-            &serde_json::json!({"embedding_dimension": h, "pooling_mode": pooling,
-                                "include_prompt": true}),
-        )?;
-        write_json(
-            &out.join("config_sentence_transformers.json"),
-            &serde_json::json!({"prompts": prompts, "default_prompt_name": null,
-                                "similarity_fn_name": "cosine"}),
-        )?;
-        let mut modules = vec![
-            module(0, "", "Transformer"),
-            module(1, "1_Pooling", "Pooling"),
-        ];
-        if family == "gemma3" {
-            for (i, (inputs, outputs)) in [(h, 2 * h), (2 * h, h)].into_iter().enumerate() {
-                let name = format!("{}_Dense", i + 2);
-                let dir = out.join(&name);
-                std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-                write_json(
-                    &dir.join("config.json"),
-                    &serde_json::json!({"in_features": inputs, "out_features": outputs,
-                                        "bias": false,
-                                        "activation_function":
-                                            "torch.nn.modules.linear.Identity"}),
-                )?;
-                let (w, _) = RandomBert {
-                    seed: seed ^ (0xDE45E + i as u64),
-                    ..shape
-                }
-                .matrix(outputs, inputs);
-                let w = (w * (1.0 / (inputs as f64).sqrt()))?;
-                candle_core::safetensors::save(
-                    &HashMap::from([("linear.weight".to_string(), w)]),
-                    dir.join("model.safetensors"),
-                )?;
-                modules.push(module(i + 2, &name, "Dense"));
+    .max(options.max_seq_length.unwrap_or(0));
+    let (config, weights) = random_rotary(family, rotary, shape.vocab, max_positions, seed);
+    let h = rotary.hidden;
+    let (pooling, prompts) = match family {
+        "modernbert" => (
+            "mean",
+            serde_json::json!({"query": "search_query: ", "document": "search_document: "}),
+        ),
+        "qwen3" => (
+            "lasttoken",
+            serde_json::json!({"query": "Instruct: Given a web search query, retrieve \
+                               relevant passages that answer the query\nQuery:",
+                               "document": ""}),
+        ),
+        _ => (
+            "mean",
+            serde_json::json!({"query": "task: search result | query: ",
+                               "document": "title: none | text: ",
+                               "Clustering": "task: clustering | query: "}),
+        ),
+    };
+    folder.json(
+        "1_Pooling/config.json",
+        &serde_json::json!({"embedding_dimension": h, "pooling_mode": pooling,
+                            "include_prompt": true}),
+    )?;
+    folder.json(
+        "config_sentence_transformers.json",
+        &serde_json::json!({"prompts": prompts, "default_prompt_name": null,
+                            "similarity_fn_name": "cosine"}),
+    )?;
+    let mut modules = vec![
+        module(0, "", "Transformer"),
+        module(1, "1_Pooling", "Pooling"),
+    ];
+    if family == "gemma3" {
+        for (i, (inputs, outputs)) in [(h, 2 * h), (2 * h, h)].into_iter().enumerate() {
+            let name = format!("{}_Dense", i + 2);
+            folder.dir(&name)?;
+            folder.json(
+                &format!("{name}/config.json"),
+                &serde_json::json!({"in_features": inputs, "out_features": outputs,
+                                    "bias": false,
+                                    "activation_function":
+                                        "torch.nn.modules.linear.Identity"}),
+            )?;
+            let (w, _) = RandomBert {
+                seed: seed ^ (0xDE45E + i as u64),
+                ..*shape
             }
+            .matrix(outputs, inputs);
+            let w = (w * (1.0 / (inputs as f64).sqrt()))?;
+            folder.tensors(
+                &format!("{name}/model.safetensors"),
+                &HashMap::from([("linear.weight".to_string(), w)]),
+            )?;
+            modules.push(module(i + 2, &name, "Dense"));
         }
-        let n = modules.len();
-        modules.push(module(n, &format!("{n}_Normalize"), "Normalize"));
-        write_json(
-            &out.join("modules.json"),
-            &serde_json::Value::Array(modules),
-        )?;
-        if family == "qwen3" {
-            decoder_tokenizer(out)?;
-        }
-        write_json(&out.join("config.json"), &config)?;
-        candle_core::safetensors::save(&weights, out.join("model.safetensors"))?;
-        return Ok(());
     }
+    let n = modules.len();
+    modules.push(module(n, &format!("{n}_Normalize"), "Normalize"));
+    folder.json("modules.json", &serde_json::Value::Array(modules))?;
+    if family == "qwen3" {
+        decoder_tokenizer(folder.out)?;
+    }
+    folder.json("config.json", &config)?;
+    folder.tensors("model.safetensors", &weights)
+}
+
+/// A BERT-like family's folder: BERT's weights under the family's names, its config, and the
+/// part of the sentence-transformers layout it exercises.
+fn write_bert_like(
+    folder: &Folder<'_>,
+    family: &str,
+    shape: &RandomBert,
+) -> Result<(), EmbedError> {
+    let (hidden, layers, seed) = (shape.hidden, shape.layers, shape.seed);
     let mut weights = shape.weights();
     let mut config = shape.config();
     match family {
-        "bert" => write_json(&out.join("1_Pooling/config.json"), &old_pooling("mean"))?,
+        "bert" => folder.json("1_Pooling/config.json", &old_pooling(hidden, "mean"))?,
         "xlm-roberta" => {
             config["model_type"] = "xlm-roberta".into();
             config["architectures"] = serde_json::json!(["XLMRobertaModel"]);
@@ -424,21 +482,21 @@ pub fn save_random_family_with(
                 .narrow(0, 0, 1)
                 .expect("two token types");
             weights.insert("embeddings.token_type_embeddings.weight".into(), types);
-            write_json(
-                &out.join("1_Pooling/config.json"),
+            folder.json(
+                "1_Pooling/config.json",
                 &serde_json::json!({"embedding_dimension": hidden, "pooling_mode": "mean",
                                     "include_prompt": true}),
             )?;
-            write_json(
-                &out.join("modules.json"),
+            folder.json(
+                "modules.json",
                 &serde_json::json!([
                     module(0, "", "Transformer"),
                     module(1, "1_Pooling", "Pooling"),
                     module(2, "2_Normalize", "Normalize")
                 ]),
             )?;
-            write_json(
-                &out.join("config_sentence_transformers.json"),
+            folder.json(
+                "config_sentence_transformers.json",
                 &serde_json::json!({"prompts": {"query": "query: ", "document": "passage: "},
                                     "default_prompt_name": null,
                                     "similarity_fn_name": "cosine"}),
@@ -455,36 +513,7 @@ pub fn save_random_family_with(
                 "tie_weights_": true
             });
             weights = rename_weights(weights, family, layers);
-            write_json(&out.join("1_Pooling/config.json"), &old_pooling("cls"))?;
-            let dense = hidden * 3 / 4;
-            let dense_dir = out.join("2_Dense");
-            std::fs::create_dir_all(&dense_dir).map_err(|e| io(&dense_dir, e))?;
-            write_json(
-                &dense_dir.join("config.json"),
-                &serde_json::json!({"in_features": hidden, "out_features": dense, "bias": true,
-                                    "activation_function": "torch.nn.modules.activation.Tanh"}),
-            )?;
-            let extra = RandomBert {
-                seed: seed ^ 0xD15E,
-                ..shape
-            }
-            .matrix(dense, hidden);
-            candle_core::safetensors::save(
-                &HashMap::from([
-                    ("linear.weight".to_string(), extra.0),
-                    ("linear.bias".to_string(), extra.1),
-                ]),
-                dense_dir.join("model.safetensors"),
-            )?;
-            write_json(
-                &out.join("modules.json"),
-                &serde_json::json!([
-                    module(0, "", "Transformer"),
-                    module(1, "1_Pooling", "Pooling"),
-                    module(2, "2_Dense", "Dense"),
-                    module(3, "3_Normalize", "Normalize")
-                ]),
-            )?;
+            distilbert_head(folder, shape)?;
         }
         "mpnet" => {
             config["model_type"] = "mpnet".into();
@@ -498,24 +527,24 @@ pub fn save_random_family_with(
             weights = rename_weights(weights, family, layers);
             let bias = RandomBert {
                 seed: seed ^ 0xB1A5,
-                ..shape
+                ..*shape
             }
             .matrix(32, shape.heads);
             weights.insert("encoder.relative_attention_bias.weight".into(), bias.0);
-            write_json(
-                &out.join("1_Pooling/config.json"),
+            folder.json(
+                "1_Pooling/config.json",
                 &serde_json::json!({"embedding_dimension": hidden, "pooling_mode": "mean",
                                     "include_prompt": false}),
             )?;
-            write_json(
-                &out.join("modules.json"),
+            folder.json(
+                "modules.json",
                 &serde_json::json!([
                     module(0, "", "Transformer"),
                     module(1, "1_Pooling", "Pooling")
                 ]),
             )?;
-            write_json(
-                &out.join("config_sentence_transformers.json"),
+            folder.json(
+                "config_sentence_transformers.json",
                 &serde_json::json!({"prompts": {"query": "search_query: ",
                                                 "document": "search_document: ",
                                                 "classification": "classification: "},
@@ -523,11 +552,45 @@ pub fn save_random_family_with(
                                     "similarity_fn_name": "cosine"}),
             )?;
         }
-        _ => unreachable!("checked above"),
+        _ => unreachable!("checked by save_random_family_with"),
     }
-    write_json(&out.join("config.json"), &config)?;
-    candle_core::safetensors::save(&weights, out.join("model.safetensors"))?;
-    Ok(())
+    folder.json("config.json", &config)?;
+    folder.tensors("model.safetensors", &weights)
+}
+
+/// DistilBERT's sentence-transformers head: CLS pooling, a Dense layer (tanh, to 3/4 of the
+/// hidden size), Normalize.
+fn distilbert_head(folder: &Folder<'_>, shape: &RandomBert) -> Result<(), EmbedError> {
+    let hidden = shape.hidden;
+    folder.json("1_Pooling/config.json", &old_pooling(hidden, "cls"))?;
+    let dense = hidden * 3 / 4;
+    folder.dir("2_Dense")?;
+    folder.json(
+        "2_Dense/config.json",
+        &serde_json::json!({"in_features": hidden, "out_features": dense, "bias": true,
+                            "activation_function": "torch.nn.modules.activation.Tanh"}),
+    )?;
+    let extra = RandomBert {
+        seed: shape.seed ^ 0xD15E,
+        ..*shape
+    }
+    .matrix(dense, hidden);
+    folder.tensors(
+        "2_Dense/model.safetensors",
+        &HashMap::from([
+            ("linear.weight".to_string(), extra.0),
+            ("linear.bias".to_string(), extra.1),
+        ]),
+    )?;
+    folder.json(
+        "modules.json",
+        &serde_json::json!([
+            module(0, "", "Transformer"),
+            module(1, "1_Pooling", "Pooling"),
+            module(2, "2_Dense", "Dense"),
+            module(3, "3_Normalize", "Normalize")
+        ]),
+    )
 }
 
 /// Make the copied BERT tokenizer a decoder's: the end token ([SEP]) after the text and
@@ -758,19 +821,7 @@ pub fn random_rotary(
                 d.linear(&format!("{p}.mlp.Wo"), h, s.intermediate);
             }
             d.put("final_norm.weight", &[h], 0.1, 1.0);
-            let config = serde_json::json!({
-                "architectures": ["ModernBertModel"], "model_type": "modernbert",
-                "vocab_size": vocab, "hidden_size": h, "num_hidden_layers": s.layers,
-                "num_attention_heads": s.heads, "intermediate_size": s.intermediate,
-                "hidden_activation": "gelu", "max_position_embeddings": max_positions,
-                "norm_eps": 1e-5, "norm_bias": false, "attention_bias": false,
-                "mlp_bias": false, "local_attention": s.window,
-                "global_attn_every_n_layers": s.global_every,
-                "global_rope_theta": 160000.0, "local_rope_theta": 10000.0,
-                "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102,
-                "cls_token_id": 101, "sep_token_id": 102
-            });
-            (config, d.tensors)
+            (modernbert_config(s, vocab, max_positions), d.tensors)
         }
         _ => {
             let gemma = family == "gemma3";
@@ -816,43 +867,70 @@ pub fn random_rotary(
                 d.linear(&format!("{p}.mlp.down_proj"), h, s.intermediate);
             }
             d.put("norm.weight", &[h], 0.1, norm);
-            let config = if gemma {
-                let types: Vec<&str> = (0..s.layers)
-                    .map(|i| {
-                        if (i + 1) % s.global_every.max(1) == 0 {
-                            "full_attention"
-                        } else {
-                            "sliding_attention"
-                        }
-                    })
-                    .collect();
-                serde_json::json!({
-                    "architectures": ["Gemma3TextModel"], "model_type": "gemma3_text",
-                    "vocab_size": vocab, "hidden_size": h, "num_hidden_layers": s.layers,
-                    "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads,
-                    "head_dim": hd, "intermediate_size": s.intermediate,
-                    "hidden_activation": "gelu_pytorch_tanh",
-                    "max_position_embeddings": max_positions, "rms_norm_eps": 1e-6,
-                    "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
-                    "sliding_window": s.window, "layer_types": types,
-                    "query_pre_attn_scalar": hd + hd / 2,
-                    "use_bidirectional_attention": true, "attention_bias": false,
-                    "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102,
-                    "tie_word_embeddings": true
-                })
-            } else {
-                serde_json::json!({
-                    "architectures": ["Qwen3Model"], "model_type": "qwen3",
-                    "vocab_size": vocab, "hidden_size": h, "num_hidden_layers": s.layers,
-                    "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads,
-                    "head_dim": hd, "intermediate_size": s.intermediate, "hidden_act": "silu",
-                    "max_position_embeddings": max_positions, "rms_norm_eps": 1e-6,
-                    "rope_theta": 1000000.0, "rope_scaling": null, "use_sliding_window": false,
-                    "attention_bias": false, "tie_word_embeddings": true,
-                    "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102
-                })
-            };
-            (config, d.tensors)
+            (decoder_config(s, vocab, max_positions, gemma), d.tensors)
         }
+    }
+}
+
+/// ModernBERT's config.json for `s`.
+fn modernbert_config(s: RotaryShape, vocab: usize, max_positions: usize) -> serde_json::Value {
+    let h = s.hidden;
+    serde_json::json!({
+        "architectures": ["ModernBertModel"], "model_type": "modernbert",
+        "vocab_size": vocab, "hidden_size": h, "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads, "intermediate_size": s.intermediate,
+        "hidden_activation": "gelu", "max_position_embeddings": max_positions,
+        "norm_eps": 1e-5, "norm_bias": false, "attention_bias": false,
+        "mlp_bias": false, "local_attention": s.window,
+        "global_attn_every_n_layers": s.global_every,
+        "global_rope_theta": 160000.0, "local_rope_theta": 10000.0,
+        "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102,
+        "cls_token_id": 101, "sep_token_id": 102
+    })
+}
+
+/// Qwen3's or (with `gemma`) Gemma3's config.json for `s`.
+fn decoder_config(
+    s: RotaryShape,
+    vocab: usize,
+    max_positions: usize,
+    gemma: bool,
+) -> serde_json::Value {
+    let (h, hd) = (s.hidden, s.head_dim);
+    if gemma {
+        let types: Vec<&str> = (0..s.layers)
+            .map(|i| {
+                if (i + 1) % s.global_every.max(1) == 0 {
+                    "full_attention"
+                } else {
+                    "sliding_attention"
+                }
+            })
+            .collect();
+        serde_json::json!({
+            "architectures": ["Gemma3TextModel"], "model_type": "gemma3_text",
+            "vocab_size": vocab, "hidden_size": h, "num_hidden_layers": s.layers,
+            "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads,
+            "head_dim": hd, "intermediate_size": s.intermediate,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "max_position_embeddings": max_positions, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "sliding_window": s.window, "layer_types": types,
+            "query_pre_attn_scalar": hd + hd / 2,
+            "use_bidirectional_attention": true, "attention_bias": false,
+            "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102,
+            "tie_word_embeddings": true
+        })
+    } else {
+        serde_json::json!({
+            "architectures": ["Qwen3Model"], "model_type": "qwen3",
+            "vocab_size": vocab, "hidden_size": h, "num_hidden_layers": s.layers,
+            "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads,
+            "head_dim": hd, "intermediate_size": s.intermediate, "hidden_act": "silu",
+            "max_position_embeddings": max_positions, "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0, "rope_scaling": null, "use_sliding_window": false,
+            "attention_bias": false, "tie_word_embeddings": true,
+            "pad_token_id": 0, "bos_token_id": 101, "eos_token_id": 102
+        })
     }
 }

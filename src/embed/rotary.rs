@@ -306,6 +306,119 @@ pub struct RotaryModel {
     dtype: DType,
 }
 
+/// How a family's norms load: RMS norms (Gemma3 stores `weight - 1`) and layer norms (a
+/// missing bias is zero).
+#[derive(Clone, Copy)]
+struct Norms {
+    eps: f64,
+    gemma: bool,
+}
+
+impl Norms {
+    fn rms(self, vb: VarBuilder, size: usize) -> Result<Norm> {
+        let w = vb.get(size, "weight")?;
+        let w = if self.gemma {
+            (w.to_dtype(DType::F32)? + 1.0)?.to_dtype(w.dtype())?
+        } else {
+            w
+        };
+        Ok(Norm {
+            weight: w,
+            bias: None,
+            eps: self.eps as f32,
+        })
+    }
+
+    fn layer(self, vb: VarBuilder, size: usize) -> Result<Norm> {
+        let weight = vb.get(size, "weight")?;
+        let bias = if vb.contains_tensor("bias") {
+            vb.get(size, "bias")?
+        } else {
+            weight.zeros_like()?
+        };
+        Ok(Norm {
+            weight,
+            bias: Some(bias),
+            eps: self.eps as f32,
+        })
+    }
+}
+
+/// A linear layer, with its bias when the weights have one.
+fn linear(vb: VarBuilder, i: usize, o: usize) -> Result<Linear> {
+    let bias = vb.contains_tensor("bias");
+    candle_nn::linear_b(i, o, bias, vb)
+}
+
+/// Layer `l` of a ModernBERT: fused QKV and gated MLP, pre-norms (none before the first
+/// layer's attention).
+fn modernbert_layer(
+    v: VarBuilder,
+    c: &RotaryConfig,
+    n: Norms,
+    l: usize,
+    rope: usize,
+) -> Result<Layer> {
+    let (h, hd) = (c.hidden, c.head_dim);
+    Ok(Layer {
+        attn_norm: if l == 0 {
+            None
+        } else {
+            Some(n.layer(v.pp("attn_norm"), h)?)
+        },
+        qkv: Qkv::Fused(linear(v.pp("attn.Wqkv"), h, 3 * c.heads * hd)?),
+        qk_norm: None,
+        out: linear(v.pp("attn.Wo"), c.heads * hd, h)?,
+        post_attn_norm: None,
+        mlp_norm: n.layer(v.pp("mlp_norm"), h)?,
+        post_mlp_norm: None,
+        mlp_in: MlpIn::Fused(linear(v.pp("mlp.Wi"), h, 2 * c.intermediate)?),
+        mlp_out: linear(v.pp("mlp.Wo"), c.intermediate, h)?,
+        window: c.windows[l],
+        rope,
+    })
+}
+
+/// Layer `l` of a Qwen3 or Gemma3: split projections with grouped key/value heads, RMS
+/// norms on queries and keys, and Gemma3's norms after attention and MLP too.
+fn decoder_layer(
+    v: VarBuilder,
+    c: &RotaryConfig,
+    n: Norms,
+    l: usize,
+    rope: usize,
+) -> Result<Layer> {
+    let (h, hd) = (c.hidden, c.head_dim);
+    let a = v.pp("self_attn");
+    let m = v.pp("mlp");
+    let gemma_only =
+        |name: &str| -> Result<Option<Norm>> { n.gemma.then(|| n.rms(v.pp(name), h)).transpose() };
+    Ok(Layer {
+        attn_norm: Some(n.rms(v.pp("input_layernorm"), h)?),
+        qkv: Qkv::Split(
+            linear(a.pp("q_proj"), h, c.heads * hd)?,
+            linear(a.pp("k_proj"), h, c.kv_heads * hd)?,
+            linear(a.pp("v_proj"), h, c.kv_heads * hd)?,
+        ),
+        qk_norm: Some((n.rms(a.pp("q_norm"), hd)?, n.rms(a.pp("k_norm"), hd)?)),
+        out: linear(a.pp("o_proj"), c.heads * hd, h)?,
+        post_attn_norm: gemma_only("post_attention_layernorm")?,
+        mlp_norm: if n.gemma {
+            n.rms(v.pp("pre_feedforward_layernorm"), h)?
+        } else {
+            n.rms(v.pp("post_attention_layernorm"), h)?
+        },
+        post_mlp_norm: gemma_only("post_feedforward_layernorm")?,
+        mlp_in: MlpIn::GateUp(
+            linear(m.pp("gate_proj"), h, c.intermediate)?,
+            linear(m.pp("up_proj"), h, c.intermediate)?,
+        ),
+        mlp_out: linear(m.pp("down_proj"), c.intermediate, h)?,
+        window: c.windows[l],
+        rope,
+    })
+}
+
 impl RotaryModel {
     /// Load from a VarBuilder over the model's weights, with or without a `model.` prefix.
     pub fn load(vb: VarBuilder, config: RotaryConfig) -> Result<Self> {
@@ -320,37 +433,9 @@ impl RotaryModel {
             _ => vb,
         };
         let (h, hd) = (c.hidden, c.head_dim);
-        let eps = c.eps;
-        let gemma = c.arch == Arch::Gemma3;
-        let rms = |vb: VarBuilder, size: usize| -> Result<Norm> {
-            let w = vb.get(size, "weight")?;
-            let w = if gemma {
-                (w.to_dtype(DType::F32)? + 1.0)?.to_dtype(w.dtype())?
-            } else {
-                w
-            };
-            Ok(Norm {
-                weight: w,
-                bias: None,
-                eps: eps as f32,
-            })
-        };
-        let layer_norm = |vb: VarBuilder, size: usize| -> Result<Norm> {
-            let weight = vb.get(size, "weight")?;
-            let bias = if vb.contains_tensor("bias") {
-                vb.get(size, "bias")?
-            } else {
-                weight.zeros_like()?
-            };
-            Ok(Norm {
-                weight,
-                bias: Some(bias),
-                eps: eps as f32,
-            })
-        };
-        let linear = |vb: VarBuilder, i: usize, o: usize| -> Result<Linear> {
-            let bias = vb.contains_tensor("bias");
-            candle_nn::linear_b(i, o, bias, vb)
+        let n = Norms {
+            eps: c.eps,
+            gemma: c.arch == Arch::Gemma3,
         };
         let inv_freq = |theta: f64| -> Vec<f32> {
             (0..hd / 2)
@@ -371,76 +456,27 @@ impl RotaryModel {
             Arch::ModernBert => {
                 let embeddings =
                     candle_nn::embedding(c.vocab, h, vb.pp("embeddings.tok_embeddings"))?;
-                let embedding_norm = Some(layer_norm(vb.pp("embeddings.norm"), h)?);
+                let embedding_norm = Some(n.layer(vb.pp("embeddings.norm"), h)?);
                 for l in 0..c.layers {
                     let v = vb.pp(format!("layers.{l}"));
-                    layers.push(Layer {
-                        attn_norm: if l == 0 {
-                            None
-                        } else {
-                            Some(layer_norm(v.pp("attn_norm"), h)?)
-                        },
-                        qkv: Qkv::Fused(linear(v.pp("attn.Wqkv"), h, 3 * c.heads * hd)?),
-                        qk_norm: None,
-                        out: linear(v.pp("attn.Wo"), c.heads * hd, h)?,
-                        post_attn_norm: None,
-                        mlp_norm: layer_norm(v.pp("mlp_norm"), h)?,
-                        post_mlp_norm: None,
-                        mlp_in: MlpIn::Fused(linear(v.pp("mlp.Wi"), h, 2 * c.intermediate)?),
-                        mlp_out: linear(v.pp("mlp.Wo"), c.intermediate, h)?,
-                        window: c.windows[l],
-                        rope: rope_index(c.thetas[l]),
-                    });
+                    layers.push(modernbert_layer(v, c, n, l, rope_index(c.thetas[l]))?);
                 }
-                let final_norm = layer_norm(vb.pp("final_norm"), h)?;
+                let final_norm = n.layer(vb.pp("final_norm"), h)?;
                 (embeddings, embedding_norm, None, final_norm)
             }
             Arch::Qwen3 | Arch::Gemma3 => {
                 let embeddings = candle_nn::embedding(c.vocab, h, vb.pp("embed_tokens"))?;
                 for l in 0..c.layers {
                     let v = vb.pp(format!("layers.{l}"));
-                    let a = v.pp("self_attn");
-                    let m = v.pp("mlp");
-                    layers.push(Layer {
-                        attn_norm: Some(rms(v.pp("input_layernorm"), h)?),
-                        qkv: Qkv::Split(
-                            linear(a.pp("q_proj"), h, c.heads * hd)?,
-                            linear(a.pp("k_proj"), h, c.kv_heads * hd)?,
-                            linear(a.pp("v_proj"), h, c.kv_heads * hd)?,
-                        ),
-                        qk_norm: Some((rms(a.pp("q_norm"), hd)?, rms(a.pp("k_norm"), hd)?)),
-                        out: linear(a.pp("o_proj"), c.heads * hd, h)?,
-                        post_attn_norm: if gemma {
-                            Some(rms(v.pp("post_attention_layernorm"), h)?)
-                        } else {
-                            None
-                        },
-                        mlp_norm: if gemma {
-                            rms(v.pp("pre_feedforward_layernorm"), h)?
-                        } else {
-                            rms(v.pp("post_attention_layernorm"), h)?
-                        },
-                        post_mlp_norm: if gemma {
-                            Some(rms(v.pp("post_feedforward_layernorm"), h)?)
-                        } else {
-                            None
-                        },
-                        mlp_in: MlpIn::GateUp(
-                            linear(m.pp("gate_proj"), h, c.intermediate)?,
-                            linear(m.pp("up_proj"), h, c.intermediate)?,
-                        ),
-                        mlp_out: linear(m.pp("down_proj"), c.intermediate, h)?,
-                        window: c.windows[l],
-                        rope: rope_index(c.thetas[l]),
-                    });
+                    layers.push(decoder_layer(v, c, n, l, rope_index(c.thetas[l]))?);
                 }
-                let final_norm = rms(vb.pp("norm"), h)?;
+                let final_norm = n.rms(vb.pp("norm"), h)?;
                 // transformers multiplies by sqrt(hidden) held in the weights' dtype.
                 let scale = Tensor::new((h as f64).sqrt() as f32, &Device::Cpu)?
                     .to_dtype(vb.dtype())?
                     .to_dtype(DType::F64)?
                     .to_scalar::<f64>()?;
-                (embeddings, None, gemma.then_some(scale), final_norm)
+                (embeddings, None, n.gemma.then_some(scale), final_norm)
             }
         };
         Ok(RotaryModel {

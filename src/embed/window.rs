@@ -99,50 +99,7 @@ pub fn embed_window<E: Encoder + ?Sized>(
         if plan.is_empty() {
             continue;
         }
-        let result = if encoder.embeds_text() {
-            let texts: Vec<&str> = plan.iter().map(|&i| items[i].text).collect();
-            let tokens: Vec<usize> = plan.iter().map(|&i| lengths[i]).collect();
-            Ok(encoder.embed_texts(&texts, &tokens))
-        } else {
-            let seqs: Vec<&[u32]> = plan.iter().map(|&i| items[i].ids).collect();
-            encoder
-                .embed_ids(&seqs, &prompt)
-                .map(|v| v.into_iter().map(Ok).collect::<Vec<_>>())
-        };
-        let real: usize = plan.iter().map(|&i| lengths[i]).sum();
-        stats.add_batch(
-            plan.len() as u64,
-            real as u64,
-            encoder.computed_tokens(&lengths, &plan) as u64,
-        );
-        let outcomes: Vec<Outcome> = match result {
-            Ok(vectors) if vectors.len() == plan.len() => vectors
-                .into_iter()
-                .map(|v| match v {
-                    // No distance is defined for it: not stored, not remembered, not served.
-                    Ok(v) if v.iter().any(|x| !x.is_finite()) => Outcome::Failed(format!(
-                        "embedding on {label}: {}",
-                        crate::document::NON_FINITE_VECTOR
-                    )),
-                    Ok(v) => Outcome::Embedded(v),
-                    Err(reason) => {
-                        Outcome::Failed(format!("embedding on {label} failed: {reason}"))
-                    }
-                })
-                .collect(),
-            Ok(vectors) => {
-                let reason = format!(
-                    "embedding on {label} returned {} vectors for {} chunks; this is a bug",
-                    vectors.len(),
-                    plan.len()
-                );
-                vec![Outcome::Failed(reason); plan.len()]
-            }
-            Err(err) => {
-                let reason = format!("embedding on {label} failed: {err}");
-                vec![Outcome::Failed(reason); plan.len()]
-            }
-        };
+        let outcomes = run_batch(encoder, items, &plan, &prompt, &lengths, stats, label);
         for (&i, outcome) in plan.iter().zip(outcomes) {
             todo[i] = false;
             if let Some(key) = items[i].key {
@@ -178,6 +135,61 @@ pub fn embed_window<E: Encoder + ?Sized>(
         }
     }
     true
+}
+
+/// One planned batch through the encoder: an outcome per item of `plan`, in its order (a
+/// vector that is not finite, or an encoder's error, fails its items with the reason).
+fn run_batch<E: Encoder + ?Sized>(
+    encoder: &E,
+    items: &[WindowItem<'_>],
+    plan: &[usize],
+    prompt: &[u32],
+    lengths: &[usize],
+    stats: &RunStats,
+    label: &str,
+) -> Vec<Outcome> {
+    let result = if encoder.embeds_text() {
+        let texts: Vec<&str> = plan.iter().map(|&i| items[i].text).collect();
+        let tokens: Vec<usize> = plan.iter().map(|&i| lengths[i]).collect();
+        Ok(encoder.embed_texts(&texts, &tokens))
+    } else {
+        let seqs: Vec<&[u32]> = plan.iter().map(|&i| items[i].ids).collect();
+        encoder
+            .embed_ids(&seqs, prompt)
+            .map(|v| v.into_iter().map(Ok).collect::<Vec<_>>())
+    };
+    let real: usize = plan.iter().map(|&i| lengths[i]).sum();
+    stats.add_batch(
+        plan.len() as u64,
+        real as u64,
+        encoder.computed_tokens(lengths, plan) as u64,
+    );
+    match result {
+        Ok(vectors) if vectors.len() == plan.len() => vectors
+            .into_iter()
+            .map(|v| match v {
+                // No distance is defined for it: not stored, not remembered, not served.
+                Ok(v) if v.iter().any(|x| !x.is_finite()) => Outcome::Failed(format!(
+                    "embedding on {label}: {}",
+                    crate::document::NON_FINITE_VECTOR
+                )),
+                Ok(v) => Outcome::Embedded(v),
+                Err(reason) => Outcome::Failed(format!("embedding on {label} failed: {reason}")),
+            })
+            .collect(),
+        Ok(vectors) => {
+            let reason = format!(
+                "embedding on {label} returned {} vectors for {} chunks; this is a bug",
+                vectors.len(),
+                plan.len()
+            );
+            vec![Outcome::Failed(reason); plan.len()]
+        }
+        Err(err) => {
+            let reason = format!("embedding on {label} failed: {err}");
+            vec![Outcome::Failed(reason); plan.len()]
+        }
+    }
 }
 
 /// The last vectors embedded, by input key; the oldest go first.

@@ -1,6 +1,7 @@
 //! What a run writes into an index: the model whose vectors it adds and the chunker its
 //! documents are cut with. Every backend records it and refuses a run of another model.
 
+use super::BackendError;
 use crate::lifecycle::Priority;
 
 /// What a run writes into the index: the model whose vectors it adds, and the fingerprint of
@@ -28,4 +29,41 @@ pub struct ModelIdentity {
     /// The fingerprint of its tokenizer: chunk token ids can be reused by a model with the
     /// same one.
     pub tokenizer: Option<String>,
+}
+
+/// The model an index holds vectors of, as its metadata records it.
+pub(crate) struct HeldModel<'a> {
+    pub name: &'a str,
+    pub fingerprint: Option<&'a str>,
+    pub dimension: Option<usize>,
+}
+
+/// Refuse a run that would add vectors of another model (or dimension) to an index: the same
+/// rule and message on every backend. `index` names it in the message; `elsewhere` says how
+/// to pick another index (`another --index`).
+pub(crate) fn check_model(
+    index: &str,
+    elsewhere: &str,
+    held: Option<HeldModel<'_>>,
+    model: Option<&ModelIdentity>,
+) -> Result<(), BackendError> {
+    let (Some(model), Some(held)) = (model, held) else {
+        return Ok(());
+    };
+    let dim = held.dimension.unwrap_or(0);
+    if held.fingerprint == Some(model.fingerprint.as_str()) && dim == model.dimension {
+        return Ok(());
+    }
+    let have = held.name;
+    Err(BackendError::Invalid(format!(
+        "index {index} holds vectors of model `{have}` ({dim} dimensions, fingerprint {}); \
+         this run embeds with `{}` ({} dimensions, fingerprint {}). Vectors of two models \
+         cannot be searched together: use {elsewhere}, or --model {have}, or move the index to \
+         the new model with `ragline backfill --stage embed --model {}`",
+        held.fingerprint.unwrap_or("?"),
+        model.name,
+        model.dimension,
+        model.fingerprint,
+        model.name
+    )))
 }

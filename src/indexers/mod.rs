@@ -104,6 +104,9 @@ pub enum BackendError {
     },
     #[error("{0}")]
     Invalid(String),
+    /// The place holds no ragline index (yet): the message says how to make one.
+    #[error("{0}")]
+    NoIndex(String),
     #[error("index error: {0}")]
     Io(String),
 }

@@ -2,9 +2,17 @@
 //! `pause` and `promote` work on, whichever backend holds it. `sqlite://` and `postgres://`
 //! indexes are stores (the work queue lives beside the documents); output files are not.
 
+use std::collections::BTreeMap;
+
 use super::{IndexUri, ModelIdentity};
-use crate::lifecycle::report::{DeadLetter, DocumentLifecycle, StatusReport};
-use crate::lifecycle::{EnrichStore, Priority, StoreError};
+use crate::lifecycle::report::{
+    BackfillProgress, CircuitOpen, DeadLetter, DocumentLifecycle, StatusReport, VectorSetStatus,
+};
+use crate::lifecycle::rules::{self, QueueSql, StatusGroup};
+use crate::lifecycle::{EnrichStore, Maintenance, Priority, StoreError, CHUNK, EMBED};
+
+/// Documents queued per backfill page.
+pub const BACKFILL_PAGE: usize = 512;
 
 /// Where a vector set stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,6 +179,204 @@ pub trait IndexStore: EnrichStore {
     fn finish_run(&mut self) -> Result<Vec<String>, StoreError> {
         Ok(Vec::new())
     }
+}
+
+/// An error inside a backend's write transaction: its driver's (`E`), or the store's own
+/// refusal.
+pub(crate) enum TxError<E> {
+    Sql(E),
+    Store(StoreError),
+}
+
+impl<E> TxError<E> {
+    pub(crate) fn invalid(message: String) -> Self {
+        TxError::Store(StoreError::Invalid(message))
+    }
+}
+
+impl<E> From<StoreError> for TxError<E> {
+    fn from(e: StoreError) -> Self {
+        TxError::Store(e)
+    }
+}
+
+/// The reads `ragline status` makes of an index, each a statement of its backend.
+pub(crate) trait StatusSql: QueueSql {
+    /// Documents in the index.
+    fn documents(&mut self) -> Result<u64, Self::Error>;
+
+    /// Current chunks (not replaced).
+    fn chunks(&mut self) -> Result<u64, Self::Error>;
+
+    /// Every vector set, by id.
+    fn vector_sets(&mut self) -> Result<Vec<VectorSet>, Self::Error>;
+
+    /// Current chunks with a vector in `set`.
+    fn embedded_in(&mut self, set: &VectorSet) -> Result<u64, Self::Error>;
+
+    /// The rows of `stage` in `vector_set` grouped by status ([`rules::stage_counts`]).
+    fn stage_groups(
+        &mut self,
+        stage: &str,
+        vector_set: i64,
+        now: i64,
+    ) -> Result<Vec<StatusGroup>, Self::Error>;
+
+    /// The document-level stages a config added (not `chunk` or `embed`), by name.
+    fn document_stages(&mut self) -> Result<Vec<String>, Self::Error>;
+
+    /// Open circuits: (stage, reason, since).
+    fn circuits(&mut self) -> Result<Vec<(String, String, i64)>, Self::Error>;
+}
+
+/// Everything `ragline status` shows of `index`, at `now`: the same report from every backend.
+pub(crate) fn status_report<Q: StatusSql>(
+    q: &mut Q,
+    index: String,
+    now: i64,
+) -> Result<StatusReport, Q::Error> {
+    let documents = q.documents()?;
+    let chunks = q.chunks()?;
+    let all = q.vector_sets()?;
+    let paused = q.paused_stages()?;
+    let counts = |q: &mut Q, stage: &str, set: i64| -> Result<_, Q::Error> {
+        let groups = q.stage_groups(stage, set, now)?;
+        Ok(rules::stage_counts(
+            groups,
+            paused.iter().any(|p| p == stage),
+            now,
+        ))
+    };
+    let mut stages = BTreeMap::new();
+    stages.insert(CHUNK.to_string(), counts(q, CHUNK, 0)?);
+    if let Some(set) = all.iter().find(|s| s.state == SetState::Active) {
+        stages.insert(EMBED.to_string(), counts(q, EMBED, set.id)?);
+    }
+    for stage in q.document_stages()? {
+        let c = counts(q, &stage, 0)?;
+        stages.insert(stage, c);
+    }
+    for (stage, reason, since) in q.circuits()? {
+        stages.entry(stage).or_default().circuit = Some(CircuitOpen { reason, since });
+    }
+    let mut vector_sets = Vec::with_capacity(all.len());
+    let mut backfill = None;
+    for set in &all {
+        let embedded = q.embedded_in(set)?;
+        vector_sets.push(VectorSetStatus {
+            id: set.id,
+            model: set.model.clone(),
+            dimension: set.dimension,
+            embedded,
+            total: chunks,
+            active: set.state == SetState::Active,
+            state: set.state.as_str().to_string(),
+        });
+        if set.state == SetState::Backfill && backfill.is_none() {
+            let stage = counts(q, EMBED, set.id)?;
+            backfill = Some(BackfillProgress {
+                vector_set: set.id,
+                model: set.model.clone(),
+                watermark: set.watermark.clone(),
+                all_queued: set.backfill_done,
+                documents_total: documents,
+                documents_queued: stage.pending
+                    + stage.in_progress
+                    + stage.failed
+                    + stage.dead
+                    + stage.done,
+                documents_done: stage.done,
+                chunks_embedded: embedded,
+                chunks_total: chunks,
+                stage,
+            });
+        }
+    }
+    Ok(StatusReport {
+        index,
+        documents,
+        chunks,
+        stages,
+        vector_sets,
+        backfill,
+    })
+}
+
+/// The statements of a backfill (a model migration), run in one write transaction of the
+/// backend.
+pub(crate) trait BackfillSql {
+    type Error;
+
+    /// Every vector set, by id, read under the lock that keeps two workers from switching
+    /// sets at once (where the backend's transactions run side by side).
+    fn sets_locked(&mut self) -> Result<Vec<VectorSet>, Self::Error>;
+
+    /// Up to `n` document ids after `after`, in order.
+    fn documents_after(&mut self, after: &str, n: usize) -> Result<Vec<String>, Self::Error>;
+
+    /// Queue the work `ids` lack in the live sets of `all`, at `priority`.
+    fn queue(
+        &mut self,
+        ids: &[String],
+        all: &[VectorSet],
+        priority: Priority,
+        now: i64,
+    ) -> Result<(), Self::Error>;
+
+    /// Record how far the backfill of `set` has queued, and whether it queued everything.
+    fn set_watermark(
+        &mut self,
+        set: i64,
+        last: Option<&str>,
+        done: bool,
+    ) -> Result<(), Self::Error>;
+
+    /// Current chunks without a vector in `set`.
+    fn unembedded_in(&mut self, set: &VectorSet) -> Result<u64, Self::Error>;
+
+    /// The embed work of `set` not done yet, counted by status.
+    fn open_work(&mut self, set: i64) -> Result<Vec<(String, i64)>, Self::Error>;
+
+    /// Make `set` the one search reads (what the backend builds for it first included).
+    fn switch_to(&mut self, set: &VectorSet, now: i64) -> Result<(), Self::Error>;
+}
+
+/// Housekeeping when no work is claimable: queue the next page of a backfill, or switch
+/// search to the backfilled set once every chunk has its vector and no work is open; a
+/// backfill whose only open work is dead is blocked.
+pub(crate) fn maintain<Q: BackfillSql>(q: &mut Q, now: i64) -> Result<Maintenance, Q::Error> {
+    let all = q.sets_locked()?;
+    let Some(set) = all.iter().find(|x| x.state == SetState::Backfill).cloned() else {
+        return Ok(Maintenance::Nothing);
+    };
+    if !set.backfill_done {
+        let after = set.watermark.as_deref().unwrap_or("");
+        let ids = q.documents_after(after, BACKFILL_PAGE)?;
+        q.queue(&ids, &all, Priority::Backfill, now)?;
+        let done = ids.len() < BACKFILL_PAGE;
+        q.set_watermark(set.id, ids.last().map(String::as_str), done)?;
+        return Ok(Maintenance::Queued {
+            set: set.id,
+            documents: ids.len(),
+        });
+    }
+    let missing = q.unembedded_in(&set)?;
+    let open = q.open_work(set.id)?;
+    if missing == 0 && open.is_empty() {
+        q.switch_to(&set, now)?;
+        return Ok(Maintenance::Switched {
+            set: set.id,
+            model: set.model,
+        });
+    }
+    let dead = open
+        .iter()
+        .find(|(s, _)| s == "dead")
+        .map_or(0, |(_, n)| *n as u64);
+    if open.iter().all(|(s, _)| s == "dead") && dead > 0 {
+        return Ok(Maintenance::Blocked { set: set.id, dead });
+    }
+    Ok(Maintenance::Nothing)
 }
 
 /// Open the lifecycle store of an existing index.

@@ -14,6 +14,7 @@
 pub mod backoff;
 pub mod owner;
 pub mod report;
+pub mod rules;
 pub mod store;
 
 use std::fmt;

@@ -267,6 +267,30 @@ impl BrokerConfig {
         let shown = crate::secret::redact_url(url);
         let url = url.trim();
         let (servers, query) = url.split_once('?').unwrap_or((url, ""));
+        config.parse_servers(servers, &shown)?;
+        let mut client = (None, None);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            config.set(key, value, &shown, &mut client)?;
+        }
+        match client {
+            (Some(c), Some(k)) => {
+                config.tls_client = Some((c, k));
+                config.tls = true;
+            }
+            (None, None) => {}
+            _ => {
+                return Err(format!(
+                    "queue URL `{shown}`: a client certificate needs both tls_cert= and tls_key="
+                ))
+            }
+        }
+        Ok(config)
+    }
+
+    /// The servers of a URL (`nats://` or `tls://`, comma-separated) and the one identity
+    /// the cluster is given (every server names the same, or only some do).
+    fn parse_servers(&mut self, servers: &str, shown: &str) -> Result<(), String> {
         let mut auths = Vec::new();
         let mut addresses = Vec::new();
         for s in servers.split(',').filter(|s| !s.is_empty()) {
@@ -280,7 +304,7 @@ impl BrokerConfig {
                      or tls://HOST:PORT for TLS)"
                 ));
             };
-            config.tls |= scheme == "tls";
+            self.tls |= scheme == "tls";
             let (auth, host) = match rest.rsplit_once('@') {
                 Some((userinfo, host)) => (userinfo_auth(userinfo), host),
                 None => (NatsAuth::None, rest),
@@ -291,13 +315,12 @@ impl BrokerConfig {
             auths.push(auth);
             addresses.push(address);
         }
-        config.servers = addresses;
-        if config.servers.is_empty() {
+        self.servers = addresses;
+        if self.servers.is_empty() {
             return Err(format!(
                 "queue URL `{shown}` names no server (nats://HOST:PORT)"
             ));
         }
-        // One identity for the whole cluster: every server names the same, or only some do.
         let named: Vec<&NatsAuth> = auths.iter().filter(|a| **a != NatsAuth::None).collect();
         if named.windows(2).any(|w| w[0] != w[1]) {
             return Err(format!(
@@ -305,91 +328,84 @@ impl BrokerConfig {
                  (or token) for the cluster"
             ));
         }
-        config.auth = named.first().map_or(NatsAuth::None, |a| (*a).clone());
-        let (mut tls_cert, mut tls_key) = (None, None);
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let number = |what: &str| -> Result<i64, String> {
-                value.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                    format!("queue URL `{shown}`: `{key}={value}` must be a positive {what}")
-                })
-            };
-            let path = || -> Result<std::path::PathBuf, String> {
-                if value.is_empty() {
-                    return Err(format!("queue URL `{shown}`: `{key}=` needs a file's path"));
+        self.auth = named.first().map_or(NatsAuth::None, |a| (*a).clone());
+        Ok(())
+    }
+
+    /// One `key=value` setting of the URL's query (`client`: the client certificate and key
+    /// files, which come as two settings).
+    fn set(
+        &mut self,
+        key: &str,
+        value: &str,
+        shown: &str,
+        client: &mut (Option<std::path::PathBuf>, Option<std::path::PathBuf>),
+    ) -> Result<(), String> {
+        let number = |what: &str| -> Result<i64, String> {
+            value.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                format!("queue URL `{shown}`: `{key}={value}` must be a positive {what}")
+            })
+        };
+        let path = || -> Result<std::path::PathBuf, String> {
+            if value.is_empty() {
+                return Err(format!("queue URL `{shown}`: `{key}=` needs a file's path"));
+            }
+            Ok(std::path::PathBuf::from(value))
+        };
+        let seconds = || number("number of seconds").map(|n| Duration::from_secs(n as u64));
+        match key {
+            "creds" => {
+                if self.auth != NatsAuth::None {
+                    return Err(format!(
+                        "queue URL `{shown}`: give either credentials in the address or \
+                         ?creds=, not both"
+                    ));
                 }
-                Ok(std::path::PathBuf::from(value))
-            };
-            match key {
-                "creds" => {
-                    if config.auth != NatsAuth::None {
-                        return Err(format!(
-                            "queue URL `{shown}`: give either credentials in the address or \
-                             ?creds=, not both"
-                        ));
-                    }
-                    config.auth = NatsAuth::Creds(path()?);
-                }
-                "tls" => match value {
-                    "true" | "1" | "yes" => config.tls = true,
-                    "false" | "0" | "no" => {}
-                    _ => {
-                        return Err(format!(
-                            "queue URL `{shown}`: `tls={value}` must be true or false"
-                        ))
-                    }
-                },
-                "tls_ca" => {
-                    config.tls_ca = Some(path()?);
-                    config.tls = true;
-                }
-                "tls_cert" => tls_cert = Some(path()?),
-                "tls_key" => tls_key = Some(path()?),
-                "prefix" => {
-                    if value.is_empty()
-                        || !value
-                            .chars()
-                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-                    {
-                        return Err(format!(
-                            "queue URL `{shown}`: prefix `{value}` must be letters, digits, - or _"
-                        ));
-                    }
-                    config.prefix = value.to_string();
-                }
-                "replicas" => config.replicas = number("number")? as usize,
-                "ack_wait" => {
-                    config.ack_wait = Duration::from_secs(number("number of seconds")? as u64)
-                }
-                "max_deliver" => config.max_deliver = number("number")?,
-                "max_pending" => config.max_pending = number("number")?,
-                "limit" => config.limit = number("number")?,
-                "limit_mb" => config.limit_mb = number("number of MiB")?,
-                "max_hold" => {
-                    config.max_hold = Duration::from_secs(number("number of seconds")? as u64)
-                }
+                self.auth = NatsAuth::Creds(path()?);
+            }
+            "tls" => match value {
+                "true" | "1" | "yes" => self.tls = true,
+                "false" | "0" | "no" => {}
                 _ => {
                     return Err(format!(
-                        "queue URL `{shown}`: unknown setting `{key}` (prefix, replicas, \
-                         ack_wait, max_deliver, max_pending, limit, limit_mb, max_hold, creds, \
-                         tls, tls_ca, tls_cert, tls_key)"
+                        "queue URL `{shown}`: `tls={value}` must be true or false"
                     ))
                 }
+            },
+            "tls_ca" => {
+                self.tls_ca = Some(path()?);
+                self.tls = true;
             }
-        }
-        match (tls_cert, tls_key) {
-            (Some(c), Some(k)) => {
-                config.tls_client = Some((c, k));
-                config.tls = true;
+            "tls_cert" => client.0 = Some(path()?),
+            "tls_key" => client.1 = Some(path()?),
+            "prefix" => {
+                if value.is_empty()
+                    || !value
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                {
+                    return Err(format!(
+                        "queue URL `{shown}`: prefix `{value}` must be letters, digits, - or _"
+                    ));
+                }
+                self.prefix = value.to_string();
             }
-            (None, None) => {}
+            "replicas" => self.replicas = number("number")? as usize,
+            "ack_wait" => self.ack_wait = seconds()?,
+            "max_deliver" => self.max_deliver = number("number")?,
+            "max_pending" => self.max_pending = number("number")?,
+            "limit" => self.limit = number("number")?,
+            "limit_mb" => self.limit_mb = number("number of MiB")?,
+            "max_hold" => self.max_hold = seconds()?,
             _ => {
                 return Err(format!(
-                    "queue URL `{shown}`: a client certificate needs both tls_cert= and tls_key="
+                    "queue URL `{shown}`: unknown setting `{key}` (prefix, replicas, ack_wait, \
+                     max_deliver, max_pending, limit, limit_mb, max_hold, creds, tls, tls_ca, \
+                     tls_cert, tls_key)"
                 ))
             }
         }
-        Ok(config)
+        Ok(())
     }
 
     pub fn stream(&self, lane: Lane) -> String {
@@ -1009,7 +1025,7 @@ impl Broker {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
-            eprintln!("stopping: finishing what this process holds");
+            tracing::info!(target: crate::NOTE, "stopping: finishing what this process holds");
             flag.store(true, Ordering::Relaxed);
         });
     }
@@ -1188,15 +1204,18 @@ impl Inbox {
         let js = broker.inner.js.clone();
         let out = broker.inner.outgoing.clone();
         let (stream_name, name) = (c.stream(lane), c.consumer(lane, run));
-        let events_subject = c.subject(Lane::Events, run);
         let (stop2, held1) = (Arc::clone(&stop), Arc::clone(&held));
-        let tags = Arc::clone(&broker.inner.tags_arc);
+        let mut pull = Pull {
+            run,
+            lane,
+            events_subject: c.subject(Lane::Events, run),
+            held: Arc::clone(&held),
+            tags: Arc::clone(&broker.inner.tags_arc),
+            tx,
+            out: out.clone(),
+            per_message: 32.0,
+        };
         broker.inner.rt.spawn(async move {
-            // Items per message seen so far (a running average): how many messages to ask for
-            // so that about `prefetch` items are held, never far more (the others' share).
-            // Start as if messages were well filled, so that a process's first pull does
-            // not take far more than its share.
-            let mut per_message = 32.0f64;
             // Pull; after any error (server restart, consumer not there yet), start again.
             'outer: while !stop2.load(Ordering::Relaxed) {
                 let consumer: Option<consumer::PullConsumer> = async {
@@ -1215,7 +1234,8 @@ impl Inbox {
                         tokio::time::sleep(Duration::from_millis(5)).await;
                         continue;
                     }
-                    let want = ((room as f64 / per_message).floor() as usize).clamp(1, prefetch);
+                    let want =
+                        ((room as f64 / pull.per_message).floor() as usize).clamp(1, prefetch);
                     let Ok(mut messages) = consumer
                         .batch()
                         .max_messages(want)
@@ -1235,64 +1255,8 @@ impl Inbox {
                             broken = true;
                             break;
                         };
-                        let delivered = msg.info().map_or(1, |i| i.delivered.max(1));
-                        let (items, flags) = match split_message(&msg.payload) {
-                            Ok(x) => x,
-                            Err(e) => {
-                                // Dead-lettered: the run's publisher hears why, and the
-                                // message is never delivered again.
-                                let seq = msg.info().map_or(0, |i| i.stream_sequence);
-                                let at = format!("message {}#{seq}", msg.subject);
-                                tracing::warn!("{at}: unreadable ({e}); dead-lettered");
-                                let event = unreadable(run, lane, at, &e, &msg.payload);
-                                later.push(Outgoing::PublishAlone {
-                                    subject: events_subject.clone(),
-                                    payload: Bytes::from(event.encode()),
-                                });
-                                later.push(Outgoing::Ack(Box::new(msg), AckKind::Term));
-                                continue;
-                            }
-                        };
-                        per_message = 0.7 * per_message + 0.3 * items.len().max(1) as f64;
-                        if items.len() > 1 && delivered > 1 {
-                            // A batch delivered again: one of its items may be what its
-                            // consumers die on. Each item goes on alone, then the batch is
-                            // acknowledged (after them: the output task keeps the order).
-                            let subject = msg.subject.to_string();
-                            for item in items {
-                                later.push(Outgoing::PublishAlone {
-                                    subject: subject.clone(),
-                                    payload: encode_batch(&[item], FLAG_REDELIVERED),
-                                });
-                            }
-                            later.push(Outgoing::Ack(Box::new(msg), AckKind::Ack));
-                            continue;
-                        }
-                        let redelivered = delivered > 1 || flags & FLAG_REDELIVERED != 0;
-                        let message = Arc::new(HeldMessage {
-                            msg,
-                            since: Instant::now(),
-                            left: AtomicU64::new(items.len() as u64),
-                            nak: Mutex::new(None),
-                        });
-                        if items.is_empty() {
-                            let m = clone_message(&message.msg);
-                            later.push(Outgoing::Ack(Box::new(m), AckKind::Ack));
-                            continue;
-                        }
-                        for payload in items {
-                            let tag = tags.fetch_add(1, Ordering::Relaxed);
-                            held1.lock().unwrap_or_else(|e| e.into_inner()).insert(
-                                tag,
-                                Held {
-                                    message: Arc::clone(&message),
-                                    payload,
-                                    redelivered,
-                                },
-                            );
-                            if tx.send(tag).is_err() {
-                                return;
-                            }
+                        if !pull.take(msg, &mut later) {
+                            return;
                         }
                     }
                     for o in later {
@@ -1304,30 +1268,140 @@ impl Inbox {
                 }
             }
         });
-        // In-progress acknowledgements for what this process holds, every third of AckWait.
-        // A process stuck on one message for longer than `max_hold` stops keeping it: it goes
-        // to another process after AckWait, and after MaxDeliver to the dead letters.
-        let every = (c.ack_wait / 3).max(Duration::from_millis(100));
-        let max_hold = c.max_hold;
-        let (held2, stop3) = (Arc::clone(&held), Arc::clone(&stop));
-        broker.inner.rt.spawn(async move {
-            while !stop3.load(Ordering::Relaxed) {
-                tokio::time::sleep(every).await;
-                let replies: Vec<jetstream::Message> = {
-                    let held = held2.lock().unwrap_or_else(|e| e.into_inner());
-                    let mut seen = std::collections::HashSet::new();
-                    held.values()
-                        .filter(|h| h.message.since.elapsed() < max_hold)
-                        .filter(|h| seen.insert(Arc::as_ptr(&h.message)))
-                        .map(|h| clone_message(&h.message.msg))
-                        .collect()
-                };
-                for m in replies {
-                    let _ = m.ack_with(AckKind::Progress).await;
-                }
-            }
-        });
+        keep_alive(broker, &c, Arc::clone(&held), Arc::clone(&stop));
         Inbox { rx, held, stop }
+    }
+}
+
+/// In-progress acknowledgements for what this process holds, every third of AckWait. A
+/// process stuck on one message for longer than `max_hold` stops keeping it: it goes to
+/// another process after AckWait, and after MaxDeliver to the dead letters.
+fn keep_alive(
+    broker: &Broker,
+    c: &BrokerConfig,
+    held: Arc<Mutex<HashMap<u64, Held>>>,
+    stop: Arc<AtomicBool>,
+) {
+    let every = (c.ack_wait / 3).max(Duration::from_millis(100));
+    let max_hold = c.max_hold;
+    broker.inner.rt.spawn(async move {
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(every).await;
+            let replies: Vec<jetstream::Message> = {
+                let held = held.lock().unwrap_or_else(|e| e.into_inner());
+                let mut seen = std::collections::HashSet::new();
+                held.values()
+                    .filter(|h| h.message.since.elapsed() < max_hold)
+                    .filter(|h| seen.insert(Arc::as_ptr(&h.message)))
+                    .map(|h| clone_message(&h.message.msg))
+                    .collect()
+            };
+            for m in replies {
+                let _ = m.ack_with(AckKind::Progress).await;
+            }
+        }
+    });
+}
+
+/// What an inbox's pull does with the messages it gets.
+struct Pull {
+    run: RunId,
+    lane: Lane,
+    events_subject: String,
+    held: Arc<Mutex<HashMap<u64, Held>>>,
+    tags: Arc<AtomicU64>,
+    tx: crossbeam_channel::Sender<u64>,
+    /// The output task's queue.
+    out: tokio::sync::mpsc::Sender<Outgoing>,
+    /// Items per message seen so far (a running average): how many messages to ask for so
+    /// that about the prefetch's items are held, never far more (the others' share). It
+    /// starts as if messages were well filled, so that a process's first pull does not take
+    /// far more than its share.
+    per_message: f64,
+}
+
+impl Pull {
+    /// Hand `o` to the output task now when it has room and nothing queued after the batch
+    /// would then go out of order; else after the batch.
+    fn send_now(&self, o: Outgoing, later: &mut Vec<Outgoing>) {
+        if !later.is_empty() {
+            later.push(o);
+            return;
+        }
+        if let Err(e) = self.out.try_send(o) {
+            later.push(e.into_inner());
+        }
+    }
+
+    /// One pulled message: dead-lettered when unreadable (the run's publisher hears why,
+    /// and it is never delivered again), split into single items when a batch comes again,
+    /// else its items held and handed to the receiver by tag. Replies and republishes go to
+    /// `later` (reading a batch must never wait on the output task). False when the
+    /// receiver is gone.
+    fn take(&mut self, msg: jetstream::Message, later: &mut Vec<Outgoing>) -> bool {
+        let delivered = msg.info().map_or(1, |i| i.delivered.max(1));
+        let (items, flags) = match split_message(&msg.payload) {
+            Ok(x) => x,
+            Err(e) => {
+                let seq = msg.info().map_or(0, |i| i.stream_sequence);
+                let at = format!("message {}#{seq}", msg.subject);
+                tracing::warn!("{at}: unreadable ({e}); dead-lettered");
+                let event = unreadable(self.run, self.lane, at, &e, &msg.payload);
+                // Reported at once (the run must hear of it before it can end), unless the
+                // output queue is full.
+                self.send_now(
+                    Outgoing::PublishAlone {
+                        subject: self.events_subject.clone(),
+                        payload: Bytes::from(event.encode()),
+                    },
+                    later,
+                );
+                self.send_now(Outgoing::Ack(Box::new(msg), AckKind::Term), later);
+                return true;
+            }
+        };
+        self.per_message = 0.7 * self.per_message + 0.3 * items.len().max(1) as f64;
+        if items.len() > 1 && delivered > 1 {
+            // A batch delivered again: one of its items may be what its consumers die on.
+            // Each item goes on alone, then the batch is acknowledged (after them: the
+            // output task keeps the order).
+            let subject = msg.subject.to_string();
+            for item in items {
+                later.push(Outgoing::PublishAlone {
+                    subject: subject.clone(),
+                    payload: encode_batch(&[item], FLAG_REDELIVERED),
+                });
+            }
+            later.push(Outgoing::Ack(Box::new(msg), AckKind::Ack));
+            return true;
+        }
+        let redelivered = delivered > 1 || flags & FLAG_REDELIVERED != 0;
+        let message = Arc::new(HeldMessage {
+            msg,
+            since: Instant::now(),
+            left: AtomicU64::new(items.len() as u64),
+            nak: Mutex::new(None),
+        });
+        if items.is_empty() {
+            let m = clone_message(&message.msg);
+            later.push(Outgoing::Ack(Box::new(m), AckKind::Ack));
+            return true;
+        }
+        for payload in items {
+            let tag = self.tags.fetch_add(1, Ordering::Relaxed);
+            self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                tag,
+                Held {
+                    message: Arc::clone(&message),
+                    payload,
+                    redelivered,
+                },
+            );
+            if self.tx.send(tag).is_err() {
+                return false;
+            }
+        }
+        true
     }
 }
 

@@ -100,97 +100,16 @@ pub fn publish(
 
     let complete = std::thread::scope(|scope| {
         let p = publisher.clone();
-        let mut connectors = connectors;
         let sig = Arc::clone(&signal);
-        scope.spawn(move || {
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                for connector in connectors.iter_mut() {
-                    if let Err(err) = connector.run(&p) {
-                        if !p.signal().is_stopped() {
-                            p.signal()
-                                .abort(format!("connector {}: {err}", connector.name()));
-                        }
-                        return;
-                    }
-                }
-                p.connectors_stopped();
-            }));
-            if result.is_err() {
-                sig.abort("the connector panicked");
-            }
-        });
+        scope.spawn(move || publish_sources(&p, connectors, &sig));
         // Messages the broker stopped delivering become FAILs of their documents.
-        let (events_out, sig, max): (Arc<dyn Queue<Event>>, _, _) = (
-            Arc::new(broker.queue::<Event>(Lane::Events, run_id, None)),
-            Arc::clone(&signal),
-            broker.config().max_deliver,
-        );
-        scope.spawn(move || {
-            while !sig.is_stopped() {
-                let Ok((lane, payload)) = dead.recv_timeout(Duration::from_millis(100)) else {
-                    continue;
-                };
-                let doc = match Document::decode(&payload) {
-                    Ok(doc) => doc,
-                    Err(e) => {
-                        // Not a document at all: reported as an unreadable message.
-                        let event = Event {
-                            run_id,
-                            instance: 0,
-                            doc_id: format!("message on {} (MaxDeliver)", lane.name()),
-                            parent_instance: None,
-                            parent_id: None,
-                            children: 0,
-                            kind: EventKind::Unreadable {
-                                lane: lane.name().to_string(),
-                                reason: format!("unreadable message ({e}): dead-lettered"),
-                            },
-                            redelivered: false,
-                            tokens: 0,
-                        };
-                        if crate::queue::push_until_stopped(&events_out, event, &sig).is_err() {
-                            return;
-                        }
-                        continue;
-                    }
-                };
-                let reason = format!(
-                    "delivered {max} times (MaxDeliver) without being finished: the {} \
-                     process handling it died or timed out every time; look for a crash on \
-                     this document in that role's log",
-                    role_of(lane)
-                );
-                let event = Event::terminal(
-                    &doc,
-                    EventKind::Fail {
-                        stage: lane.name().to_string(),
-                        reason: reason.clone(),
-                    },
-                );
-                let event = Event {
-                    redelivered: true,
-                    ..event
-                };
-                if crate::queue::push_until_stopped(&events_out, event, &sig).is_err() {
-                    return;
-                }
-                if let Some(sink) = sink.as_mut() {
-                    let dead = DeadMessage {
-                        lane,
-                        document: doc,
-                        payload,
-                        deliveries: max.max(1) as u32,
-                        reason,
-                    };
-                    if let Err(e) = sink(&dead) {
-                        eprintln!(
-                            "warning: {}: could not dead-letter it in the index: {e}",
-                            dead.document.id
-                        );
-                    }
-                }
-            }
-        });
+        let dead_letters = DeadLetters {
+            events: Arc::new(broker.queue::<Event>(Lane::Events, run_id, None)),
+            signal: Arc::clone(&signal),
+            max_deliver: broker.config().max_deliver,
+            run_id,
+        };
+        scope.spawn(move || dead_letters.forward(&dead, sink.as_mut()));
 
         let announced = || publisher.announced();
         let complete = publisher.follow_events(&events, tick, &mut |tracker| {
@@ -237,6 +156,114 @@ pub fn publish(
     summary.published_ids = publisher.published_ids();
     summary.unreadable = publisher.tracker().unreadable().to_vec();
     Ok(summary)
+}
+
+/// The connectors' thread of a published run: each connector in turn, then the end of the
+/// sources; a connector's error or panic aborts the run.
+fn publish_sources(p: &Publisher, mut connectors: Vec<Box<dyn Connector>>, sig: &RunSignal) {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        for connector in connectors.iter_mut() {
+            if let Err(err) = connector.run(p) {
+                if !p.signal().is_stopped() {
+                    p.signal()
+                        .abort(format!("connector {}: {err}", connector.name()));
+                }
+                return;
+            }
+        }
+        p.connectors_stopped();
+    }));
+    if result.is_err() {
+        sig.abort("the connector panicked");
+    }
+}
+
+/// Turns the messages the broker stopped delivering (MaxDeliver) into events: the FAIL of
+/// the document a message carried (then the sink dead-letters it in the index), or an
+/// unreadable message when it carried no document at all.
+struct DeadLetters {
+    events: Arc<dyn Queue<Event>>,
+    signal: Arc<RunSignal>,
+    max_deliver: i64,
+    run_id: RunId,
+}
+
+impl DeadLetters {
+    fn forward(
+        &self,
+        dead: &crossbeam_channel::Receiver<(Lane, Bytes)>,
+        mut sink: Option<&mut DeadLetterSink>,
+    ) {
+        let max = self.max_deliver;
+        while !self.signal.is_stopped() {
+            let Ok((lane, payload)) = dead.recv_timeout(Duration::from_millis(100)) else {
+                continue;
+            };
+            let doc = match Document::decode(&payload) {
+                Ok(doc) => doc,
+                Err(e) => {
+                    if self.push(self.unreadable(lane, &e.to_string())).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let reason = format!(
+                "delivered {max} times (MaxDeliver) without being finished: the {} process \
+                 handling it died or timed out every time; look for a crash on this document \
+                 in that role's log",
+                role_of(lane)
+            );
+            let fail = EventKind::Fail {
+                stage: lane.name().to_string(),
+                reason: reason.clone(),
+            };
+            let event = Event {
+                redelivered: true,
+                ..Event::terminal(&doc, fail)
+            };
+            if self.push(event).is_err() {
+                return;
+            }
+            if let Some(sink) = sink.as_mut() {
+                let dead = DeadMessage {
+                    lane,
+                    document: doc,
+                    payload,
+                    deliveries: max.max(1) as u32,
+                    reason,
+                };
+                if let Err(e) = sink(&dead) {
+                    tracing::warn!(
+                        "{}: could not dead-letter it in the index: {e}",
+                        dead.document.id
+                    );
+                }
+            }
+        }
+    }
+
+    /// The event of a message that is not a document at all.
+    fn unreadable(&self, lane: Lane, error: &str) -> Event {
+        Event {
+            run_id: self.run_id,
+            instance: 0,
+            doc_id: format!("message on {} (MaxDeliver)", lane.name()),
+            parent_instance: None,
+            parent_id: None,
+            children: 0,
+            kind: EventKind::Unreadable {
+                lane: lane.name().to_string(),
+                reason: format!("unreadable message ({error}): dead-lettered"),
+            },
+            redelivered: false,
+            tokens: 0,
+        }
+    }
+
+    fn push(&self, event: Event) -> Result<(), ()> {
+        crate::queue::push_until_stopped(&self.events, event, &self.signal).map_err(|_| ())
+    }
 }
 
 fn role_of(lane: Lane) -> &'static str {
@@ -345,6 +372,27 @@ fn parse_run(s: &str) -> Result<RunId, String> {
         .map_err(|_| format!("the broker holds a run record with a bad id `{s}`"))
 }
 
+/// Stop this process's part of a run when the run's record says it is over (checked every
+/// 300 ms), or on SIGTERM (`stop`).
+fn watch_run(broker: &Broker, run: &str, sig: &RunSignal, stop: &AtomicBool) {
+    let mut last_check = Instant::now();
+    while !sig.is_stopped() {
+        if stop.load(Ordering::Relaxed) {
+            sig.stop();
+            break;
+        }
+        if last_check.elapsed() >= Duration::from_millis(300) {
+            last_check = Instant::now();
+            match broker.get_run(run) {
+                Ok(Some(r)) if r.state == RunState::Running => {}
+                Ok(_) => sig.stop(),
+                Err(_) => {} // broker away: keep going, the client reconnects
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Run one role's loops on one run until the run is no longer running or `stop` is set.
 fn serve_run(
     broker: &Broker,
@@ -362,24 +410,7 @@ fn serve_run(
     std::thread::scope(|scope| -> Result<(), RunError> {
         // The run ends for this process when its record says so, or on SIGTERM.
         let (sig, stop2) = (Arc::clone(&signal), Arc::clone(stop));
-        let watcher = scope.spawn(move || {
-            let mut last_check = Instant::now();
-            while !sig.is_stopped() {
-                if stop2.load(Ordering::Relaxed) {
-                    sig.stop();
-                    break;
-                }
-                if last_check.elapsed() >= Duration::from_millis(300) {
-                    last_check = Instant::now();
-                    match broker.get_run(run) {
-                        Ok(Some(r)) if r.state == RunState::Running => {}
-                        Ok(_) => sig.stop(),
-                        Err(_) => {} // broker away: keep going, the client reconnects
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        });
+        let watcher = scope.spawn(move || watch_run(broker, run, &sig, &stop2));
         match parts {
             RoleParts::Worker {
                 pipeline,
@@ -466,7 +497,7 @@ fn serve_run(
         return Err(RunError::Aborted(reason));
     }
     for w in stats.warnings() {
-        eprintln!("warning: {}: {}: {}", w.id, w.stage, w.message);
+        tracing::warn!("{}: {}: {}", w.id, w.stage, w.message);
     }
     Ok(RoleReport {
         run: run.to_string(),

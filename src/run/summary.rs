@@ -44,7 +44,7 @@ pub struct RunSummary {
     pub encoder: Option<String>,
     /// What the calls to a service (a remote embedder) came to: requests, retries, 429s...
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub remote: Option<crate::remote::RemoteCounts>,
+    pub remote: Option<crate::http::RemoteCounts>,
     /// `enrich`: documents other workers still held under a lease when this run ended (the
     /// notes say whose, and until when).
     #[serde(skip_serializing_if = "is_zero")]

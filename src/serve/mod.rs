@@ -207,7 +207,7 @@ pub fn serve(
         rt.block_on(accept(listener, router, &options, async move {
             shutdown_signal().await;
             app2.stopping.store(true, Ordering::Relaxed);
-            eprintln!("stopping: answering the requests in flight");
+            tracing::info!(target: crate::NOTE, "stopping: answering the requests in flight");
         }));
         // Every request is answered: let the model threads drain and stop.
         batcher.close();

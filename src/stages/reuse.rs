@@ -48,7 +48,7 @@ impl Stage for ReuseVectors {
             }
             Ok(None) => {}
             Err(err) => {
-                eprintln!("warning: cannot read stored vectors ({err}); embedding every chunk");
+                tracing::warn!("cannot read stored vectors ({err}); embedding every chunk");
                 self.broken = true;
             }
         }

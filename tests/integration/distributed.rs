@@ -76,30 +76,47 @@ fn nats_bin() -> Option<PathBuf> {
     }
 }
 
+/// The client port in the ports file nats-server writes into `dir` once it listens.
+fn listening_port(dir: &Path) -> Option<u16> {
+    let file = fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .find(|e| e.path().extension().is_some_and(|x| x == "ports"))?;
+    let ports: Value = serde_json::from_slice(&fs::read(file.path()).ok()?).ok()?;
+    ports["nats"][0].as_str()?.rsplit(':').next()?.parse().ok()
+}
+
 impl Nats {
     pub fn start() -> Option<Nats> {
         let bin = nats_bin()?;
         let mut n = Nats {
             bin,
             dir: tempfile::tempdir().unwrap(),
-            port: free_port(),
+            // Chosen by the server itself at its first start (kept for restarts).
+            port: 0,
             child: None,
         };
         n.launch();
         Some(n)
     }
 
+    /// Start the server: on a port it picks itself the first time (`-p -1`: no other
+    /// process can take the port between its choice and its use), read back from the ports
+    /// file it writes once it listens; on the same port after that.
     fn launch(&mut self) {
+        let ports = self.dir.path().join("ports");
+        let _ = fs::remove_dir_all(&ports);
+        fs::create_dir_all(&ports).unwrap();
+        let port = if self.port == 0 {
+            "-1".to_string()
+        } else {
+            self.port.to_string()
+        };
         let mut cmd = Command::new(&self.bin);
-        cmd.args([
-            "-js",
-            "-a",
-            "127.0.0.1",
-            "-p",
-            &self.port.to_string(),
-            "-sd",
-        ])
-        .arg(self.dir.path().join("js"));
+        cmd.args(["-js", "-a", "127.0.0.1", "-p", &port, "--ports_file_dir"])
+            .arg(&ports)
+            .arg("-sd")
+            .arg(self.dir.path().join("js"));
         let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -107,6 +124,13 @@ impl Nats {
             .expect("start nats-server");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
+        self.port = loop {
+            if let Some(port) = listening_port(&ports) {
+                break port;
+            }
+            assert!(Instant::now() < deadline, "nats-server wrote no ports file");
+            std::thread::sleep(Duration::from_millis(20));
+        };
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(Instant::now() < deadline, "nats-server did not start");
             std::thread::sleep(Duration::from_millis(50));

@@ -16,12 +16,12 @@ const LAYERS: &[&[&str]] = &[
     &["event", "lifecycle"],
     // Above `event`: a broker's queue encodes events (`queue/wire.rs`).
     &["queue"],
-    // `remote`: HTTP clients of services (limits, retries, circuit), below the embedder that
+    // `http`: the clients of services (limits, retries, circuit), below the embedder that
     // uses them.
-    &["publisher", "remote"],
+    &["publisher", "http"],
     &["connectors", "stages", "embed", "indexers"],
     &["run", "search", "serve"],
-    &["eval", "pipeline"],
+    &["eval", "jobs"],
     // The fuzz targets call the decoders of every layer.
     &["fuzz"],
 ];

@@ -1041,7 +1041,7 @@ fn check_validates_the_file_the_index_and_the_model() {
         .filter(|l| !l.starts_with('#'))
         .collect::<Vec<_>>()
         .join("\n");
-    ragline::pipeline::PipelineConfig::parse(&resolved).expect("the resolved pipeline parses");
+    ragline::jobs::PipelineConfig::parse(&resolved).expect("the resolved pipeline parses");
 
     for (name, text, expect) in [
         (

@@ -3,8 +3,8 @@
 use std::fs;
 use std::path::Path;
 
-use ragline::pipeline::config::Parsed;
-use ragline::pipeline::{self, EnrichRequest, PipelineConfig, PipelineError};
+use ragline::jobs::config::Parsed;
+use ragline::jobs::{self, EnrichRequest, JobError, PipelineConfig};
 use ragline::run::progress::Silent;
 
 use crate::util::random_model;
@@ -44,7 +44,7 @@ fn ingest_deferred_then_enrich_through_the_builder() {
     let db = dir.path().join("b.db");
     let mut cfg = config(&model, &db, &c);
     cfg.stages.embed.defer = true;
-    let s = pipeline::ingest(&cfg, &mut Silent).unwrap();
+    let s = jobs::ingest(&cfg, &mut Silent).unwrap();
     assert_eq!(
         (s.counts.published, s.counts.indexed, s.counts.dropped),
         (6, 5, 1)
@@ -54,20 +54,20 @@ fn ingest_deferred_then_enrich_through_the_builder() {
         s.counts.children_indexed, 5,
         "chunks written without vectors"
     );
-    let st = pipeline::status(&cfg).unwrap();
+    let st = jobs::status(&cfg).unwrap();
     assert_eq!(st.stages["embed"].pending, 5);
 
     // A second deferred ingest finds everything there: nothing to do.
-    let again = pipeline::ingest(&cfg, &mut Silent).unwrap();
+    let again = jobs::ingest(&cfg, &mut Silent).unwrap();
     assert_eq!(again.counts.unchanged, 5);
     // A plain ingest does not take "chunked but not embedded" for done: it embeds.
     cfg.stages.embed.defer = false;
-    let plain = pipeline::ingest(&cfg, &mut Silent).unwrap();
+    let plain = jobs::ingest(&cfg, &mut Silent).unwrap();
     assert_eq!((plain.counts.unchanged, plain.chunks_embedded), (0, 5));
-    assert_eq!(pipeline::status(&cfg).unwrap().stages["embed"].done, 5);
+    assert_eq!(jobs::status(&cfg).unwrap().stages["embed"].done, 5);
 
     // Enrich with nothing queued ends at once, with nothing claimed.
-    let e = pipeline::enrich(&cfg, &EnrichRequest::default(), &mut Silent).unwrap();
+    let e = jobs::enrich(&cfg, &EnrichRequest::default(), &mut Silent).unwrap();
     assert_eq!(e.counts.published, 0);
 }
 
@@ -80,16 +80,16 @@ fn enrich_embeds_what_a_deferred_ingest_queued_at_the_configured_priority() {
     let mut cfg = config(&model, &db, &c);
     cfg.stages.embed.defer = true;
     cfg.stages.embed.priority = ragline::lifecycle::Priority::Backfill;
-    pipeline::ingest(&cfg, &mut Silent).unwrap();
+    jobs::ingest(&cfg, &mut Silent).unwrap();
     let store = ragline::indexers::sqlite::SqliteStore::open(&db).unwrap();
     let doc = store.document_lifecycle("p0.md").unwrap().unwrap();
     let embed = doc.stages.iter().find(|s| s.stage == "embed").unwrap();
     assert_eq!(embed.priority, "backfill");
-    let e = pipeline::enrich(&cfg, &EnrichRequest::default(), &mut Silent).unwrap();
+    let e = jobs::enrich(&cfg, &EnrichRequest::default(), &mut Silent).unwrap();
     assert_eq!((e.counts.published, e.counts.indexed), (5, 5));
     assert_eq!(e.chunks_embedded + e.chunks_reused, 5);
     assert!(e.succeeded());
-    let st = pipeline::status(&cfg).unwrap();
+    let st = jobs::status(&cfg).unwrap();
     assert_eq!(st.stages["embed"].done, 5);
     assert_eq!(st.vector_sets[0].embedded, 5);
 }
@@ -100,7 +100,7 @@ fn setup_errors_name_the_fix() {
     let model = random_model(dir.path(), 32, 11);
     let c = corpus(dir.path());
     let db = dir.path().join("b.db");
-    let err = |cfg: &PipelineConfig| pipeline::ingest(cfg, &mut Silent).unwrap_err().to_string();
+    let err = |cfg: &PipelineConfig| jobs::ingest(cfg, &mut Silent).unwrap_err().to_string();
 
     let mut cfg = config(&model, &db, &c);
     cfg.source.paths.clear();
@@ -113,8 +113,8 @@ fn setup_errors_name_the_fix() {
 
     let mut cfg = config(&model, &db, &c);
     cfg.chunk.overlap = 500;
-    let e = pipeline::ingest(&cfg, &mut Silent).unwrap_err();
-    assert!(matches!(e, PipelineError::Config(_)), "{e}");
+    let e = jobs::ingest(&cfg, &mut Silent).unwrap_err();
+    assert!(matches!(e, JobError::Config(_)), "{e}");
     assert!(e.to_string().contains("chunk.overlap"));
 
     let mut cfg = config(&model, &db, &c);
@@ -123,11 +123,11 @@ fn setup_errors_name_the_fix() {
 
     // Enrich on an index that is not there, and on one without a model.
     let cfg = config(&model, &dir.path().join("none.db"), &c);
-    let e = pipeline::enrich(&cfg, &EnrichRequest::default(), &mut Silent).unwrap_err();
+    let e = jobs::enrich(&cfg, &EnrichRequest::default(), &mut Silent).unwrap_err();
     assert!(e.to_string().contains("run `ragline ingest` first"), "{e}");
     let mut cfg = config(&model, &db, &c);
     cfg.chunk.enabled = false;
-    pipeline::ingest(&cfg, &mut Silent).unwrap();
-    let e = pipeline::enrich(&cfg, &EnrichRequest::default(), &mut Silent).unwrap_err();
+    jobs::ingest(&cfg, &mut Silent).unwrap();
+    let e = jobs::enrich(&cfg, &EnrichRequest::default(), &mut Silent).unwrap_err();
     assert!(e.to_string().contains("has no model"), "{e}");
 }

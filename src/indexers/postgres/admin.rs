@@ -2,189 +2,19 @@
 //! (`ragline dlq list|show|requeue`), `pause`/`resume`, `promote`, setting up a backfill, and
 //! the HNSW index after an enrich run. The same answers as the SQLite index's.
 
-use std::collections::BTreeMap;
-
 use postgres::GenericClient;
 
-use super::queue::{PgStore, TxError};
+use super::queue::{PgStore, Sql, TxError};
 use super::{sets, store_error};
+use crate::indexers::store::{status_report, StatusSql};
 use crate::indexers::{Burial, IndexStore, ModelIdentity, SetState, StoredCopy, VectorSet};
 use crate::lifecycle::report::{
-    AttemptError, BackfillProgress, CircuitOpen, DeadLetter, DocumentLifecycle, StageCounts,
-    StageState, StatusReport, VectorSetStatus,
+    AttemptError, DeadLetter, DocumentLifecycle, StageState, StatusReport,
 };
-use crate::lifecycle::{is_enrichable, Priority, StoreError, CHUNK, EMBED};
+use crate::lifecycle::rules::StatusGroup;
+use crate::lifecycle::{is_enrichable, Priority, StoreError, EMBED};
 
 impl PgStore {
-    fn stage_counts(
-        &mut self,
-        stage: &str,
-        vector_set: i64,
-        now: i64,
-        paused: &[String],
-    ) -> Result<StageCounts, postgres::Error> {
-        let s = self.s.clone();
-        let mut counts = StageCounts {
-            paused: paused.iter().any(|p| p == stage),
-            ..StageCounts::default()
-        };
-        let rows = self.client.query(
-            &format!(
-                "SELECT status, status = 'in_progress' AND lease_expires < $3, count(*),
-                        MIN(enqueued_at)
-                 FROM {s}.enrichment WHERE stage = $1 AND vector_set = $2
-                 GROUP BY 1, 2"
-            ),
-            &[&stage, &(vector_set as i32), &now],
-        )?;
-        let mut oldest: Option<i64> = None;
-        for r in rows {
-            let (status, expired, n, first): (String, bool, i64, Option<i64>) =
-                (r.get(0), r.get(1), r.get(2), r.get(3));
-            let n = n as u64;
-            match (status.as_str(), expired) {
-                ("in_progress", false) => counts.in_progress += n,
-                ("pending", _) | ("in_progress", true) => counts.pending += n,
-                ("failed", _) => counts.failed += n,
-                ("dead", _) => counts.dead += n,
-                _ => counts.done += n,
-            }
-            if matches!(status.as_str(), "pending" | "failed") || expired {
-                oldest = match (oldest, first) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-        }
-        counts.oldest_pending_secs = oldest.map(|t| (now - t).max(0) as f64 / 1000.0);
-        Ok(counts)
-    }
-
-    /// Current chunks with a vector in `set`.
-    fn embedded_in(&mut self, set: &VectorSet) -> Result<u64, postgres::Error> {
-        let s = self.s.clone();
-        let n: i64 = self
-            .client
-            .query_one(
-                &format!(
-                    "SELECT count(*) FROM {s}.chunks c JOIN {s}.{} v ON v.rowid = c.rowid
-                     WHERE c.replaced_by IS NULL",
-                    set.vec_table
-                ),
-                &[],
-            )?
-            .get(0);
-        Ok(n as u64)
-    }
-
-    fn status_report(&mut self) -> Result<StatusReport, postgres::Error> {
-        let s = self.s.clone();
-        let now = super::server_now(&mut self.client)?;
-        let count = |c: &mut postgres::Client, sql: &str| -> Result<u64, postgres::Error> {
-            Ok(c.query_one(sql, &[])?.get::<_, i64>(0) as u64)
-        };
-        let documents = count(
-            &mut self.client,
-            &format!("SELECT count(*) FROM {s}.documents"),
-        )?;
-        let chunks = count(
-            &mut self.client,
-            &format!("SELECT count(*) FROM {s}.chunks WHERE replaced_by IS NULL"),
-        )?;
-        let all = sets::all(&mut self.client, &s)?;
-        let paused: Vec<String> = self
-            .client
-            .query(
-                &format!("SELECT stage FROM {s}.stage_control WHERE paused"),
-                &[],
-            )?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        let mut stages = BTreeMap::new();
-        stages.insert(
-            CHUNK.to_string(),
-            self.stage_counts(CHUNK, 0, now, &paused)?,
-        );
-        if let Some(set) = all.iter().find(|x| x.state == SetState::Active) {
-            stages.insert(
-                EMBED.to_string(),
-                self.stage_counts(EMBED, set.id, now, &paused)?,
-            );
-        }
-        // Document-level stages a config added (LLM stages).
-        let others: Vec<String> = self
-            .client
-            .query(
-                &format!(
-                    "SELECT DISTINCT stage FROM {s}.enrichment
-                     WHERE stage NOT IN ('chunk', 'embed') ORDER BY stage"
-                ),
-                &[],
-            )?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        for stage in others {
-            let counts = self.stage_counts(&stage, 0, now, &paused)?;
-            stages.insert(stage, counts);
-        }
-        for row in self.client.query(
-            &format!(
-                "SELECT stage, circuit, COALESCE(circuit_since, 0) FROM {s}.stage_control
-                 WHERE circuit IS NOT NULL"
-            ),
-            &[],
-        )? {
-            stages.entry(row.get(0)).or_default().circuit = Some(CircuitOpen {
-                reason: row.get(1),
-                since: row.get(2),
-            });
-        }
-        let mut vector_sets = Vec::new();
-        for set in &all {
-            vector_sets.push(VectorSetStatus {
-                id: set.id,
-                model: set.model.clone(),
-                dimension: set.dimension,
-                embedded: self.embedded_in(set)?,
-                total: chunks,
-                active: set.state == SetState::Active,
-                state: set.state.as_str().to_string(),
-            });
-        }
-        let backfill = match all.iter().find(|x| x.state == SetState::Backfill) {
-            None => None,
-            Some(set) => {
-                let stage = self.stage_counts(EMBED, set.id, now, &paused)?;
-                Some(BackfillProgress {
-                    vector_set: set.id,
-                    model: set.model.clone(),
-                    watermark: set.watermark.clone(),
-                    all_queued: set.backfill_done,
-                    documents_total: documents,
-                    documents_queued: stage.pending
-                        + stage.in_progress
-                        + stage.failed
-                        + stage.dead
-                        + stage.done,
-                    documents_done: stage.done,
-                    chunks_embedded: self.embedded_in(set)?,
-                    chunks_total: chunks,
-                    stage,
-                })
-            }
-        };
-        Ok(StatusReport {
-            index: self.target.to_string(),
-            documents,
-            chunks,
-            stages,
-            vector_sets,
-            backfill,
-        })
-    }
-
     fn lifecycle_of(&mut self, id: &str) -> Result<Option<DocumentLifecycle>, postgres::Error> {
         let s = self.s.clone();
         let (source, title): (Option<String>, Option<String>) = match self.client.query_opt(
@@ -280,7 +110,13 @@ impl IndexStore for PgStore {
     }
 
     fn status(&mut self) -> Result<StatusReport, StoreError> {
-        self.status_report().map_err(|e| self.err(e))
+        let s = self.s.clone();
+        let index = self.target.to_string();
+        let run = |client: &mut postgres::Client| {
+            let now = super::server_now(client)?;
+            status_report(&mut Sql { c: client, s: &s }, index, now)
+        };
+        run(&mut self.client).map_err(|e| store_error(&self.target, e))
     }
 
     fn dead_letters(&mut self, stage: Option<&str>) -> Result<Vec<DeadLetter>, StoreError> {
@@ -576,4 +412,81 @@ pub(super) fn unembedded(
         )?
         .get(0);
     Ok((missing as u64, total as u64))
+}
+
+impl<C: GenericClient> StatusSql for Sql<'_, C> {
+    fn documents(&mut self) -> Result<u64, postgres::Error> {
+        let s = self.s;
+        let sql = format!("SELECT count(*) FROM {s}.documents");
+        Ok(self.c.query_one(&sql, &[])?.get::<_, i64>(0) as u64)
+    }
+
+    fn chunks(&mut self) -> Result<u64, postgres::Error> {
+        let s = self.s;
+        let sql = format!("SELECT count(*) FROM {s}.chunks WHERE replaced_by IS NULL");
+        Ok(self.c.query_one(&sql, &[])?.get::<_, i64>(0) as u64)
+    }
+
+    fn vector_sets(&mut self) -> Result<Vec<VectorSet>, postgres::Error> {
+        sets::all(self.c, self.s)
+    }
+
+    fn embedded_in(&mut self, set: &VectorSet) -> Result<u64, postgres::Error> {
+        let s = self.s;
+        let sql = format!(
+            "SELECT count(*) FROM {s}.chunks c JOIN {s}.{} v ON v.rowid = c.rowid
+             WHERE c.replaced_by IS NULL",
+            set.vec_table
+        );
+        Ok(self.c.query_one(&sql, &[])?.get::<_, i64>(0) as u64)
+    }
+
+    fn stage_groups(
+        &mut self,
+        stage: &str,
+        vector_set: i64,
+        now: i64,
+    ) -> Result<Vec<StatusGroup>, postgres::Error> {
+        let s = self.s;
+        let rows = self.c.query(
+            &format!(
+                "SELECT status, status = 'in_progress' AND lease_expires < $3, count(*),
+                        MIN(enqueued_at)
+                 FROM {s}.enrichment WHERE stage = $1 AND vector_set = $2
+                 GROUP BY 1, 2"
+            ),
+            &[&stage, &(vector_set as i32), &now],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect())
+    }
+
+    fn document_stages(&mut self) -> Result<Vec<String>, postgres::Error> {
+        let s = self.s;
+        let rows = self.c.query(
+            &format!(
+                "SELECT DISTINCT stage FROM {s}.enrichment
+                 WHERE stage NOT IN ('chunk', 'embed') ORDER BY stage"
+            ),
+            &[],
+        )?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    fn circuits(&mut self) -> Result<Vec<(String, String, i64)>, postgres::Error> {
+        let s = self.s;
+        let rows = self.c.query(
+            &format!(
+                "SELECT stage, circuit, COALESCE(circuit_since, 0) FROM {s}.stage_control
+                 WHERE circuit IS NOT NULL"
+            ),
+            &[],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
+    }
 }

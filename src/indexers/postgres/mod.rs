@@ -38,6 +38,7 @@ pub use queue::PgStore;
 pub use reader::PgReader;
 pub use target::{PgTarget, VectorType};
 
+use super::identity::HeldModel;
 use super::{
     Backend, BackendError, BackendFactory, IndexIdentity, KnownDocument, ModelIdentity, SetState,
     StoredVectors, VectorSet,
@@ -516,26 +517,13 @@ fn check_model(
     meta: &PgMeta,
     model: Option<&ModelIdentity>,
 ) -> Result<(), BackendError> {
-    let (Some(model), Some(have)) = (model, meta.model.as_ref()) else {
-        return Ok(());
-    };
-    let dim = meta.dimension.unwrap_or(0);
-    if meta.model_fingerprint.as_deref() != Some(model.fingerprint.as_str())
-        || dim != model.dimension
-    {
-        return Err(BackendError::Invalid(format!(
-            "index {target} holds vectors of model `{have}` ({dim} dimensions, fingerprint {}); \
-             this run embeds with `{}` ({} dimensions, fingerprint {}). Vectors of two models \
-             cannot be searched together: use another --index (or ?schema=), or --model {have}, \
-             or move the index to the new model with `ragline backfill --stage embed --model {}`",
-            meta.model_fingerprint.as_deref().unwrap_or("?"),
-            model.name,
-            model.dimension,
-            model.fingerprint,
-            model.name
-        )));
-    }
-    Ok(())
+    let held = meta.model.as_deref().map(|name| HeldModel {
+        name,
+        fingerprint: meta.model_fingerprint.as_deref(),
+        dimension: meta.dimension,
+    });
+    let elsewhere = "another --index (or ?schema=)";
+    super::identity::check_model(&target.to_string(), elsewhere, held, model)
 }
 
 /// A failure of a working connection (the run stops: exit code 2).

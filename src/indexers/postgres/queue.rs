@@ -12,18 +12,14 @@ use postgres::{Client, GenericClient, Transaction};
 use super::target::{PgTarget, VectorType};
 use super::{read_meta, server_now, sets, settle, store_error};
 use crate::document::InputKey;
+use crate::indexers::store::{maintain, BackfillSql};
 use crate::indexers::{SetState, VectorSet};
-use crate::lifecycle::backoff::{jitter_unit, retry_delay};
-use crate::lifecycle::owner::is_dead_here;
+use crate::lifecycle::rules::{self, Candidate, QueueSql};
 use crate::lifecycle::store::HeldLease;
 use crate::lifecycle::{
     ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText, EnrichStore, LifecycleStore,
-    Maintenance, PendingChunk, Priority, StageSettings, Status, StoreError, WorkItem, WorkKey,
-    CHUNK, EMBED,
+    Maintenance, PendingChunk, Priority, StageSettings, Status, StoreError, WorkKey, CHUNK, EMBED,
 };
-
-/// Documents queued per backfill page.
-pub const BACKFILL_PAGE: usize = 512;
 
 /// A connection to a Postgres index, for the lifecycle.
 pub struct PgStore {
@@ -35,20 +31,11 @@ pub struct PgStore {
 }
 
 /// An error inside a write transaction: PostgreSQL's, or the store's own refusal.
-pub(super) enum TxError {
-    Sql(postgres::Error),
-    Store(StoreError),
-}
+pub(super) type TxError = crate::indexers::store::TxError<postgres::Error>;
 
 impl From<postgres::Error> for TxError {
     fn from(e: postgres::Error) -> Self {
         TxError::Sql(e)
-    }
-}
-
-impl TxError {
-    pub(super) fn invalid(message: String) -> Self {
-        TxError::Store(StoreError::Invalid(message))
     }
 }
 
@@ -132,350 +119,269 @@ impl PgStore {
             .map(|r| r.get(0));
         Ok(set.tokenizer.is_some() && set.tokenizer == chunker)
     }
+}
 
-    /// Queue the next page of a backfill, or switch search to a backfilled set once every
-    /// chunk has its vector (building its HNSW index first, in the same transaction).
-    fn maintain_sets(&mut self) -> Result<Maintenance, StoreError> {
-        let (target, ty) = (self.target.clone(), self.vector_type);
-        self.write(|tx, s, now| {
-            super::lock_schema(tx, &target)?;
-            let all = sets::all(tx, s)?;
-            let Some(set) = all.iter().find(|x| x.state == SetState::Backfill).cloned() else {
-                return Ok(Maintenance::Nothing);
-            };
-            if !set.backfill_done {
-                let ids: Vec<String> = tx
-                    .query(
-                        &format!("SELECT id FROM {s}.documents WHERE id > $1 ORDER BY id LIMIT $2"),
-                        &[
-                            &set.watermark.clone().unwrap_or_default(),
-                            &(BACKFILL_PAGE as i64),
-                        ],
-                    )?
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                settle::settle(tx, s, &ids, &all, Priority::Backfill, now)?;
-                tx.execute(
-                    &format!(
-                        "UPDATE {s}.vector_sets SET watermark = COALESCE($2, watermark),
-                             backfill_done = $3 WHERE id = $1"
-                    ),
-                    &[&(set.id as i32), &ids.last(), &(ids.len() < BACKFILL_PAGE)],
-                )?;
-                return Ok(Maintenance::Queued {
-                    set: set.id,
-                    documents: ids.len(),
-                });
-            }
-            let missing: i64 = tx
-                .query_one(
-                    &format!(
-                        "SELECT count(*) FROM {s}.chunks c
-                         WHERE c.replaced_by IS NULL AND NOT {}",
-                        sets::has_vector(s, &set)
-                    ),
-                    &[],
-                )?
-                .get(0);
-            let open: Vec<(String, i64)> = tx
-                .query(
-                    &format!(
-                        "SELECT status, count(*) FROM {s}.enrichment
-                         WHERE stage = '{EMBED}' AND vector_set = $1 AND status <> 'done'
-                         GROUP BY status"
-                    ),
-                    &[&(set.id as i32)],
-                )?
-                .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
-            if missing == 0 && open.is_empty() {
-                super::build_hnsw(tx, &target, ty, &set)?;
-                sets::switch_to(tx, s, &set, now)?;
-                return Ok(Maintenance::Switched {
-                    set: set.id,
-                    model: set.model,
-                });
-            }
-            let dead = open
-                .iter()
-                .find(|(st, _)| st == "dead")
-                .map_or(0, |(_, n)| *n as u64);
-            if open.iter().all(|(st, _)| st == "dead") && dead > 0 {
-                return Ok(Maintenance::Blocked { set: set.id, dead });
-            }
-            Ok(Maintenance::Nothing)
-        })
+/// The lifecycle's statements on Postgres ([`rules`] decides), in the schema `s`. Claims
+/// lock their rows (`FOR UPDATE SKIP LOCKED`): many workers on many machines claim at once.
+pub(super) struct Sql<'a, C: GenericClient> {
+    pub(super) c: &'a mut C,
+    pub(super) s: &'a str,
+}
+
+impl<C: GenericClient> QueueSql for Sql<'_, C> {
+    type Error = postgres::Error;
+    const ROW_LOCKS: bool = true;
+
+    fn paused_stages(&mut self) -> Result<Vec<String>, postgres::Error> {
+        let s = self.s;
+        let rows = self.c.query(
+            &format!("SELECT stage FROM {s}.stage_control WHERE paused"),
+            &[],
+        )?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
-    fn claim_once(&mut self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.write(|tx, s, now| {
-            let wanted: Vec<String> = if req.stages.is_empty() {
-                vec![EMBED.to_string()]
-            } else {
-                req.stages.clone()
-            };
-            let paused: Vec<String> = tx
-                .query(
-                    &format!("SELECT stage FROM {s}.stage_control WHERE paused"),
-                    &[],
-                )?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            let sets_wanted: Vec<i32> = req.vector_sets.iter().map(|&v| v as i32).collect();
-            let mut best: Vec<Candidate> = Vec::new();
-            let mut any_paused = false;
-            for stage in &wanted {
-                if paused.contains(stage) {
-                    any_paused = true;
-                    continue;
+    fn candidates(
+        &mut self,
+        stage: &str,
+        now: i64,
+        sets: &[i64],
+        limit: usize,
+        lock: bool,
+    ) -> Result<Vec<Candidate>, postgres::Error> {
+        let s = self.s;
+        let lock = if lock {
+            "FOR UPDATE OF e SKIP LOCKED"
+        } else {
+            ""
+        };
+        let sets: Vec<i32> = sets.iter().map(|&v| v as i32).collect();
+        let rows = self.c.query(
+            &format!(
+                "SELECT e.id, e.document_id, e.vector_set, e.attempts, e.priority, e.seq,
+                        e.input_version, e.todo_tokens, e.status, e.lease_owner
+                 FROM {s}.enrichment e
+                 WHERE e.stage = $1 AND e.status IN ('pending', 'failed', 'in_progress')
+                   AND ((e.status <> 'in_progress' AND e.not_before <= $2)
+                        OR (e.status = 'in_progress' AND e.lease_expires < $2))
+                   AND (cardinality($3::int[]) = 0 OR e.vector_set = ANY($3::int[]))
+                   AND EXISTS (SELECT 1 FROM {s}.enrichment c
+                               WHERE c.document_id = e.document_id AND c.stage = '{CHUNK}'
+                                 AND c.vector_set = 0 AND c.status = 'done'
+                                 AND c.input_version = e.input_version)
+                 ORDER BY e.priority DESC, e.seq
+                 LIMIT $4 {lock}"
+            ),
+            &[&stage, &now, &sets, &(limit as i64)],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let status: String = r.get(8);
+                Candidate {
+                    id: r.get(0),
+                    key: WorkKey {
+                        document_id: r.get(1),
+                        stage: stage.to_string(),
+                        vector_set: r.get::<_, i32>(2) as i64,
+                    },
+                    attempts: r.get::<_, i32>(3).max(0) as u32,
+                    priority: r.get::<_, i32>(4) as i64,
+                    seq: r.get(5),
+                    input_version: r.get(6),
+                    cost: r.get::<_, i64>(7).max(0) as u64,
+                    expired_owner: (status == "in_progress")
+                        .then(|| r.get::<_, Option<String>>(9).unwrap_or_default()),
                 }
-                let rows =
-                    candidates(tx, s, stage, now, &sets_wanted, req.max_items.max(1), false)?;
-                let better = match (best.first(), rows.first()) {
-                    (_, None) => false,
-                    (None, Some(_)) => true,
-                    (Some(b), Some(r)) => (r.priority, -r.seq) > (b.priority, -b.seq),
-                };
-                if better {
-                    best = rows;
-                }
-            }
-            let Some(first) = best.first() else {
-                let next_due: Option<i64> = tx
-                    .query_one(
-                        &format!(
-                            "SELECT MIN(not_before) FROM {s}.enrichment
-                             WHERE status = 'failed' AND not_before > $1"
-                        ),
-                        &[&now],
-                    )?
-                    .get(0);
-                let paused_with_work = any_paused
-                    && tx
-                        .query_one(
-                            &format!(
-                                "SELECT EXISTS(SELECT 1 FROM {s}.enrichment e
-                                     JOIN {s}.stage_control c ON c.stage = e.stage AND c.paused
-                                 WHERE e.status IN ('pending', 'failed', 'in_progress'))"
-                            ),
-                            &[],
-                        )?
-                        .get::<_, bool>(0);
-                return Ok(Claim::Idle {
-                    paused: paused_with_work,
-                    next_due,
-                });
-            };
-            let group = (first.key.stage.clone(), first.key.vector_set);
-            let wanted = pick(best, &group, req).len();
-            // Lock what a claim of this size takes, skipping rows another claim is taking
-            // right now (read without locks above, so that a claim locks no more than it
-            // takes and a second worker finds the rest).
-            let locked = candidates(tx, s, &group.0, now, &[group.1 as i32], wanted, true)?;
-            if locked.is_empty() {
-                return Ok(Claim::Items(Vec::new()));
-            }
-            let picked = pick(locked, &group, req);
-            let mut claimed = Vec::with_capacity(picked.len());
-            for c in picked {
-                if let Some(holder) = &c.expired_owner {
-                    record_error(
-                        tx,
-                        s,
-                        &c.key,
-                        c.attempts,
-                        holder,
-                        &format!(
-                            "lease of {holder} expired before it finished (worker killed or \
-                             stalled)"
-                        ),
-                        now,
-                    )?;
-                }
-                if c.attempts >= req.retry_limit {
-                    // It was claimed as often as the stage allows and never finished.
-                    set_dead(tx, s, c.id, now)?;
-                    continue;
-                }
-                claimed.push(c);
-            }
-            if claimed.is_empty() {
-                return Ok(Claim::Items(Vec::new()));
-            }
-            // Claim order: one number per item, in the order they were picked.
-            let seqs: Vec<i64> = tx
-                .query(
-                    &format!("SELECT nextval('{s}.claim_seq') FROM generate_series(1, $1)"),
-                    &[&(claimed.len() as i32)],
-                )?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            let ids: Vec<i64> = claimed.iter().map(|c| c.id).collect();
-            let expires = now + req.lease.as_millis() as i64;
-            tx.execute(
+            })
+            .collect())
+    }
+
+    fn next_due(&mut self, now: i64) -> Result<Option<i64>, postgres::Error> {
+        let s = self.s;
+        Ok(self
+            .c
+            .query_one(
                 &format!(
-                    "UPDATE {s}.enrichment e SET status = 'in_progress',
-                         attempts = e.attempts + 1, lease_owner = $3, lease_expires = $4,
-                         claimed_at = $5, claim_seq = x.seq, updated_at = $5
-                     FROM unnest($1::bigint[], $2::bigint[]) AS x(id, seq) WHERE e.id = x.id"
+                    "SELECT MIN(not_before) FROM {s}.enrichment
+                     WHERE status = 'failed' AND not_before > $1"
                 ),
-                &[&ids, &seqs, &req.owner, &expires, &now],
-            )?;
-            Ok(Claim::Items(
-                claimed
-                    .into_iter()
-                    .zip(seqs)
-                    .map(|(c, claim_seq)| WorkItem {
-                        key: c.key,
-                        attempts: c.attempts + 1,
-                        priority: Priority::from_level(c.priority),
-                        input_version: c.input_version,
-                        claim_seq,
-                        cost: c.cost,
-                    })
-                    .collect(),
-            ))
-        })
+                &[&now],
+            )?
+            .get(0))
     }
-}
 
-/// The first candidates of `group` that fit a claim: the first whatever its cost, then as many
-/// as `max_cost` and `max_items` allow.
-fn pick(rows: Vec<Candidate>, group: &(String, i64), req: &ClaimRequest) -> Vec<Candidate> {
-    let mut picked: Vec<Candidate> = Vec::new();
-    let mut cost = 0u64;
-    for c in rows {
-        if (&c.key.stage, c.key.vector_set) != (&group.0, group.1) {
-            continue;
-        }
-        if !picked.is_empty() && cost + c.cost > req.max_cost {
-            break;
-        }
-        cost += c.cost;
-        picked.push(c);
-        if picked.len() >= req.max_items {
-            break;
-        }
+    fn paused_with_work(&mut self) -> Result<bool, postgres::Error> {
+        let s = self.s;
+        Ok(self
+            .c
+            .query_one(
+                &format!(
+                    "SELECT EXISTS(SELECT 1 FROM {s}.enrichment e
+                         JOIN {s}.stage_control c ON c.stage = e.stage AND c.paused
+                     WHERE e.status IN ('pending', 'failed', 'in_progress'))"
+                ),
+                &[],
+            )?
+            .get(0))
     }
-    picked
-}
 
-struct Candidate {
-    id: i64,
-    key: WorkKey,
-    attempts: u32,
-    priority: i64,
-    seq: i64,
-    input_version: String,
-    cost: u64,
-    /// Set when the item's lease expired: whose it was.
-    expired_owner: Option<String>,
-}
+    fn claim_seqs(&mut self, n: usize) -> Result<Vec<i64>, postgres::Error> {
+        let s = self.s;
+        let rows = self.c.query(
+            &format!("SELECT nextval('{s}.claim_seq') FROM generate_series(1, $1)"),
+            &[&(n as i32)],
+        )?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
 
-/// Claimable rows of `stage`, best first; with `lock`, locked, skipping rows another
-/// transaction holds.
-fn candidates(
-    tx: &mut Transaction<'_>,
-    s: &str,
-    stage: &str,
-    now: i64,
-    sets_wanted: &[i32],
-    limit: usize,
-    lock: bool,
-) -> Result<Vec<Candidate>, postgres::Error> {
-    let lock = if lock {
-        "FOR UPDATE OF e SKIP LOCKED"
-    } else {
-        ""
-    };
-    let rows = tx.query(
-        &format!(
-            "SELECT e.id, e.document_id, e.vector_set, e.attempts, e.priority, e.seq,
-                    e.input_version, e.todo_tokens, e.status, e.lease_owner
-             FROM {s}.enrichment e
-             WHERE e.stage = $1 AND e.status IN ('pending', 'failed', 'in_progress')
-               AND ((e.status <> 'in_progress' AND e.not_before <= $2)
-                    OR (e.status = 'in_progress' AND e.lease_expires < $2))
-               AND (cardinality($3::int[]) = 0 OR e.vector_set = ANY($3::int[]))
-               AND EXISTS (SELECT 1 FROM {s}.enrichment c
-                           WHERE c.document_id = e.document_id AND c.stage = '{CHUNK}'
-                             AND c.vector_set = 0 AND c.status = 'done'
-                             AND c.input_version = e.input_version)
-             ORDER BY e.priority DESC, e.seq
-             LIMIT $4 {lock}"
-        ),
-        &[&stage, &now, &sets_wanted, &(limit as i64)],
-    )?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let status: String = r.get(8);
-            Candidate {
-                id: r.get(0),
-                key: WorkKey {
+    fn lease(
+        &mut self,
+        rows: &[(i64, i64)],
+        owner: &str,
+        expires: i64,
+        now: i64,
+    ) -> Result<(), postgres::Error> {
+        let s = self.s;
+        let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        let seqs: Vec<i64> = rows.iter().map(|r| r.1).collect();
+        self.c.execute(
+            &format!(
+                "UPDATE {s}.enrichment e SET status = 'in_progress',
+                     attempts = e.attempts + 1, lease_owner = $3, lease_expires = $4,
+                     claimed_at = $5, claim_seq = x.seq, updated_at = $5
+                 FROM unnest($1::bigint[], $2::bigint[]) AS x(id, seq) WHERE e.id = x.id"
+            ),
+            &[&ids, &seqs, &owner, &expires, &now],
+        )?;
+        Ok(())
+    }
+
+    fn held(&mut self, owner: &str, key: &WorkKey) -> Result<Option<(i64, u32)>, postgres::Error> {
+        let s = self.s;
+        let row = self.c.query_opt(
+            &format!(
+                "SELECT id, attempts FROM {s}.enrichment
+                 WHERE document_id = $1 AND stage = $2 AND vector_set = $3
+                   AND status = 'in_progress' AND lease_owner = $4
+                 FOR UPDATE"
+            ),
+            &[
+                &key.document_id,
+                &key.stage,
+                &(key.vector_set as i32),
+                &owner,
+            ],
+        )?;
+        Ok(row.map(|r| (r.get(0), r.get::<_, i32>(1).max(0) as u32)))
+    }
+
+    fn record_error(
+        &mut self,
+        key: &WorkKey,
+        attempt: u32,
+        worker: &str,
+        message: &str,
+        now: i64,
+    ) -> Result<(), postgres::Error> {
+        let s = self.s;
+        self.c.execute(
+            &format!(
+                "INSERT INTO {s}.enrichment_errors(document_id, stage, vector_set, attempt, at,
+                                                   worker, message)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)"
+            ),
+            &[
+                &key.document_id,
+                &key.stage,
+                &(key.vector_set as i32),
+                &(attempt as i32),
+                &now,
+                &worker,
+                &message,
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn set_dead(&mut self, id: i64, now: i64) -> Result<(), postgres::Error> {
+        let s = self.s;
+        self.c.execute(
+            &format!(
+                "UPDATE {s}.enrichment SET status = 'dead', lease_owner = NULL,
+                     lease_expires = NULL, not_before = 0, updated_at = $2
+                 WHERE id = $1"
+            ),
+            &[&id, &now],
+        )?;
+        Ok(())
+    }
+
+    fn set_failed(&mut self, id: i64, not_before: i64, now: i64) -> Result<(), postgres::Error> {
+        let s = self.s;
+        self.c.execute(
+            &format!(
+                "UPDATE {s}.enrichment SET status = 'failed', not_before = $2,
+                     lease_owner = NULL, lease_expires = NULL, updated_at = $3
+                 WHERE id = $1"
+            ),
+            &[&id, &not_before, &now],
+        )?;
+        Ok(())
+    }
+
+    fn note_delivery(
+        &mut self,
+        id: i64,
+        attempt: u32,
+        lease_expires: i64,
+        now: i64,
+    ) -> Result<(), postgres::Error> {
+        let s = self.s;
+        self.c.execute(
+            &format!(
+                "UPDATE {s}.enrichment SET attempts = GREATEST(attempts, $2),
+                     lease_expires = $3, updated_at = $4
+                 WHERE id = $1"
+            ),
+            &[&id, &(attempt as i32), &lease_expires, &now],
+        )?;
+        Ok(())
+    }
+
+    fn lease_owners(&mut self) -> Result<Vec<String>, postgres::Error> {
+        let s = self.s;
+        let rows = self.c.query(
+            &format!(
+                "SELECT DISTINCT lease_owner FROM {s}.enrichment
+                 WHERE status = 'in_progress' AND lease_owner IS NOT NULL"
+            ),
+            &[],
+        )?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    fn leases_of(&mut self, owner: &str) -> Result<Vec<(i64, WorkKey, u32)>, postgres::Error> {
+        let s = self.s;
+        let rows = self.c.query(
+            &format!(
+                "SELECT id, document_id, stage, vector_set, attempts FROM {s}.enrichment
+                 WHERE status = 'in_progress' AND lease_owner = $1 FOR UPDATE"
+            ),
+            &[&owner],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let key = WorkKey {
                     document_id: r.get(1),
-                    stage: stage.to_string(),
-                    vector_set: r.get::<_, i32>(2) as i64,
-                },
-                attempts: r.get::<_, i32>(3).max(0) as u32,
-                priority: r.get::<_, i32>(4) as i64,
-                seq: r.get(5),
-                input_version: r.get(6),
-                cost: r.get::<_, i64>(7).max(0) as u64,
-                expired_owner: (status == "in_progress")
-                    .then(|| r.get::<_, Option<String>>(9).unwrap_or_default()),
-            }
-        })
-        .collect())
-}
-
-pub(super) fn record_error(
-    tx: &mut impl GenericClient,
-    s: &str,
-    key: &WorkKey,
-    attempt: u32,
-    worker: &str,
-    message: &str,
-    now: i64,
-) -> Result<(), postgres::Error> {
-    tx.execute(
-        &format!(
-            "INSERT INTO {s}.enrichment_errors(document_id, stage, vector_set, attempt, at,
-                                               worker, message)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)"
-        ),
-        &[
-            &key.document_id,
-            &key.stage,
-            &(key.vector_set as i32),
-            &(attempt as i32),
-            &now,
-            &worker,
-            &message,
-        ],
-    )?;
-    Ok(())
-}
-
-fn set_dead(
-    tx: &mut impl GenericClient,
-    s: &str,
-    id: i64,
-    now: i64,
-) -> Result<(), postgres::Error> {
-    tx.execute(
-        &format!(
-            "UPDATE {s}.enrichment SET status = 'dead', lease_owner = NULL, lease_expires = NULL,
-                 not_before = 0, updated_at = $2
-             WHERE id = $1"
-        ),
-        &[&id, &now],
-    )?;
-    Ok(())
+                    stage: r.get(2),
+                    vector_set: r.get::<_, i32>(3) as i64,
+                };
+                (r.get(0), key, r.get::<_, i32>(4).max(0) as u32)
+            })
+            .collect())
+    }
 }
 
 /// The keys as three parallel arrays, for `unnest`.
@@ -495,7 +401,11 @@ const HELD: &str =
 
 impl LifecycleStore for PgStore {
     fn claim(&mut self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        crate::lifecycle::store::claim_with_retries(|| self.claim_once(req))
+        crate::lifecycle::store::claim_with_retries(|| {
+            self.write(|tx, s, now| {
+                rules::claim(&mut Sql { c: tx, s }, req, now).map_err(Into::into)
+            })
+        })
     }
 
     fn renew(&mut self, owner: &str, keys: &[WorkKey], lease: Duration) -> Result<(), StoreError> {
@@ -517,53 +427,7 @@ impl LifecycleStore for PgStore {
         settings: &StageSettings,
     ) -> Result<Vec<Status>, StoreError> {
         self.write(|tx, s, now| {
-            let mut out = Vec::with_capacity(failures.len());
-            for (key, message) in failures {
-                let held = tx.query_opt(
-                    &format!(
-                        "SELECT id, attempts FROM {s}.enrichment
-                         WHERE document_id = $1 AND stage = $2 AND vector_set = $3
-                           AND status = 'in_progress' AND lease_owner = $4
-                         FOR UPDATE"
-                    ),
-                    &[
-                        &key.document_id,
-                        &key.stage,
-                        &(key.vector_set as i32),
-                        &owner,
-                    ],
-                )?;
-                let Some(row) = held else {
-                    // The lease was lost (expired and taken, or the document changed): the
-                    // attempt's result is void, and so is its failure.
-                    out.push(Status::InProgress);
-                    continue;
-                };
-                let (id, attempts): (i64, i32) = (row.get(0), row.get(1));
-                let attempts = attempts.max(0) as u32;
-                record_error(tx, s, key, attempts, owner, message, now)?;
-                if attempts >= settings.retry_limit {
-                    set_dead(tx, s, id, now)?;
-                    out.push(Status::Dead);
-                } else {
-                    let wait = retry_delay(
-                        attempts,
-                        settings.backoff,
-                        settings.max_backoff,
-                        jitter_unit(&key.document_id),
-                    );
-                    tx.execute(
-                        &format!(
-                            "UPDATE {s}.enrichment SET status = 'failed', not_before = $2,
-                                 lease_owner = NULL, lease_expires = NULL, updated_at = $3
-                             WHERE id = $1"
-                        ),
-                        &[&id, &(now + wait.as_millis() as i64), &now],
-                    )?;
-                    out.push(Status::Failed);
-                }
-            }
-            Ok(out)
+            rules::fail(&mut Sql { c: tx, s }, owner, failures, settings, now).map_err(Into::into)
         })
     }
 
@@ -573,50 +437,10 @@ impl LifecycleStore for PgStore {
         failures: &[DeliveryFailure],
         lease: Duration,
     ) -> Result<Vec<Status>, StoreError> {
+        let lease_ms = lease.as_millis() as i64;
         self.write(|tx, s, now| {
-            let mut out = Vec::with_capacity(failures.len());
-            for f in failures {
-                let held = tx.query_opt(
-                    &format!(
-                        "SELECT id FROM {s}.enrichment
-                         WHERE document_id = $1 AND stage = $2 AND vector_set = $3
-                           AND status = 'in_progress' AND lease_owner = $4
-                         FOR UPDATE"
-                    ),
-                    &[
-                        &f.key.document_id,
-                        &f.key.stage,
-                        &(f.key.vector_set as i32),
-                        &owner,
-                    ],
-                )?;
-                let Some(row) = held else {
-                    out.push(Status::InProgress);
-                    continue;
-                };
-                let id: i64 = row.get(0);
-                record_error(tx, s, &f.key, f.attempt, &f.worker, &f.message, now)?;
-                tx.execute(
-                    &format!(
-                        "UPDATE {s}.enrichment SET attempts = GREATEST(attempts, $2),
-                             lease_expires = $3, updated_at = $4
-                         WHERE id = $1"
-                    ),
-                    &[
-                        &id,
-                        &(f.attempt as i32),
-                        &(now + lease.as_millis() as i64),
-                        &now,
-                    ],
-                )?;
-                if f.dead {
-                    set_dead(tx, s, id, now)?;
-                    out.push(Status::Dead);
-                } else {
-                    out.push(Status::Failed);
-                }
-            }
-            Ok(out)
+            rules::fail_deliveries(&mut Sql { c: tx, s }, owner, failures, lease_ms, now)
+                .map_err(Into::into)
         })
     }
 
@@ -650,7 +474,15 @@ impl LifecycleStore for PgStore {
     }
 
     fn maintain(&mut self) -> Result<Maintenance, StoreError> {
-        self.maintain_sets()
+        let (target, ty) = (self.target.clone(), self.vector_type);
+        self.write(|tx, s, now| {
+            let mut q = Backfill {
+                sql: Sql { c: tx, s },
+                target: &target,
+                ty,
+            };
+            maintain(&mut q, now).map_err(Into::into)
+        })
     }
 
     fn sync_stage(
@@ -686,73 +518,15 @@ impl LifecycleStore for PgStore {
 
     fn reap_dead_owners(&mut self) -> Result<usize, StoreError> {
         let s = self.s.clone();
-        let owners: Vec<String> = self
-            .client
-            .query(
-                &format!(
-                    "SELECT DISTINCT lease_owner FROM {s}.enrichment
-                     WHERE status = 'in_progress' AND lease_owner IS NOT NULL"
-                ),
-                &[],
-            )
-            .map_err(|e| store_error(&self.target, e))?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        let dead: Vec<String> = owners.into_iter().filter(|o| is_dead_here(o)).collect();
+        let dead = rules::dead_owners(&mut Sql {
+            c: &mut self.client,
+            s: &s,
+        })
+        .map_err(|e| store_error(&self.target, e))?;
         if dead.is_empty() {
             return Ok(0);
         }
-        self.write(|tx, s, now| {
-            let mut n = 0;
-            for owner in &dead {
-                let held: Vec<(i64, WorkKey, u32)> = tx
-                    .query(
-                        &format!(
-                            "SELECT id, document_id, stage, vector_set, attempts
-                             FROM {s}.enrichment
-                             WHERE status = 'in_progress' AND lease_owner = $1 FOR UPDATE"
-                        ),
-                        &[owner],
-                    )?
-                    .iter()
-                    .map(|r| {
-                        (
-                            r.get(0),
-                            WorkKey {
-                                document_id: r.get(1),
-                                stage: r.get(2),
-                                vector_set: r.get::<_, i32>(3) as i64,
-                            },
-                            r.get::<_, i32>(4).max(0) as u32,
-                        )
-                    })
-                    .collect();
-                for (id, key, attempts) in held {
-                    record_error(
-                        tx,
-                        s,
-                        &key,
-                        attempts,
-                        owner,
-                        "the worker's process ended before it finished (killed or crashed)",
-                        now,
-                    )?;
-                    // Due at once, the attempt counted: a document that kills its worker every
-                    // time still ends in the dead-letter queue.
-                    tx.execute(
-                        &format!(
-                            "UPDATE {s}.enrichment SET status = 'failed', not_before = 0,
-                                 lease_owner = NULL, lease_expires = NULL, updated_at = $2
-                             WHERE id = $1"
-                        ),
-                        &[&id, &now],
-                    )?;
-                    n += 1;
-                }
-            }
-            Ok(n)
-        })
+        self.write(|tx, s, now| rules::reap(&mut Sql { c: tx, s }, &dead, now).map_err(Into::into))
     }
 }
 
@@ -918,5 +692,92 @@ impl EnrichStore for PgStore {
         keyword: bool,
     ) -> Result<bool, StoreError> {
         self.write_stage_output(owner, key, output, keyword)
+    }
+}
+
+/// A backfill's statements on Postgres: the schema lock first (two workers never switch at
+/// once), and a set's HNSW index built before search switches to it, in the same transaction.
+struct Backfill<'a, C: GenericClient> {
+    sql: Sql<'a, C>,
+    target: &'a PgTarget,
+    ty: VectorType,
+}
+
+impl<C: GenericClient> BackfillSql for Backfill<'_, C> {
+    type Error = postgres::Error;
+
+    fn sets_locked(&mut self) -> Result<Vec<VectorSet>, postgres::Error> {
+        super::lock_schema(self.sql.c, self.target)?;
+        sets::all(self.sql.c, self.sql.s)
+    }
+
+    fn documents_after(&mut self, after: &str, n: usize) -> Result<Vec<String>, postgres::Error> {
+        let s = self.sql.s;
+        let rows = self.sql.c.query(
+            &format!("SELECT id FROM {s}.documents WHERE id > $1 ORDER BY id LIMIT $2"),
+            &[&after, &(n as i64)],
+        )?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    fn queue(
+        &mut self,
+        ids: &[String],
+        all: &[VectorSet],
+        priority: Priority,
+        now: i64,
+    ) -> Result<(), postgres::Error> {
+        settle::settle(self.sql.c, self.sql.s, ids, all, priority, now)
+    }
+
+    fn set_watermark(
+        &mut self,
+        set: i64,
+        last: Option<&str>,
+        done: bool,
+    ) -> Result<(), postgres::Error> {
+        let s = self.sql.s;
+        self.sql.c.execute(
+            &format!(
+                "UPDATE {s}.vector_sets SET watermark = COALESCE($2, watermark),
+                     backfill_done = $3 WHERE id = $1"
+            ),
+            &[&(set as i32), &last, &done],
+        )?;
+        Ok(())
+    }
+
+    fn unembedded_in(&mut self, set: &VectorSet) -> Result<u64, postgres::Error> {
+        let s = self.sql.s;
+        let n: i64 = self
+            .sql
+            .c
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM {s}.chunks c WHERE c.replaced_by IS NULL AND NOT {}",
+                    sets::has_vector(s, set)
+                ),
+                &[],
+            )?
+            .get(0);
+        Ok(n as u64)
+    }
+
+    fn open_work(&mut self, set: i64) -> Result<Vec<(String, i64)>, postgres::Error> {
+        let s = self.sql.s;
+        let rows = self.sql.c.query(
+            &format!(
+                "SELECT status, count(*) FROM {s}.enrichment
+                 WHERE stage = '{EMBED}' AND vector_set = $1 AND status <> 'done'
+                 GROUP BY status"
+            ),
+            &[&(set as i32)],
+        )?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    fn switch_to(&mut self, set: &VectorSet, now: i64) -> Result<(), postgres::Error> {
+        super::build_hnsw(self.sql.c, self.target, self.ty, set)?;
+        sets::switch_to(self.sql.c, self.sql.s, set, now)
     }
 }

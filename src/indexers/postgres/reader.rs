@@ -24,7 +24,7 @@ impl PgReader {
     pub fn open(target: &PgTarget, exact: bool) -> Result<Self, BackendError> {
         let mut client = target.connect()?;
         let Some(m) = read_meta(&mut client, target)? else {
-            return Err(BackendError::Invalid(format!(
+            return Err(BackendError::NoIndex(format!(
                 "no ragline index in schema `{}` of {target}: run `ragline ingest --index ...` \
                  first, or give the right ?schema=",
                 target.schema

@@ -156,13 +156,13 @@ impl PgBackend {
 
     /// After a connection error: connect again (waiting for a restarting server).
     fn reconnect(&mut self) -> Result<(), BackendError> {
-        eprintln!(
+        tracing::warn!(
             "{}: connection lost; reconnecting (waiting up to {}s for the server)",
             self.target,
             self.target.reconnect.as_secs()
         );
         self.client = self.target.connect_patiently()?;
-        eprintln!("{}: reconnected; writing the batch again", self.target);
+        tracing::info!(target: crate::NOTE, "{}: reconnected; writing the batch again", self.target);
         self.vector_oid =
             prepare_session(&mut self.client).map_err(|e| pg_error(&self.target, e))?;
         Ok(())

@@ -1,190 +1,24 @@
 //! What operators ask of the lifecycle: `ragline status`, the dead-letter queue
 //! (`ragline dlq list|show|requeue`), `pause`/`resume`, `promote`, and setting up a backfill.
 
-use std::collections::BTreeMap;
-
 use rusqlite::{params, OptionalExtension};
 
-use super::queue::{SqliteStore, TxError};
+use super::queue::{Sql, SqliteStore, TxError};
 use super::schema::next_in;
 use super::sets::{self, SetState, VectorSet};
+use crate::indexers::store::{status_report, StatusSql};
 use crate::indexers::{Burial, ModelIdentity, StoredCopy};
 use crate::lifecycle::report::{
-    AttemptError, BackfillProgress, CircuitOpen, DeadLetter, DocumentLifecycle, StageCounts,
-    StageState, StatusReport, VectorSetStatus,
+    AttemptError, DeadLetter, DocumentLifecycle, StageState, StatusReport,
 };
-use crate::lifecycle::{is_enrichable, now_ms, Priority, StoreError, CHUNK, EMBED};
+use crate::lifecycle::rules::StatusGroup;
+use crate::lifecycle::{is_enrichable, now_ms, Priority, StoreError, EMBED};
 
 impl SqliteStore {
     /// Everything `ragline status` shows.
     pub fn status(&self) -> Result<StatusReport, StoreError> {
-        let c = &self.conn;
-        let e = |e| self.err(e);
-        let now = now_ms();
-        let count = |sql: &str| -> Result<u64, StoreError> {
-            c.query_row(sql, [], |r| r.get::<_, i64>(0))
-                .map(|n| n as u64)
-                .map_err(e)
-        };
-        let documents = count("SELECT COUNT(*) FROM documents")?;
-        let chunks = count("SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL")?;
-        let all = sets::all(c).map_err(e)?;
-        let active = all.iter().find(|s| s.state == SetState::Active);
-        let paused: Vec<String> = c
-            .prepare("SELECT stage FROM stage_control WHERE paused = 1")
-            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
-            .map_err(e)?;
-        let mut stages = BTreeMap::new();
-        stages.insert(
-            CHUNK.to_string(),
-            self.stage_counts(CHUNK, 0, now, &paused)?,
-        );
-        if let Some(set) = active {
-            stages.insert(
-                EMBED.to_string(),
-                self.stage_counts(EMBED, set.id, now, &paused)?,
-            );
-        }
-        // Document-level stages a config added (LLM stages).
-        let others: Vec<String> = c
-            .prepare(
-                "SELECT DISTINCT stage FROM enrichment WHERE stage NOT IN ('chunk', 'embed')
-                 ORDER BY stage",
-            )
-            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
-            .map_err(e)?;
-        for stage in others {
-            let counts = self.stage_counts(&stage, 0, now, &paused)?;
-            stages.insert(stage, counts);
-        }
-        let circuits: Vec<(String, String, i64)> = c
-            .prepare(
-                "SELECT stage, circuit, COALESCE(circuit_since, 0) FROM stage_control
-                 WHERE circuit IS NOT NULL",
-            )
-            .and_then(|mut s| {
-                s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                    .collect()
-            })
-            .map_err(e)?;
-        for (stage, reason, since) in circuits {
-            stages.entry(stage).or_default().circuit = Some(CircuitOpen { reason, since });
-        }
-        let mut vector_sets = Vec::new();
-        for set in &all {
-            let embedded = c
-                .query_row(
-                    "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL AND embedded & ?1 != 0",
-                    [set.bit()],
-                    |r| r.get::<_, i64>(0),
-                )
-                .map_err(e)? as u64;
-            vector_sets.push(VectorSetStatus {
-                id: set.id,
-                model: set.model.clone(),
-                dimension: set.dimension,
-                embedded,
-                total: chunks,
-                active: set.state == SetState::Active,
-                state: set.state.as_str().to_string(),
-            });
-        }
-        let backfill = match all.iter().find(|s| s.state == SetState::Backfill) {
-            None => None,
-            Some(set) => Some(self.backfill_progress(set, documents, chunks, now, &paused)?),
-        };
-        Ok(StatusReport {
-            index: format!("sqlite://{}", self.path.display()),
-            documents,
-            chunks,
-            stages,
-            vector_sets,
-            backfill,
-        })
-    }
-
-    fn stage_counts(
-        &self,
-        stage: &str,
-        vector_set: i64,
-        now: i64,
-        paused: &[String],
-    ) -> Result<StageCounts, StoreError> {
-        let e = |e| self.err(e);
-        let mut counts = StageCounts {
-            paused: paused.iter().any(|p| p == stage),
-            ..StageCounts::default()
-        };
-        let rows: Vec<(String, bool, i64, Option<i64>)> = self
-            .conn
-            .prepare_cached(
-                "SELECT status, status = 'in_progress' AND lease_expires < ?3, COUNT(*),
-                        MIN(enqueued_at)
-                 FROM enrichment WHERE stage = ?1 AND vector_set = ?2
-                 GROUP BY 1, 2",
-            )
-            .and_then(|mut s| {
-                s.query_map(params![stage, vector_set, now], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                })?
-                .collect()
-            })
-            .map_err(e)?;
-        let mut oldest: Option<i64> = None;
-        for (status, expired, n, first) in rows {
-            let n = n as u64;
-            match (status.as_str(), expired) {
-                ("in_progress", false) => counts.in_progress += n,
-                ("pending", _) | ("in_progress", true) => counts.pending += n,
-                ("failed", _) => counts.failed += n,
-                ("dead", _) => counts.dead += n,
-                _ => counts.done += n,
-            }
-            if matches!(status.as_str(), "pending" | "failed") || expired {
-                oldest = match (oldest, first) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-        }
-        counts.oldest_pending_secs = oldest.map(|t| (now - t).max(0) as f64 / 1000.0);
-        Ok(counts)
-    }
-
-    fn backfill_progress(
-        &self,
-        set: &VectorSet,
-        documents: u64,
-        chunks: u64,
-        now: i64,
-        paused: &[String],
-    ) -> Result<BackfillProgress, StoreError> {
-        let e = |e| self.err(e);
-        let stage = self.stage_counts(EMBED, set.id, now, paused)?;
-        let chunks_embedded = self
-            .conn
-            .query_row(
-                "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL AND embedded & ?1 != 0",
-                [set.bit()],
-                |r| r.get::<_, i64>(0),
-            )
-            .map_err(e)? as u64;
-        Ok(BackfillProgress {
-            vector_set: set.id,
-            model: set.model.clone(),
-            watermark: set.watermark.clone(),
-            all_queued: set.backfill_done,
-            documents_total: documents,
-            documents_queued: stage.pending
-                + stage.in_progress
-                + stage.failed
-                + stage.dead
-                + stage.done,
-            documents_done: stage.done,
-            chunks_embedded,
-            chunks_total: chunks,
-            stage,
-        })
+        let index = format!("sqlite://{}", self.path.display());
+        status_report(&mut Sql(&self.conn), index, now_ms()).map_err(|e| self.err(e))
     }
 
     /// Chunks of the active set still without a vector, and all current chunks.
@@ -648,5 +482,76 @@ impl crate::indexers::IndexStore for SqliteStore {
 
     fn unembedded(&mut self) -> Result<(u64, u64), StoreError> {
         SqliteStore::unembedded(self)
+    }
+}
+
+impl StatusSql for Sql<'_> {
+    fn documents(&mut self) -> rusqlite::Result<u64> {
+        self.0
+            .query_row("SELECT COUNT(*) FROM documents", [], |r| r.get::<_, i64>(0))
+            .map(|n| n as u64)
+    }
+
+    fn chunks(&mut self) -> rusqlite::Result<u64> {
+        self.0
+            .query_row(
+                "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+    }
+
+    fn vector_sets(&mut self) -> rusqlite::Result<Vec<VectorSet>> {
+        sets::all(self.0)
+    }
+
+    fn embedded_in(&mut self, set: &VectorSet) -> rusqlite::Result<u64> {
+        self.0
+            .query_row(
+                "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL AND embedded & ?1 != 0",
+                [set.bit()],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+    }
+
+    fn stage_groups(
+        &mut self,
+        stage: &str,
+        vector_set: i64,
+        now: i64,
+    ) -> rusqlite::Result<Vec<StatusGroup>> {
+        self.0
+            .prepare_cached(
+                "SELECT status, status = 'in_progress' AND lease_expires < ?3, COUNT(*),
+                        MIN(enqueued_at)
+                 FROM enrichment WHERE stage = ?1 AND vector_set = ?2
+                 GROUP BY 1, 2",
+            )?
+            .query_map(params![stage, vector_set, now], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })?
+            .collect()
+    }
+
+    fn document_stages(&mut self) -> rusqlite::Result<Vec<String>> {
+        self.0
+            .prepare(
+                "SELECT DISTINCT stage FROM enrichment WHERE stage NOT IN ('chunk', 'embed')
+                 ORDER BY stage",
+            )?
+            .query_map([], |r| r.get(0))?
+            .collect()
+    }
+
+    fn circuits(&mut self) -> rusqlite::Result<Vec<(String, String, i64)>> {
+        self.0
+            .prepare(
+                "SELECT stage, circuit, COALESCE(circuit_since, 0) FROM stage_control
+                 WHERE circuit IS NOT NULL",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect()
     }
 }

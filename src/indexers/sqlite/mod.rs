@@ -29,6 +29,7 @@ pub use queue::SqliteStore;
 pub use reader::{ChunkRow, IndexMeta, SqliteReader};
 pub use sets::{SetState, VectorSet};
 
+use super::identity::HeldModel;
 use super::{
     Backend, BackendError, BackendFactory, IndexIdentity, KnownDocument, ModelIdentity,
     StoredVectors,
@@ -106,16 +107,14 @@ impl SqliteFactory {
             }
             tx.commit()
         };
-        setup().map_err(|e| {
-            let msg = e.to_string();
-            if msg.contains("readonly") || msg.contains("unable to open") {
+        setup().map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen) => {
                 BackendError::Unwritable {
                     path: path.to_path_buf(),
-                    source: std::io::Error::other(msg),
+                    source: std::io::Error::other(e.to_string()),
                 }
-            } else {
-                index_error(path, e)
             }
+            _ => index_error(path, e),
         })?;
         Ok(SqliteFactory {
             path: path.to_path_buf(),
@@ -188,21 +187,19 @@ pub fn connect(path: &Path) -> rusqlite::Result<Connection> {
 /// steps: the vectors an older index holds become its first (active) vector set, and every
 /// document gets its lifecycle rows from what the index holds.
 fn upgrade(tx: &Connection) -> rusqlite::Result<()> {
-    let version: i64 = tx
-        .query_row(
+    // A new file has no tables yet: version 0.
+    let version: i64 = if reader::has_table(tx, "meta")? {
+        tx.query_row(
             "SELECT value FROM meta WHERE key = 'schema_version'",
             [],
             |r| r.get::<_, String>(0),
         )
-        .optional()
-        .or_else(|e| match e {
-            rusqlite::Error::SqliteFailure(_, Some(ref m)) if m.contains("no such table") => {
-                Ok(None)
-            }
-            e => Err(e),
-        })?
+        .optional()?
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+        .unwrap_or(0)
+    } else {
+        0
+    };
     if version >= schema::SCHEMA_VERSION {
         return Ok(());
     }
@@ -257,27 +254,13 @@ fn check_model(
     meta: &IndexMeta,
     model: Option<&ModelIdentity>,
 ) -> Result<(), BackendError> {
-    let (Some(model), Some(have)) = (model, meta.model.as_ref()) else {
-        return Ok(());
-    };
-    let dim = meta.dimension.unwrap_or(0);
-    if meta.model_fingerprint.as_deref() != Some(model.fingerprint.as_str())
-        || dim != model.dimension
-    {
-        return Err(BackendError::Invalid(format!(
-            "index `{}` holds vectors of model `{have}` ({dim} dimensions, fingerprint {}); \
-             this run embeds with `{}` ({} dimensions, fingerprint {}). Vectors of two models \
-             cannot be searched together: use another --index, or --model {have}, or move \
-             the index to the new model with `ragline backfill --stage embed --model {}`",
-            path.display(),
-            meta.model_fingerprint.as_deref().unwrap_or("?"),
-            model.name,
-            model.dimension,
-            model.fingerprint,
-            model.name
-        )));
-    }
-    Ok(())
+    let held = meta.model.as_deref().map(|name| HeldModel {
+        name,
+        fingerprint: meta.model_fingerprint.as_deref(),
+        dimension: meta.dimension,
+    });
+    let index = format!("`{}`", path.display());
+    super::identity::check_model(&index, "another --index", held, model)
 }
 
 pub(crate) fn index_error(path: &Path, e: rusqlite::Error) -> BackendError {

@@ -13,18 +13,15 @@ use super::settle::settle;
 use super::write::{drop_replaced, insert_vector};
 use super::{connect, store_error, upgrade, vector_from_bytes, SqliteReader};
 use crate::document::InputKey;
-use crate::lifecycle::backoff::{jitter_unit, retry_delay};
-use crate::lifecycle::owner::is_dead_here;
+use crate::indexers::store::{maintain, BackfillSql};
+use crate::lifecycle::rules::{self, Candidate, QueueSql};
 use crate::lifecycle::store::HeldLease;
 use crate::lifecycle::{
     now_ms, ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText, EnrichStore,
     LifecycleStore, Maintenance, PendingChunk, Priority, StageSettings, Status, StoreError,
-    WorkItem, WorkKey, EMBED,
+    WorkKey,
 };
 use crate::tokens::ids_from_bytes;
-
-/// Documents queued per backfill page.
-pub const BACKFILL_PAGE: usize = 512;
 
 /// A read-write connection to an index, for the lifecycle.
 pub struct SqliteStore {
@@ -33,26 +30,11 @@ pub struct SqliteStore {
 }
 
 /// An error inside a write transaction: SQLite's, or the store's own refusal.
-pub(super) enum TxError {
-    Sql(rusqlite::Error),
-    Store(StoreError),
-}
+pub(super) type TxError = crate::indexers::store::TxError<rusqlite::Error>;
 
 impl From<rusqlite::Error> for TxError {
     fn from(e: rusqlite::Error) -> Self {
         TxError::Sql(e)
-    }
-}
-
-impl TxError {
-    pub(super) fn invalid(message: String) -> Self {
-        TxError::Store(StoreError::Invalid(message))
-    }
-}
-
-impl From<StoreError> for TxError {
-    fn from(e: StoreError) -> Self {
-        TxError::Store(e)
     }
 }
 
@@ -104,190 +86,6 @@ impl SqliteStore {
         sets::all(&self.conn).map_err(|e| self.err(e))
     }
 
-    /// Queue the next page of a backfill, or switch search to a backfilled set once every
-    /// chunk has its vector.
-    fn maintain_sets(&mut self) -> Result<Maintenance, StoreError> {
-        self.write(|tx| {
-            let Some(set) = sets::backfilling(tx)? else {
-                return Ok(Maintenance::Nothing);
-            };
-            let all = sets::all(tx)?;
-            if !set.backfill_done {
-                let ids: Vec<String> = tx
-                    .prepare_cached("SELECT id FROM documents WHERE id > ?1 ORDER BY id LIMIT ?2")
-                    .and_then(|mut s| {
-                        s.query_map(
-                            params![set.watermark.as_deref().unwrap_or(""), BACKFILL_PAGE as i64],
-                            |r| r.get::<_, String>(0),
-                        )?
-                        .collect::<rusqlite::Result<Vec<_>>>()
-                    })?;
-                for id in &ids {
-                    settle(tx, id, &all, Priority::Backfill)?;
-                }
-                tx.execute(
-                    "UPDATE vector_sets SET watermark = COALESCE(?2, watermark),
-                         backfill_done = ?3 WHERE id = ?1",
-                    params![set.id, ids.last(), ids.len() < BACKFILL_PAGE],
-                )?;
-                return Ok(Maintenance::Queued {
-                    set: set.id,
-                    documents: ids.len(),
-                });
-            }
-            let missing: i64 = tx
-                .query_row(
-                    "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL AND embedded & ?1 = 0",
-                    [set.bit()],
-                    |r| r.get(0),
-                )?;
-            let open: Vec<(String, i64)> = tx
-                .prepare(
-                    "SELECT status, COUNT(*) FROM enrichment
-                     WHERE stage = 'embed' AND vector_set = ?1 AND status != 'done' GROUP BY status",
-                )
-                .and_then(|mut s| {
-                    s.query_map([set.id], |r| Ok((r.get(0)?, r.get(1)?)))?
-                        .collect::<rusqlite::Result<Vec<_>>>()
-                })?;
-            if missing == 0 && open.is_empty() {
-                sets::switch_to(tx, &set)?;
-                return Ok(Maintenance::Switched {
-                    set: set.id,
-                    model: set.model,
-                });
-            }
-            let dead = open
-                .iter()
-                .find(|(s, _)| s == "dead")
-                .map_or(0, |(_, n)| *n as u64);
-            if open.iter().all(|(s, _)| s == "dead") && dead > 0 {
-                return Ok(Maintenance::Blocked { set: set.id, dead });
-            }
-            Ok(Maintenance::Nothing)
-        })
-    }
-
-    fn claim_once(&mut self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        let now = now_ms();
-        self.write(|tx| {
-            let wanted: Vec<String> = if req.stages.is_empty() {
-                vec![EMBED.to_string()]
-            } else {
-                req.stages.clone()
-            };
-            let paused: Vec<String> = tx
-                .prepare_cached("SELECT stage FROM stage_control WHERE paused = 1")
-                .and_then(|mut s| {
-                    s.query_map([], |r| r.get::<_, String>(0))?
-                        .collect::<rusqlite::Result<Vec<_>>>()
-                })?;
-            let mut best: Vec<Candidate> = Vec::new();
-            let mut any_paused = false;
-            for stage in &wanted {
-                if paused.contains(stage) {
-                    any_paused = true;
-                    continue;
-                }
-                let rows = candidates(tx, stage, now, req.max_items.max(1))?;
-                let rows: Vec<Candidate> = rows
-                    .into_iter()
-                    .filter(|c| {
-                        req.vector_sets.is_empty() || req.vector_sets.contains(&c.key.vector_set)
-                    })
-                    .collect();
-                let better = match (best.first(), rows.first()) {
-                    (_, None) => false,
-                    (None, Some(_)) => true,
-                    (Some(b), Some(r)) => (r.priority, -r.seq) > (b.priority, -b.seq),
-                };
-                if better {
-                    best = rows;
-                }
-            }
-            let Some(first) = best.first() else {
-                let next_due: Option<i64> = tx.query_row(
-                    "SELECT MIN(not_before) FROM enrichment
-                     WHERE status = 'failed' AND not_before > ?1",
-                    [now],
-                    |r| r.get(0),
-                )?;
-                let paused_with_work = any_paused
-                    && tx.query_row(
-                        "SELECT EXISTS(SELECT 1 FROM enrichment e JOIN stage_control s
-                             ON s.stage = e.stage AND s.paused = 1
-                         WHERE e.status IN ('pending', 'failed', 'in_progress'))",
-                        [],
-                        |r| r.get::<_, bool>(0),
-                    )?;
-                return Ok(Claim::Idle {
-                    paused: paused_with_work,
-                    next_due,
-                });
-            };
-            let group = (first.key.stage.clone(), first.key.vector_set);
-            let mut picked: Vec<Candidate> = Vec::new();
-            let mut cost = 0u64;
-            for c in best {
-                if (c.key.stage.clone(), c.key.vector_set) != group {
-                    continue;
-                }
-                if !picked.is_empty() && cost + c.cost > req.max_cost {
-                    break;
-                }
-                cost += c.cost;
-                picked.push(c);
-                if picked.len() >= req.max_items {
-                    break;
-                }
-            }
-            let last_seq = super::schema::next_in(tx, "claim_seq")?;
-            // One number per item: take a block.
-            tx.execute(
-                "UPDATE counters SET value = value + ?1 WHERE name = 'claim_seq'",
-                [picked.len() as i64],
-            )?;
-            let expires = now + req.lease.as_millis() as i64;
-            let mut items = Vec::with_capacity(picked.len());
-            for (i, c) in picked.into_iter().enumerate() {
-                if let Some(holder) = &c.expired_owner {
-                    record_error(
-                        tx,
-                        &c.key,
-                        c.attempts,
-                        holder,
-                        &format!(
-                        "lease of {holder} expired before it finished (worker killed or stalled)"
-                    ),
-                        now,
-                    )?;
-                }
-                if c.attempts >= req.retry_limit {
-                    // It was claimed as often as the stage allows and never finished.
-                    set_dead(tx, c.id, now)?;
-                    continue;
-                }
-                let claim_seq = last_seq + i as i64;
-                tx.prepare_cached(
-                    "UPDATE enrichment SET status = 'in_progress', attempts = attempts + 1,
-                     lease_owner = ?2, lease_expires = ?3, claimed_at = ?4, claim_seq = ?5,
-                     updated_at = ?4
-                 WHERE id = ?1",
-                )
-                .and_then(|mut s| s.execute(params![c.id, req.owner, expires, now, claim_seq]))?;
-                items.push(WorkItem {
-                    key: c.key,
-                    attempts: c.attempts + 1,
-                    priority: Priority::from_level(c.priority),
-                    input_version: c.input_version,
-                    claim_seq,
-                    cost: c.cost,
-                });
-            }
-            Ok(Claim::Items(items))
-        })
-    }
-
     fn vector_set(&self, id: i64) -> Result<VectorSet, StoreError> {
         sets::by_id(&self.conn, id)
             .map_err(|e| self.err(e))?
@@ -309,115 +107,234 @@ impl SqliteStore {
     }
 }
 
-struct Candidate {
-    id: i64,
-    key: WorkKey,
-    attempts: u32,
-    priority: i64,
-    seq: i64,
-    input_version: String,
-    cost: u64,
-    /// Set when the item's lease expired: whose it was.
-    expired_owner: Option<String>,
-}
+/// The lifecycle's statements on SQLite ([`rules`] decides). Claims run in an IMMEDIATE
+/// write transaction, which no other writer shares, so they need no row locks.
+pub(super) struct Sql<'a>(pub(super) &'a Connection);
 
-/// Claimable rows of `stage`, best first.
-fn candidates(
-    tx: &Connection,
-    stage: &str,
-    now: i64,
-    limit: usize,
-) -> rusqlite::Result<Vec<Candidate>> {
-    tx.prepare_cached(
-        "SELECT e.id, e.document_id, e.vector_set, e.attempts, e.priority, e.seq,
-                e.input_version, e.todo_tokens, e.status, e.lease_owner
-         FROM enrichment e
-         WHERE e.stage = ?1 AND e.status IN ('pending', 'failed', 'in_progress')
-           AND ((e.status != 'in_progress' AND e.not_before <= ?2)
-                OR (e.status = 'in_progress' AND e.lease_expires < ?2))
-           AND EXISTS (SELECT 1 FROM enrichment c
-                       WHERE c.document_id = e.document_id AND c.stage = 'chunk'
-                         AND c.vector_set = 0 AND c.status = 'done'
-                         AND c.input_version = e.input_version)
-         ORDER BY e.priority DESC, e.seq
-         LIMIT ?3",
-    )?
-    .query_map(params![stage, now, limit as i64], |r| {
-        let status: String = r.get(8)?;
-        Ok(Candidate {
-            id: r.get(0)?,
-            key: WorkKey {
-                document_id: r.get(1)?,
-                stage: stage.to_string(),
-                vector_set: r.get(2)?,
-            },
-            attempts: r.get(3)?,
-            priority: r.get(4)?,
-            seq: r.get(5)?,
-            input_version: r.get(6)?,
-            cost: r.get::<_, i64>(7)?.max(0) as u64,
-            expired_owner: if status == "in_progress" {
-                Some(r.get::<_, Option<String>>(9)?.unwrap_or_default())
-            } else {
-                None
-            },
-        })
-    })?
-    .collect()
-}
+impl QueueSql for Sql<'_> {
+    type Error = rusqlite::Error;
+    const ROW_LOCKS: bool = false;
 
-fn record_error(
-    tx: &Connection,
-    key: &WorkKey,
-    attempt: u32,
-    worker: &str,
-    message: &str,
-    now: i64,
-) -> rusqlite::Result<()> {
-    tx.prepare_cached(
-        "INSERT INTO enrichment_errors(document_id, stage, vector_set, attempt, at, worker,
-                                       message)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?
-    .execute(params![
-        key.document_id,
-        key.stage,
-        key.vector_set,
-        attempt,
-        now,
-        worker,
-        message
-    ])?;
-    Ok(())
-}
+    fn paused_stages(&mut self) -> rusqlite::Result<Vec<String>> {
+        self.0
+            .prepare_cached("SELECT stage FROM stage_control WHERE paused = 1")?
+            .query_map([], |r| r.get(0))?
+            .collect()
+    }
 
-fn set_dead(tx: &Connection, id: i64, now: i64) -> rusqlite::Result<()> {
-    tx.prepare_cached(
-        "UPDATE enrichment SET status = 'dead', lease_owner = NULL, lease_expires = NULL,
-             not_before = 0, updated_at = ?2
-         WHERE id = ?1",
-    )?
-    .execute(params![id, now])?;
-    Ok(())
-}
+    fn candidates(
+        &mut self,
+        stage: &str,
+        now: i64,
+        sets: &[i64],
+        limit: usize,
+        _lock: bool,
+    ) -> rusqlite::Result<Vec<Candidate>> {
+        // The vector sets as a JSON array (NULL: any), read with json_each.
+        let sets = (!sets.is_empty()).then(|| {
+            let ids: Vec<String> = sets.iter().map(i64::to_string).collect();
+            format!("[{}]", ids.join(","))
+        });
+        self.0
+            .prepare_cached(
+                "SELECT e.id, e.document_id, e.vector_set, e.attempts, e.priority, e.seq,
+                        e.input_version, e.todo_tokens, e.status, e.lease_owner
+                 FROM enrichment e
+                 WHERE e.stage = ?1 AND e.status IN ('pending', 'failed', 'in_progress')
+                   AND ((e.status != 'in_progress' AND e.not_before <= ?2)
+                        OR (e.status = 'in_progress' AND e.lease_expires < ?2))
+                   AND (?4 IS NULL OR e.vector_set IN (SELECT value FROM json_each(?4)))
+                   AND EXISTS (SELECT 1 FROM enrichment c
+                               WHERE c.document_id = e.document_id AND c.stage = 'chunk'
+                                 AND c.vector_set = 0 AND c.status = 'done'
+                                 AND c.input_version = e.input_version)
+                 ORDER BY e.priority DESC, e.seq
+                 LIMIT ?3",
+            )?
+            .query_map(params![stage, now, limit as i64, sets], |r| {
+                let status: String = r.get(8)?;
+                Ok(Candidate {
+                    id: r.get(0)?,
+                    key: WorkKey {
+                        document_id: r.get(1)?,
+                        stage: stage.to_string(),
+                        vector_set: r.get(2)?,
+                    },
+                    attempts: r.get(3)?,
+                    priority: r.get(4)?,
+                    seq: r.get(5)?,
+                    input_version: r.get(6)?,
+                    cost: r.get::<_, i64>(7)?.max(0) as u64,
+                    expired_owner: if status == "in_progress" {
+                        Some(r.get::<_, Option<String>>(9)?.unwrap_or_default())
+                    } else {
+                        None
+                    },
+                })
+            })?
+            .collect()
+    }
 
-/// The row of `key` if `owner` holds its lease: (id, attempts).
-fn held(tx: &Connection, owner: &str, key: &WorkKey) -> rusqlite::Result<Option<(i64, u32)>> {
-    tx.prepare_cached(
-        "SELECT id, attempts FROM enrichment
-         WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
-           AND status = 'in_progress' AND lease_owner = ?4",
-    )?
-    .query_row(
-        params![key.document_id, key.stage, key.vector_set, owner],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )
-    .optional()
+    fn next_due(&mut self, now: i64) -> rusqlite::Result<Option<i64>> {
+        self.0.query_row(
+            "SELECT MIN(not_before) FROM enrichment WHERE status = 'failed' AND not_before > ?1",
+            [now],
+            |r| r.get(0),
+        )
+    }
+
+    fn paused_with_work(&mut self) -> rusqlite::Result<bool> {
+        self.0.query_row(
+            "SELECT EXISTS(SELECT 1 FROM enrichment e JOIN stage_control s
+                 ON s.stage = e.stage AND s.paused = 1
+             WHERE e.status IN ('pending', 'failed', 'in_progress'))",
+            [],
+            |r| r.get(0),
+        )
+    }
+
+    fn claim_seqs(&mut self, n: usize) -> rusqlite::Result<Vec<i64>> {
+        let first = super::schema::next_in(self.0, "claim_seq")?;
+        // One number per item: take a block.
+        self.0.execute(
+            "UPDATE counters SET value = value + ?1 WHERE name = 'claim_seq'",
+            [n as i64],
+        )?;
+        Ok((first..first + n as i64).collect())
+    }
+
+    fn lease(
+        &mut self,
+        rows: &[(i64, i64)],
+        owner: &str,
+        expires: i64,
+        now: i64,
+    ) -> rusqlite::Result<()> {
+        let mut update = self.0.prepare_cached(
+            "UPDATE enrichment SET status = 'in_progress', attempts = attempts + 1,
+                 lease_owner = ?2, lease_expires = ?3, claimed_at = ?4, claim_seq = ?5,
+                 updated_at = ?4
+             WHERE id = ?1",
+        )?;
+        for (id, seq) in rows {
+            update.execute(params![id, owner, expires, now, seq])?;
+        }
+        Ok(())
+    }
+
+    fn held(&mut self, owner: &str, key: &WorkKey) -> rusqlite::Result<Option<(i64, u32)>> {
+        self.0
+            .prepare_cached(
+                "SELECT id, attempts FROM enrichment
+                 WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
+                   AND status = 'in_progress' AND lease_owner = ?4",
+            )?
+            .query_row(
+                params![key.document_id, key.stage, key.vector_set, owner],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+    }
+
+    fn record_error(
+        &mut self,
+        key: &WorkKey,
+        attempt: u32,
+        worker: &str,
+        message: &str,
+        now: i64,
+    ) -> rusqlite::Result<()> {
+        self.0
+            .prepare_cached(
+                "INSERT INTO enrichment_errors(document_id, stage, vector_set, attempt, at,
+                                               worker, message)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?
+            .execute(params![
+                key.document_id,
+                key.stage,
+                key.vector_set,
+                attempt,
+                now,
+                worker,
+                message
+            ])?;
+        Ok(())
+    }
+
+    fn set_dead(&mut self, id: i64, now: i64) -> rusqlite::Result<()> {
+        self.0
+            .prepare_cached(
+                "UPDATE enrichment SET status = 'dead', lease_owner = NULL,
+                     lease_expires = NULL, not_before = 0, updated_at = ?2
+                 WHERE id = ?1",
+            )?
+            .execute(params![id, now])?;
+        Ok(())
+    }
+
+    fn set_failed(&mut self, id: i64, not_before: i64, now: i64) -> rusqlite::Result<()> {
+        self.0
+            .prepare_cached(
+                "UPDATE enrichment SET status = 'failed', not_before = ?2, lease_owner = NULL,
+                     lease_expires = NULL, updated_at = ?3
+                 WHERE id = ?1",
+            )?
+            .execute(params![id, not_before, now])?;
+        Ok(())
+    }
+
+    fn note_delivery(
+        &mut self,
+        id: i64,
+        attempt: u32,
+        lease_expires: i64,
+        now: i64,
+    ) -> rusqlite::Result<()> {
+        self.0
+            .prepare_cached(
+                "UPDATE enrichment SET attempts = MAX(attempts, ?2), lease_expires = ?3,
+                     updated_at = ?4
+                 WHERE id = ?1",
+            )?
+            .execute(params![id, attempt, lease_expires, now])?;
+        Ok(())
+    }
+
+    fn lease_owners(&mut self) -> rusqlite::Result<Vec<String>> {
+        self.0
+            .prepare(
+                "SELECT DISTINCT lease_owner FROM enrichment
+                 WHERE status = 'in_progress' AND lease_owner IS NOT NULL",
+            )?
+            .query_map([], |r| r.get(0))?
+            .collect()
+    }
+
+    fn leases_of(&mut self, owner: &str) -> rusqlite::Result<Vec<(i64, WorkKey, u32)>> {
+        self.0
+            .prepare(
+                "SELECT id, document_id, stage, vector_set, attempts FROM enrichment
+                 WHERE status = 'in_progress' AND lease_owner = ?1",
+            )?
+            .query_map([owner], |r| {
+                let key = WorkKey {
+                    document_id: r.get(1)?,
+                    stage: r.get(2)?,
+                    vector_set: r.get(3)?,
+                };
+                Ok((r.get(0)?, key, r.get(4)?))
+            })?
+            .collect()
+    }
 }
 
 impl LifecycleStore for SqliteStore {
     fn claim(&mut self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        crate::lifecycle::store::claim_with_retries(|| self.claim_once(req))
+        crate::lifecycle::store::claim_with_retries(|| {
+            let now = now_ms();
+            self.write(|tx| rules::claim(&mut Sql(tx), req, now).map_err(Into::into))
+        })
     }
 
     fn renew(&mut self, owner: &str, keys: &[WorkKey], lease: Duration) -> Result<(), StoreError> {
@@ -450,36 +367,7 @@ impl LifecycleStore for SqliteStore {
         settings: &StageSettings,
     ) -> Result<Vec<Status>, StoreError> {
         self.write(|tx| {
-            let now = now_ms();
-            let mut out = Vec::with_capacity(failures.len());
-            for (key, message) in failures {
-                let Some((id, attempts)) = held(tx, owner, key)? else {
-                    // The lease was lost (expired and taken, or the document changed): the
-                    // attempt's result is void, and so is its failure.
-                    out.push(Status::InProgress);
-                    continue;
-                };
-                record_error(tx, key, attempts, owner, message, now)?;
-                if attempts >= settings.retry_limit {
-                    set_dead(tx, id, now)?;
-                    out.push(Status::Dead);
-                } else {
-                    let wait = retry_delay(
-                        attempts,
-                        settings.backoff,
-                        settings.max_backoff,
-                        jitter_unit(&key.document_id),
-                    );
-                    tx.prepare_cached(
-                        "UPDATE enrichment SET status = 'failed', not_before = ?2,
-                             lease_owner = NULL, lease_expires = NULL, updated_at = ?3
-                         WHERE id = ?1",
-                    )
-                    .and_then(|mut s| s.execute(params![id, now + wait.as_millis() as i64, now]))?;
-                    out.push(Status::Failed);
-                }
-            }
-            Ok(out)
+            rules::fail(&mut Sql(tx), owner, failures, settings, now_ms()).map_err(Into::into)
         })
     }
 
@@ -489,31 +377,10 @@ impl LifecycleStore for SqliteStore {
         failures: &[DeliveryFailure],
         lease: Duration,
     ) -> Result<Vec<Status>, StoreError> {
+        let lease_ms = lease.as_millis() as i64;
         self.write(|tx| {
-            let now = now_ms();
-            let mut out = Vec::with_capacity(failures.len());
-            for f in failures {
-                let Some((id, _)) = held(tx, owner, &f.key)? else {
-                    out.push(Status::InProgress);
-                    continue;
-                };
-                record_error(tx, &f.key, f.attempt, &f.worker, &f.message, now)?;
-                tx.prepare_cached(
-                    "UPDATE enrichment SET attempts = MAX(attempts, ?2), lease_expires = ?3,
-                         updated_at = ?4
-                     WHERE id = ?1",
-                )
-                .and_then(|mut s| {
-                    s.execute(params![id, f.attempt, now + lease.as_millis() as i64, now])
-                })?;
-                if f.dead {
-                    set_dead(tx, id, now)?;
-                    out.push(Status::Dead);
-                } else {
-                    out.push(Status::Failed);
-                }
-            }
-            Ok(out)
+            rules::fail_deliveries(&mut Sql(tx), owner, failures, lease_ms, now_ms())
+                .map_err(Into::into)
         })
     }
 
@@ -559,7 +426,7 @@ impl LifecycleStore for SqliteStore {
     }
 
     fn maintain(&mut self) -> Result<Maintenance, StoreError> {
-        self.maintain_sets()
+        self.write(|tx| maintain(&mut Sql(tx), now_ms()).map_err(Into::into))
     }
 
     fn sync_stage(
@@ -592,66 +459,11 @@ impl LifecycleStore for SqliteStore {
     }
 
     fn reap_dead_owners(&mut self) -> Result<usize, StoreError> {
-        let owners: Vec<String> = self
-            .conn
-            .prepare(
-                "SELECT DISTINCT lease_owner FROM enrichment
-                 WHERE status = 'in_progress' AND lease_owner IS NOT NULL",
-            )
-            .and_then(|mut s| {
-                s.query_map([], |r| r.get::<_, String>(0))?
-                    .collect::<rusqlite::Result<Vec<_>>>()
-            })
-            .map_err(|e| self.err(e))?;
-        let dead: Vec<String> = owners.into_iter().filter(|o| is_dead_here(o)).collect();
+        let dead = rules::dead_owners(&mut Sql(&self.conn)).map_err(|e| self.err(e))?;
         if dead.is_empty() {
             return Ok(0);
         }
-        self.write(|tx| {
-            let now = now_ms();
-            let mut n = 0;
-            for owner in &dead {
-                let held: Vec<(i64, WorkKey, u32)> = tx
-                    .prepare(
-                        "SELECT id, document_id, stage, vector_set, attempts FROM enrichment
-                     WHERE status = 'in_progress' AND lease_owner = ?1",
-                    )
-                    .and_then(|mut s| {
-                        s.query_map([owner], |r| {
-                            Ok((
-                                r.get(0)?,
-                                WorkKey {
-                                    document_id: r.get(1)?,
-                                    stage: r.get(2)?,
-                                    vector_set: r.get(3)?,
-                                },
-                                r.get(4)?,
-                            ))
-                        })?
-                        .collect::<rusqlite::Result<Vec<_>>>()
-                    })?;
-                for (id, key, attempts) in held {
-                    record_error(
-                        tx,
-                        &key,
-                        attempts,
-                        owner,
-                        "the worker's process ended before it finished (killed or crashed)",
-                        now,
-                    )?;
-                    // Due at once, the attempt counted: a document that kills its worker every
-                    // time still ends in the dead-letter queue.
-                    tx.execute(
-                        "UPDATE enrichment SET status = 'failed', not_before = 0,
-                         lease_owner = NULL, lease_expires = NULL, updated_at = ?2
-                     WHERE id = ?1",
-                        params![id, now],
-                    )?;
-                    n += 1;
-                }
-            }
-            Ok(n)
-        })
+        self.write(|tx| rules::reap(&mut Sql(tx), &dead, now_ms()).map_err(Into::into))
     }
 }
 
@@ -803,5 +615,67 @@ impl EnrichStore for SqliteStore {
         keyword: bool,
     ) -> Result<bool, StoreError> {
         self.write_stage_output(owner, key, output, keyword)
+    }
+}
+
+impl BackfillSql for Sql<'_> {
+    type Error = rusqlite::Error;
+
+    fn sets_locked(&mut self) -> rusqlite::Result<Vec<VectorSet>> {
+        // A write transaction holds the file's lock already.
+        sets::all(self.0)
+    }
+
+    fn documents_after(&mut self, after: &str, n: usize) -> rusqlite::Result<Vec<String>> {
+        self.0
+            .prepare_cached("SELECT id FROM documents WHERE id > ?1 ORDER BY id LIMIT ?2")?
+            .query_map(params![after, n as i64], |r| r.get(0))?
+            .collect()
+    }
+
+    fn queue(
+        &mut self,
+        ids: &[String],
+        all: &[VectorSet],
+        priority: Priority,
+        _now: i64,
+    ) -> rusqlite::Result<()> {
+        for id in ids {
+            settle(self.0, id, all, priority)?;
+        }
+        Ok(())
+    }
+
+    fn set_watermark(&mut self, set: i64, last: Option<&str>, done: bool) -> rusqlite::Result<()> {
+        self.0.execute(
+            "UPDATE vector_sets SET watermark = COALESCE(?2, watermark), backfill_done = ?3
+             WHERE id = ?1",
+            params![set, last, done],
+        )?;
+        Ok(())
+    }
+
+    fn unembedded_in(&mut self, set: &VectorSet) -> rusqlite::Result<u64> {
+        self.0
+            .query_row(
+                "SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL AND embedded & ?1 = 0",
+                [set.bit()],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+    }
+
+    fn open_work(&mut self, set: i64) -> rusqlite::Result<Vec<(String, i64)>> {
+        self.0
+            .prepare(
+                "SELECT status, COUNT(*) FROM enrichment
+                 WHERE stage = 'embed' AND vector_set = ?1 AND status != 'done' GROUP BY status",
+            )?
+            .query_map([set], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect()
+    }
+
+    fn switch_to(&mut self, set: &VectorSet, _now: i64) -> rusqlite::Result<()> {
+        sets::switch_to(self.0, set)
     }
 }

@@ -73,6 +73,17 @@ impl SqliteReader {
         }
         let conn = Connection::open_with_flags(path, read_only_flags())
             .map_err(|e| not_index(e.to_string()))?;
+        let has_meta = has_table(&conn, "meta").map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::NotADatabase) => {
+                not_index("not an SQLite database, or a corrupted one".into())
+            }
+            _ => not_index(e.to_string()),
+        })?;
+        if !has_meta {
+            return Err(not_index(
+                "an SQLite database without ragline's tables".into(),
+            ));
+        }
         let rows: Vec<(String, String)> = conn
             .prepare("SELECT key, value FROM meta")
             .and_then(|mut s| {
@@ -82,9 +93,6 @@ impl SqliteReader {
             .map_err(|e| match e.sqlite_error_code() {
                 Some(rusqlite::ErrorCode::NotADatabase) => {
                     not_index("not an SQLite database, or a corrupted one".into())
-                }
-                _ if e.to_string().contains("no such table") => {
-                    not_index("an SQLite database without ragline's tables".into())
                 }
                 _ => not_index(e.to_string()),
             })?;
@@ -406,4 +414,13 @@ pub(super) fn unembedded(conn: &Connection) -> rusqlite::Result<(u64, u64)> {
         .prepare_cached("SELECT COUNT(*) FROM chunks WHERE replaced_by IS NULL")?
         .query_row([], |r| r.get(0))?;
     Ok((missing as u64, total as u64))
+}
+
+/// Whether the database has a table `name` (asked of its schema, not guessed from an error).
+pub(crate) fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT EXISTS(SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+        [name],
+        |r| r.get(0),
+    )
 }

@@ -59,11 +59,8 @@ pub fn migrate(conn: &Connection, from: i64) -> rusqlite::Result<()> {
     migrate_to(conn, from, SCHEMA_VERSION)
 }
 
-/// Migrate from version `from` to `to` (tests build old versions with it).
-pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()> {
-    if from < 1 && to >= 1 {
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS meta (
+/// Version 1: documents, chunks, their keyword index, the reserved `enrichment` table.
+const V1: &str = "CREATE TABLE IF NOT EXISTS meta (
                  key TEXT PRIMARY KEY,
                  value TEXT NOT NULL
              );
@@ -105,19 +102,15 @@ pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()>
                  fingerprint TEXT,
                  updated_at INTEGER NOT NULL,
                  PRIMARY KEY (document_id, stage)
-             );",
-        )?;
-    }
-    if from < 2 && to >= 2 {
-        conn.execute_batch(
-            "ALTER TABLE chunks ADD COLUMN input_key BLOB;
-             CREATE INDEX chunks_by_input_key ON chunks(input_key);",
-        )?;
-    }
-    if from < 3 && to >= 3 {
-        // The reserved `enrichment` table of versions 1 and 2 was never written.
-        conn.execute_batch(
-            "CREATE TABLE chunks_v3 (
+             );";
+
+/// Version 2: chunks keyed by their model input.
+const V2: &str = "ALTER TABLE chunks ADD COLUMN input_key BLOB;
+             CREATE INDEX chunks_by_input_key ON chunks(input_key);";
+
+/// Version 3: the lifecycle (the reserved `enrichment` table of versions 1 and 2 was never
+/// written), vector sets, chunks that know their tokens, vectors and replacement.
+const V3: &str = "CREATE TABLE chunks_v3 (
                  rowid INTEGER PRIMARY KEY,
                  id TEXT NOT NULL,
                  document_id TEXT NOT NULL,
@@ -204,18 +197,14 @@ pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()>
              CREATE TABLE counters (
                  name TEXT PRIMARY KEY,
                  value INTEGER NOT NULL
-             );",
-        )?;
-    }
-    if from < 4 && to >= 4 {
-        conn.execute_batch(
-            "ALTER TABLE chunks ADD COLUMN page_start INTEGER;
-             ALTER TABLE chunks ADD COLUMN page_end INTEGER;",
-        )?;
-    }
-    if from < 5 && to >= 5 {
-        conn.execute_batch(
-            "CREATE TABLE dead_documents (
+             );";
+
+/// Version 4: the pages a chunk spans.
+const V4: &str = "ALTER TABLE chunks ADD COLUMN page_start INTEGER;
+             ALTER TABLE chunks ADD COLUMN page_end INTEGER;";
+
+/// Version 5: dead-lettered documents' copies, circuits, LLM stage outputs.
+const V5: &str = "CREATE TABLE dead_documents (
                  document_id TEXT PRIMARY KEY,
                  payload BLOB,
                  source TEXT,
@@ -235,8 +224,17 @@ pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()>
              );
              CREATE VIRTUAL TABLE output_fts USING fts5(
                  output, tokenize='porter unicode61'
-             );",
-        )?;
+             );";
+
+/// The schema's steps: version N is reached by running `STEPS[N - 1]`.
+const STEPS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5];
+
+/// Migrate from version `from` to `to` (tests build old versions with it).
+pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()> {
+    for (version, sql) in (1i64..).zip(STEPS) {
+        if from < version && to >= version {
+            conn.execute_batch(sql)?;
+        }
     }
     conn.execute(
         "INSERT INTO meta(key, value) VALUES ('schema_version', ?1)

@@ -684,3 +684,39 @@ fn concurrent_claims_never_hand_out_one_item_twice() {
         assert_eq!(ix.store().status().unwrap().stages["embed"].done, 120);
     }
 }
+
+/// A worker limited to some vector sets finds their work even when more of another set's
+/// work ranks first (SQLite once read a page of candidates, then dropped the other sets'
+/// rows from it, and found nothing).
+#[test]
+fn a_claim_limited_to_a_vector_set_finds_its_work_behind_another_sets() {
+    for ix in backends("a_clai_limi_to_a_vect") {
+        let (_f, mut store) = deferred_index(&ix, &["a1", "a2", "a3", "a4", "a5"], 1);
+        let new_model = ModelIdentity {
+            name: "model-b".into(),
+            dir: "/nowhere".into(),
+            fingerprint: "b".into(),
+            dimension: 3,
+            tokenizer: Some("tok".into()),
+        };
+        let set = store.start_backfill(&new_model).unwrap();
+        assert!(matches!(
+            store.maintain().unwrap(),
+            Maintenance::Queued { documents: 5, .. }
+        ));
+        let mut req = request("W");
+        req.max_items = 2;
+        req.vector_sets = vec![set.id];
+        let got = items(store.claim(&req).unwrap());
+        assert_eq!(got.len(), 2, "{}", ix.name());
+        assert!(got.iter().all(|i| i.key.vector_set == set.id));
+        assert!(got.iter().all(|i| i.priority == Priority::Backfill));
+        // The active set's work, ranked first, is still there for the others.
+        req.vector_sets = vec![1];
+        let got = items(store.claim(&req).unwrap());
+        assert_eq!(
+            (got.len(), got[0].key.vector_set, got[0].priority),
+            (2, 1, Priority::Fresh)
+        );
+    }
+}

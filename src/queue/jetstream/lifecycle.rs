@@ -279,8 +279,8 @@ impl LifecycleQueue {
                         }),
                         Err(e) => {
                             // Not ours (a foreign publisher): say so and never see it again.
-                            eprintln!(
-                                "warning: a message on {} is not lifecycle work ({e}): dropped",
+                            tracing::warn!(
+                                "a message on {} is not lifecycle work ({e}): dropped",
                                 m.subject
                             );
                             let _ = self.broker.block_on(m.ack_with(AckKind::Term));
@@ -314,7 +314,7 @@ impl LifecycleQueue {
             let sends = kinds.iter().map(|(m, k)| m.ack_with(*k));
             for r in futures::future::join_all(sends).await {
                 if let Err(e) = r {
-                    eprintln!("warning: NATS: answering lifecycle work: {e}");
+                    tracing::warn!("NATS: answering lifecycle work: {e}");
                 }
             }
         });

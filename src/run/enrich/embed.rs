@@ -16,7 +16,9 @@ use super::{EnrichWorker, SetModel, Shared};
 use crate::document::{Chunk, InputKey};
 use crate::embed::pool::RECENT_VECTORS;
 use crate::embed::window::{embed_window, Outcome, Recent, WindowItem};
-use crate::lifecycle::{ChunkVector, EnrichStore, Owner, StoreError, WorkItem, WorkKey};
+use crate::lifecycle::{
+    ChunkVector, EnrichStore, Owner, PendingChunk, StoreError, WorkItem, WorkKey,
+};
 
 /// Vectors written per transaction, at least (fewer at the end of a claim).
 const COMMIT_CHUNKS: usize = 256;
@@ -45,109 +47,15 @@ pub(super) fn process<S: EnrichStore>(
     shared: &Shared<'_>,
 ) -> Result<(), StoreError> {
     let set = items[0].key.vector_set;
-    if let std::collections::hash_map::Entry::Vacant(slot) = models.entry(set) {
-        match (w.loader)(set) {
-            Ok(model) => {
-                slot.insert((model, Recent::new(RECENT_VECTORS)));
-            }
-            Err(reason) => {
-                // Without its model no document of the set can be embedded, and that is not
-                // the documents' fault: give the work back uncounted and stop, saying why.
-                let keys: Vec<WorkKey> = items.iter().map(|i| i.key.clone()).collect();
-                w.store.release(owner.as_str(), &keys)?;
-                return Err(StoreError::Invalid(reason));
-            }
-        }
-    }
+    load_set_model(w, models, owner, &items)?;
     let (model, recent) = models.get_mut(&set).expect("loaded above");
-
-    // The chunks to embed, with their ids.
-    let mut docs: Vec<DocState> = Vec::with_capacity(items.len());
-    let mut rows = Vec::new();
-    let mut ids: Vec<Vec<u32>> = Vec::new();
-    let mut keys: Vec<Option<InputKey>> = Vec::new();
-    let mut outcomes: Vec<(usize, Outcome)> = Vec::new();
-    let room = model
-        .encoder
-        .max_content_len()
-        .saturating_sub(model.encoder.passage_prompt_ids().len());
-    let mut truncated = 0u64;
-    for item in &items {
-        let chunks = w.store.pending_chunks(&item.key)?;
-        let d = docs.len();
-        if let Some(reason) = injected_failure(&chunks) {
-            docs.push(DocState {
-                key: item.key.clone(),
-                left: 0,
-                failure: Some(reason),
-                finished: true,
-                reported: false,
-            });
-            continue;
-        }
-        docs.push(DocState {
-            key: item.key.clone(),
-            left: chunks.len(),
-            failure: None,
-            finished: false,
-            reported: false,
-        });
-        for mut chunk in chunks {
-            let (mut chunk_ids, key) = match chunk.token_ids.take() {
-                Some(stored) => (stored, chunk.input_key),
-                None => match model.encoder.content_ids(&chunk.text) {
-                    Ok(fresh) => {
-                        let key = Chunk::input_key_of(&fresh);
-                        (fresh, Some(key))
-                    }
-                    Err(e) => {
-                        outcomes.push((rows.len(), Outcome::Failed(format!("tokenizer: {e}"))));
-                        rows.push((d, chunk));
-                        ids.push(Vec::new());
-                        keys.push(None);
-                        continue;
-                    }
-                },
-            };
-            let key = if chunk_ids.len() > room {
-                // A chunk cut for a model with a longer limit than this one's.
-                chunk_ids.truncate(room);
-                truncated += 1;
-                Some(Chunk::input_key_of(&chunk_ids))
-            } else {
-                key
-            };
-            if let Some(k) = &key {
-                if let Some(v) = w.store.vector_for(set, k)? {
-                    shared
-                        .stats
-                        .chunks_reused
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    outcomes.push((rows.len(), Outcome::Reused(v)));
-                }
-            }
-            rows.push((d, chunk));
-            ids.push(chunk_ids);
-            keys.push(key);
-        }
-    }
-    if truncated > 0 {
-        let mut t = shared.tally();
-        t.truncated += truncated;
-        let note = format!(
-            "{} chunks, tokenized again for vector set {set}, came out longer than its model's \
-             limit and were cut to {room} tokens",
-            t.truncated
-        );
-        t.notes
-            .retain(|n| !n.contains("tokenized again for vector set"));
-        t.notes.push(note);
-    }
-    {
-        let mut t = shared.tally();
-        t.counts.children_created += rows.len() as u64;
-    }
-
+    let Gathered {
+        mut docs,
+        rows,
+        ids,
+        keys,
+        outcomes,
+    } = gather(w, model, &items, shared)?;
     let mut committer = Committer {
         set,
         owner,
@@ -185,30 +93,14 @@ pub(super) fn process<S: EnrichStore>(
     {
         let store = &mut w.store;
         let mut sink = |i: usize, outcome: Outcome| -> bool {
-            let row = index_of[i];
-            committer.record(row, outcome, &rows, &mut docs);
-            let due = committer.pending.len() >= COMMIT_CHUNKS
-                || committer.last_commit.elapsed() >= COMMIT_EVERY;
-            if due {
-                if let Err(e) = committer.commit(store, &mut docs, shared) {
+            committer.record(index_of[i], outcome, &rows, &mut docs);
+            match committer.keep_up(store, &mut docs, shared) {
+                Ok(()) => true,
+                Err(e) => {
                     error = Some(e);
-                    return false;
+                    false
                 }
             }
-            let lease = shared.options.settings.visibility_timeout;
-            if committer.last_renew.elapsed() >= lease / 3 {
-                committer.last_renew = Instant::now();
-                let held: Vec<WorkKey> = docs
-                    .iter()
-                    .filter(|d| !d.reported)
-                    .map(|d| d.key.clone())
-                    .collect();
-                if let Err(e) = store.renew(owner.as_str(), &held, lease) {
-                    error = Some(e);
-                    return false;
-                }
-            }
-            true
         };
         embed_window(
             model.encoder.as_ref(),
@@ -224,6 +116,136 @@ pub(super) fn process<S: EnrichStore>(
         return Err(e);
     }
     committer.commit(&mut w.store, &mut docs, shared)
+}
+
+/// Load the model of the items' vector set once per worker. Without its model no document
+/// of the set can be embedded, and that is not the documents' fault: the work is given back
+/// uncounted and the worker stops, saying why.
+fn load_set_model<S: EnrichStore>(
+    w: &mut EnrichWorker<S>,
+    models: &mut HashMap<i64, (SetModel, Recent)>,
+    owner: &Owner,
+    items: &[WorkItem],
+) -> Result<(), StoreError> {
+    let set = items[0].key.vector_set;
+    let std::collections::hash_map::Entry::Vacant(slot) = models.entry(set) else {
+        return Ok(());
+    };
+    match (w.loader)(set) {
+        Ok(model) => {
+            slot.insert((model, Recent::new(RECENT_VECTORS)));
+            Ok(())
+        }
+        Err(reason) => {
+            let keys: Vec<WorkKey> = items.iter().map(|i| i.key.clone()).collect();
+            w.store.release(owner.as_str(), &keys)?;
+            Err(StoreError::Invalid(reason))
+        }
+    }
+}
+
+/// The chunks of a claim, ready for the window: per chunk its document, ids and input key,
+/// and the outcomes known before the model runs.
+struct Gathered {
+    docs: Vec<DocState>,
+    /// (index in `docs`, chunk).
+    rows: Vec<(usize, PendingChunk)>,
+    ids: Vec<Vec<u32>>,
+    keys: Vec<Option<InputKey>>,
+    /// Stored vectors of identical inputs, tokenizer errors: (index in `rows`, outcome).
+    outcomes: Vec<(usize, Outcome)>,
+}
+
+/// Read the chunks of each claimed document that lack a vector in the set: their stored
+/// token ids (or the text tokenized with the set's model, cut at its limit), and a vector
+/// the set already holds for an identical input.
+fn gather<S: EnrichStore>(
+    w: &mut EnrichWorker<S>,
+    model: &SetModel,
+    items: &[WorkItem],
+    shared: &Shared<'_>,
+) -> Result<Gathered, StoreError> {
+    let set = items[0].key.vector_set;
+    let mut g = Gathered {
+        docs: Vec::with_capacity(items.len()),
+        rows: Vec::new(),
+        ids: Vec::new(),
+        keys: Vec::new(),
+        outcomes: Vec::new(),
+    };
+    let room = model
+        .encoder
+        .max_content_len()
+        .saturating_sub(model.encoder.passage_prompt_ids().len());
+    let mut truncated = 0u64;
+    for item in items {
+        let chunks = w.store.pending_chunks(&item.key)?;
+        let d = g.docs.len();
+        let failure = injected_failure(&chunks);
+        g.docs.push(DocState {
+            key: item.key.clone(),
+            left: if failure.is_some() { 0 } else { chunks.len() },
+            finished: failure.is_some(),
+            failure,
+            reported: false,
+        });
+        if g.docs[d].finished {
+            continue;
+        }
+        for mut chunk in chunks {
+            let (mut chunk_ids, key) = match chunk.token_ids.take() {
+                Some(stored) => (stored, chunk.input_key),
+                None => match model.encoder.content_ids(&chunk.text) {
+                    Ok(fresh) => {
+                        let key = Chunk::input_key_of(&fresh);
+                        (fresh, Some(key))
+                    }
+                    Err(e) => {
+                        let failed = Outcome::Failed(format!("tokenizer: {e}"));
+                        g.outcomes.push((g.rows.len(), failed));
+                        g.rows.push((d, chunk));
+                        g.ids.push(Vec::new());
+                        g.keys.push(None);
+                        continue;
+                    }
+                },
+            };
+            let key = if chunk_ids.len() > room {
+                // A chunk cut for a model with a longer limit than this one's.
+                chunk_ids.truncate(room);
+                truncated += 1;
+                Some(Chunk::input_key_of(&chunk_ids))
+            } else {
+                key
+            };
+            if let Some(k) = &key {
+                if let Some(v) = w.store.vector_for(set, k)? {
+                    shared
+                        .stats
+                        .chunks_reused
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    g.outcomes.push((g.rows.len(), Outcome::Reused(v)));
+                }
+            }
+            g.rows.push((d, chunk));
+            g.ids.push(chunk_ids);
+            g.keys.push(key);
+        }
+    }
+    let mut t = shared.tally();
+    if truncated > 0 {
+        t.truncated += truncated;
+        let note = format!(
+            "{} chunks, tokenized again for vector set {set}, came out longer than its model's \
+             limit and were cut to {room} tokens",
+            t.truncated
+        );
+        t.notes
+            .retain(|n| !n.contains("tokenized again for vector set"));
+        t.notes.push(note);
+    }
+    t.counts.children_created += g.rows.len() as u64;
+    Ok(g)
 }
 
 /// The batch of results not yet written.
@@ -242,7 +264,7 @@ impl Committer<'_> {
         &mut self,
         row: usize,
         outcome: Outcome,
-        rows: &[(usize, crate::lifecycle::PendingChunk)],
+        rows: &[(usize, PendingChunk)],
         docs: &mut [DocState],
     ) {
         let (d, chunk) = &rows[row];
@@ -264,6 +286,30 @@ impl Committer<'_> {
         if doc.left == 0 {
             doc.finished = true;
         }
+    }
+
+    /// While the window runs: commit every [`COMMIT_CHUNKS`] vectors or [`COMMIT_EVERY`], and
+    /// renew the leases of the documents not yet reported a third of the way into them.
+    fn keep_up<S: EnrichStore>(
+        &mut self,
+        store: &mut S,
+        docs: &mut [DocState],
+        shared: &Shared<'_>,
+    ) -> Result<(), StoreError> {
+        if self.pending.len() >= COMMIT_CHUNKS || self.last_commit.elapsed() >= COMMIT_EVERY {
+            self.commit(store, docs, shared)?;
+        }
+        let lease = shared.options.settings.visibility_timeout;
+        if self.last_renew.elapsed() >= lease / 3 {
+            self.last_renew = Instant::now();
+            let held: Vec<WorkKey> = docs
+                .iter()
+                .filter(|d| !d.reported)
+                .map(|d| d.key.clone())
+                .collect();
+            store.renew(self.owner.as_str(), &held, lease)?;
+        }
+        Ok(())
     }
 
     /// Write the vectors so far; documents whose every chunk is through are marked done (in

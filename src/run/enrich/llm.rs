@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use super::{EnrichWorker, Shared};
+use crate::http::chat::ChatClient;
 use crate::lifecycle::{EnrichStore, Owner, StageSettings, StoreError, WorkItem, WorkKey};
-use crate::remote::chat::ChatClient;
 
 /// One LLM stage as enrich runs it.
 pub struct LlmStage {
@@ -121,8 +121,8 @@ pub(super) fn process<S: EnrichStore>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::remote::chat::ChatSettings;
-    use crate::remote::{Endpoint, EndpointSettings};
+    use crate::http::chat::ChatSettings;
+    use crate::http::{Endpoint, EndpointSettings};
 
     #[test]
     fn prompts_take_the_documents_fields_and_a_cut_text() {

@@ -212,7 +212,7 @@ pub(super) fn feed<S: EnrichStore>(
 fn unreachable_broker(last: &mut Option<Instant>, error: &str) {
     if last.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
         *last = Some(Instant::now());
-        eprintln!("warning: {error} (waiting for the broker)");
+        tracing::warn!("{error} (waiting for the broker)");
     }
     std::thread::sleep(Duration::from_millis(500));
 }

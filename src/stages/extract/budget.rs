@@ -163,7 +163,6 @@ impl Runner {
         T: Send + 'static,
         F: FnOnce(&Budget) -> Result<T, String> + Send + 'static,
     {
-        quiet_extraction_panics();
         let budget = Budget::new(limits);
         // Wait for room among the threads given up on, within this file's own time.
         while ABANDONED.load(Ordering::Relaxed) >= max_abandoned() {
@@ -269,8 +268,11 @@ impl Runner {
 }
 
 /// Panics on extraction threads become the file's failure message; printing them as well
-/// would only break the progress display. Every other thread's panics print as before.
-fn quiet_extraction_panics() {
+/// would only break the progress display. A program that shows progress calls this once (the
+/// `ragline` binary does at start; the library installs no process-wide hook by itself): the
+/// panic hook then stays silent on extraction threads, and every other thread's panics print
+/// as before.
+pub fn quiet_extraction_panics() {
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();

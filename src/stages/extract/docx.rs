@@ -99,14 +99,24 @@ fn parse_options(memory: u64) -> ParseOptions {
 
 /// A message that says what is wrong with the file and what to do.
 fn explain(e: OfficeError) -> String {
+    use office_oxide::core::Error as Core;
     let message = e.to_string();
-    if message.contains("decompression limit") || message.contains("package limit") {
+    let core = match &e {
+        OfficeError::Core(c) | OfficeError::Docx(office_oxide::docx::DocxError::Core(c)) => Some(c),
+        _ => None,
+    };
+    let too_large = matches!(
+        core,
+        Some(Core::DecompressionLimit { .. } | Core::PackageLimit(_))
+    );
+    let encrypted = matches!(e, OfficeError::Doc(office_oxide::doc::DocError::Encrypted));
+    if too_large {
         format!(
             "the package inflates past what --max-extract-mb allows ({message}); a document \
              this large is a decompression bomb or a very unusual file: check it, or raise \
              --max-extract-mb (a part may take a quarter of it)"
         )
-    } else if message.contains("password") || message.contains("encrypted") {
+    } else if encrypted {
         "encrypted: needs a password; save an unprotected copy from Word and ingest it".into()
     } else {
         format!("cannot read the Word document ({message}); the file is damaged: repair it or save it again from Word")

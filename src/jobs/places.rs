@@ -122,7 +122,7 @@ pub fn adopt(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::config::Parsed;
+    use crate::jobs::config::Parsed;
 
     fn with_remote(url: Option<&str>, key: Option<&str>) -> PipelineConfig {
         let mut c = PipelineConfig::default();

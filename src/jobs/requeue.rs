@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use super::distributed;
-use super::{ingest_from, lifecycle_store, PipelineConfig, PipelineError, Scope};
+use super::{ingest_from, lifecycle_store, JobError, PipelineConfig, Scope};
 use crate::connectors::requeue::{RequeueConnector, Requeued};
 use crate::connectors::Connector;
 use crate::indexers::{Burial, StoredCopy};
@@ -36,7 +36,7 @@ pub fn run_buried(
     ids: &[String],
     queue: Option<&str>,
     observer: &mut dyn Observer,
-) -> Result<RequeueRuns, PipelineError> {
+) -> Result<RequeueRuns, JobError> {
     let mut store = lifecycle_store(config)?;
     let copies = store.buried(ids)?;
     let mut out = RequeueRuns {
@@ -122,11 +122,11 @@ pub fn run_buried(
 fn settings_for(
     config: &PipelineConfig,
     settings: Option<&str>,
-) -> Result<PipelineConfig, PipelineError> {
+) -> Result<PipelineConfig, JobError> {
     let mut run = match settings {
         Some(text) => {
             let stored = PipelineConfig::parse(text).map_err(|e| {
-                PipelineError::Setup(format!(
+                JobError::Setup(format!(
                     "the settings stored with a dead-lettered document do not parse ({e}): \
                      run `ragline ingest` on its source again"
                 ))
@@ -138,7 +138,7 @@ fn settings_for(
                 super::places::Uses::ServicesOnly,
                 "this requeue",
             )
-            .map_err(PipelineError::Setup)?
+            .map_err(JobError::Setup)?
         }
         None => config.clone(),
     };

@@ -271,14 +271,18 @@ impl Endpoint {
         match &change {
             Change::Opened(reason) => {
                 add(&self.stats.circuit_opened, 1);
-                eprintln!(
-                    "warning: {} keeps failing ({reason}): circuit open; requests wait and a \
+                tracing::warn!(
+                    "{} keeps failing ({reason}): circuit open; requests wait and a \
                      probe goes every {}s until it answers",
                     self.shown_url(""),
                     self.settings.circuit_cooldown.as_secs_f64()
                 );
             }
-            Change::Closed => eprintln!("{} answers again: circuit closed", self.shown_url("")),
+            Change::Closed => tracing::info!(
+                target: crate::NOTE,
+                "{} answers again: circuit closed",
+                self.shown_url("")
+            ),
         }
         for w in self
             .watchers

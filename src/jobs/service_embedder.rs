@@ -10,28 +10,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::RemoteEmbedConfig;
-use super::{PipelineConfig, PipelineError};
+use super::{JobError, PipelineConfig};
 use crate::embed::files::ModelFiles;
 use crate::embed::pool::{BatchPolicy, Embedder, EmbedderPool};
-use crate::embed::remote::{tokenizer_fingerprint, RemoteEncoder};
+use crate::embed::service::{tokenizer_fingerprint, RemoteEncoder};
 use crate::embed::tokenizer::TextTokenizer;
+use crate::http::embed::{EmbedApi, RemoteEmbedder};
+use crate::http::Endpoint;
 use crate::indexers::ModelIdentity;
-use crate::remote::embed::{EmbedApi, RemoteEmbedder};
-use crate::remote::Endpoint;
 
 /// The service's embedder, probed: its dimension is known when this returns.
-pub fn remote_embedder(config: &RemoteEmbedConfig) -> Result<Arc<RemoteEmbedder>, PipelineError> {
-    let endpoint = Endpoint::new(config.endpoint()?).map_err(PipelineError::Setup)?;
+pub fn remote_embedder(config: &RemoteEmbedConfig) -> Result<Arc<RemoteEmbedder>, JobError> {
+    let endpoint = Endpoint::new(config.endpoint()?).map_err(JobError::Setup)?;
     let remote = Arc::new(RemoteEmbedder::new(endpoint, config.embed_settings()));
     let url = crate::secret::redact_url(config.url.as_deref().unwrap_or(""));
     let dimension = remote.probe().map_err(|e| {
-        PipelineError::Setup(format!(
+        JobError::Setup(format!(
             "the embeddings service at {url} did not answer a probe: {e}; is it running, and \
              is --embed-api ({}) the API it speaks?",
             config.api.name()
         ))
     })?;
-    eprintln!(
+    tracing::info!(
+        target: crate::NOTE,
         "embedding with {url} ({} API{}): {dimension} dimensions",
         config.api.name(),
         config
@@ -51,7 +52,7 @@ pub fn remote_identity(
     files: &ModelFiles,
     tokenizer: &TextTokenizer,
     dimension: usize,
-) -> Result<ModelIdentity, PipelineError> {
+) -> Result<ModelIdentity, JobError> {
     let mut h = blake3::Hasher::new();
     h.update(
         format!(
@@ -114,8 +115,8 @@ pub fn config_of_index(model: &str, dir: &str) -> Option<RemoteEmbedConfig> {
 /// `stage` (`ragline status` shows it). The store is written from a thread of its own, never
 /// from the endpoint's I/O runtime. Does nothing for an index without a lifecycle.
 pub fn report_circuit(endpoint: &Endpoint, uri: &crate::indexers::IndexUri, stage: &str) {
+    use crate::http::circuit::Change;
     use crate::indexers::IndexUri;
-    use crate::remote::circuit::Change;
     if !matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
         return;
     }
@@ -132,7 +133,7 @@ pub fn report_circuit(endpoint: &Endpoint, uri: &crate::indexers::IndexUri, stag
                 let written = crate::indexers::open_store(&uri)
                     .and_then(|mut s| s.set_circuit(&stage, open.as_deref()));
                 if let Err(e) = written {
-                    eprintln!("warning: cannot record the circuit of `{stage}` in {uri}: {e}");
+                    tracing::warn!("cannot record the circuit of `{stage}` in {uri}: {e}");
                 }
             }
         });
@@ -146,8 +147,8 @@ pub fn report_circuit(endpoint: &Endpoint, uri: &crate::indexers::IndexUri, stag
 /// At the end of a run: if the circuit is closed, say so in the index (a close reported from
 /// the endpoint's thread may not have been written yet when the run ends).
 pub fn settle_circuit(endpoint: &Endpoint, uri: &crate::indexers::IndexUri, stage: &str) {
+    use crate::http::circuit::CircuitState;
     use crate::indexers::IndexUri;
-    use crate::remote::circuit::CircuitState;
     if matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_))
         && endpoint.circuit() == CircuitState::Closed
     {

@@ -13,8 +13,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::http::Endpoint;
 use crate::indexers::IndexUri;
-use crate::remote::Endpoint;
 use crate::run::progress::{Observer, Snapshot};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -82,6 +82,17 @@ impl EnrichMetrics {
     /// The exposition: the index's lifecycle as it is now, and this process's numbers.
     pub fn render(&self) -> String {
         let mut r = Registry::with_prefix("ragline");
+        self.register_index(&mut r);
+        self.register_progress(&mut r);
+        self.register_calls(&mut r);
+        let mut out = String::new();
+        encode(&mut out, &r).expect("writing to a String cannot fail");
+        out
+    }
+
+    /// The index's lifecycle, read at this scrape: documents by stage and status, paused
+    /// stages, open circuits, the oldest waiting document, and whether the index answered.
+    fn register_index(&self, r: &mut Registry) {
         let documents = Family::<StageStatus, Gauge>::default();
         let paused = Family::<StageLabel, Gauge>::default();
         let circuit = Family::<StageLabel, Gauge>::default();
@@ -119,7 +130,7 @@ impl EnrichMetrics {
             }
             Err(e) => {
                 up.set(0);
-                eprintln!("warning: /metrics cannot read {}: {e}", self.uri);
+                tracing::warn!("/metrics cannot read {}: {e}", self.uri);
             }
         }
         r.register(
@@ -140,7 +151,11 @@ impl EnrichMetrics {
             oldest,
         );
         r.register("index_up", "1 when the index answered this scrape", up);
+    }
 
+    /// What this process has done: documents claimed, done and failed; chunks, vectors and
+    /// tokens.
+    fn register_progress(&self, r: &mut Registry) {
         let p = self
             .progress
             .lock()
@@ -163,28 +178,31 @@ impl EnrichMetrics {
             "Documents this process claimed, finished and failed (failures retry)",
             outcomes,
         );
-        let chunks = Counter::<u64>::default();
-        chunks.inc_by(p.chunks_embedded);
-        r.register(
-            "enrich_chunks_embedded",
-            "Chunks this process embedded",
-            chunks,
-        );
-        let vectors = Counter::<u64>::default();
-        vectors.inc_by(p.vectors);
-        r.register(
-            "enrich_vectors_written",
-            "Vectors this process wrote (embedded or reused)",
-            vectors,
-        );
-        let tokens = Counter::<u64>::default();
-        tokens.inc_by(p.tokens_embedded);
-        r.register(
-            "enrich_tokens_embedded",
-            "Tokens this process embedded",
-            tokens,
-        );
+        for (name, help, n) in [
+            (
+                "enrich_chunks_embedded",
+                "Chunks this process embedded",
+                p.chunks_embedded,
+            ),
+            (
+                "enrich_vectors_written",
+                "Vectors this process wrote (embedded or reused)",
+                p.vectors,
+            ),
+            (
+                "enrich_tokens_embedded",
+                "Tokens this process embedded",
+                p.tokens_embedded,
+            ),
+        ] {
+            let counter = Counter::<u64>::default();
+            counter.inc_by(n);
+            r.register(name, help, counter);
+        }
+    }
 
+    /// Calls to services by stage and kind.
+    fn register_calls(&self, r: &mut Registry) {
         let calls = Family::<Call, Counter>::default();
         for (stage, e) in self
             .endpoints
@@ -219,9 +237,6 @@ impl EnrichMetrics {
              circuit openings",
             calls,
         );
-        let mut out = String::new();
-        encode(&mut out, &r).expect("writing to a String cannot fail");
-        out
     }
 }
 

@@ -6,11 +6,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::ingest::{connectors, finish_ingest};
+use super::model::embedder_pool;
 use super::places::{adopt, Uses};
-use super::{
-    connectors, devices, embedder_pool, finish_ingest, load_model, model_files, prepare, Build,
-    PipelineConfig, PipelineError, Scope,
-};
+use super::{devices, load_model, model_files, prepare, Build, JobError, PipelineConfig, Scope};
 use crate::document::RunId;
 use crate::embed::device::DeviceChoice;
 use crate::indexers::IndexUri;
@@ -27,9 +26,9 @@ use crate::run::RunSummary;
 pub const CONNECT_WAIT: Duration = Duration::from_secs(10);
 
 /// Connect to the broker a `--queue` URL names.
-pub fn connect(url: &str) -> Result<Broker, PipelineError> {
-    let config = BrokerConfig::parse(url).map_err(PipelineError::Setup)?;
-    Broker::connect(config, CONNECT_WAIT).map_err(PipelineError::Setup)
+pub fn connect(url: &str) -> Result<Broker, JobError> {
+    let config = BrokerConfig::parse(url).map_err(JobError::Setup)?;
+    Broker::connect(config, CONNECT_WAIT).map_err(JobError::Setup)
 }
 
 /// The settings other processes read: paths made absolute, so a process started in another
@@ -60,7 +59,7 @@ pub fn ingest(
     config: &PipelineConfig,
     url: &str,
     observer: &mut dyn Observer,
-) -> Result<RunSummary, PipelineError> {
+) -> Result<RunSummary, JobError> {
     config.validate()?;
     let connectors = connectors(config)?;
     ingest_from(config, connectors, Scope::WholeSource, url, observer)
@@ -73,7 +72,7 @@ pub(crate) fn ingest_from(
     scope: Scope,
     url: &str,
     observer: &mut dyn Observer,
-) -> Result<RunSummary, PipelineError> {
+) -> Result<RunSummary, JobError> {
     let mut prepared = prepare(config, Build::NoEmbedders)?;
     if scope == Scope::SomeDocuments {
         prepared.options.track_ids = false;
@@ -95,7 +94,8 @@ pub(crate) fn ingest_from(
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     };
-    eprintln!(
+    tracing::info!(
+        target: crate::NOTE,
         "run {run_id} on {}: start `ragline worker`, `ragline embedder` and `ragline indexer` \
          with --queue {} (and the same --index and services)",
         broker.config().describe(),
@@ -128,7 +128,7 @@ pub(crate) fn ingest_from(
 fn dead_letter_sink(
     config: &PipelineConfig,
     settings: &str,
-) -> Result<Option<DeadLetterSink>, PipelineError> {
+) -> Result<Option<DeadLetterSink>, JobError> {
     let uri = &config.index.uri.value;
     if !matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
         return Ok(None);
@@ -187,13 +187,13 @@ pub fn serve(
     url: &str,
     request: &RoleRequest,
     stop: &Arc<AtomicBool>,
-) -> Result<Vec<RoleReport>, PipelineError> {
+) -> Result<Vec<RoleReport>, JobError> {
     let broker = connect(url)?;
     broker.stop_on_signals(Arc::clone(stop));
     let mut setup = |record: &RunRecord| -> Result<RoleParts, String> {
         role_parts(role, record, request).map_err(|e| e.to_string())
     };
-    let mut log = |line: &str| eprintln!("{line}");
+    let mut log = |line: &str| tracing::info!(target: crate::NOTE, "{line}");
     Ok(engine::serve(
         &broker,
         role,
@@ -208,9 +208,9 @@ fn role_parts(
     role: Role,
     record: &RunRecord,
     request: &RoleRequest,
-) -> Result<RoleParts, PipelineError> {
+) -> Result<RoleParts, JobError> {
     if record.wire != WIRE_VERSION {
-        return Err(PipelineError::Setup(format!(
+        return Err(JobError::Setup(format!(
             "run {} was published by ragline {} with message format {}; this is ragline {} \
              with format {WIRE_VERSION}: run the same ragline version in every process",
             record.run,
@@ -220,7 +220,7 @@ fn role_parts(
         )));
     }
     let theirs = PipelineConfig::parse(&record.config).map_err(|e| {
-        PipelineError::Setup(format!(
+        JobError::Setup(format!(
             "run {}: its settings do not parse: {e}",
             record.run
         ))
@@ -230,12 +230,12 @@ fn role_parts(
         Role::Worker | Role::Indexer => Uses::IndexAndServices,
     };
     let mut config = adopt(theirs, &request.own, uses, &format!("this {}", role.name()))
-        .map_err(|e| PipelineError::Setup(format!("run {}: {e}", record.run)))?;
+        .map_err(|e| JobError::Setup(format!("run {}: {e}", record.run)))?;
     if let Some(model) = &request.model {
         config.model.name = model.clone();
     }
     let refuse = |found: &str| {
-        PipelineError::Setup(format!(
+        JobError::Setup(format!(
             "run {} embeds with model `{}` (fingerprint {}), but this {} loaded `{}` \
              (fingerprint {found}): start it with --model naming the run's model, or without \
              --model where the run's model folder is at the same path",
@@ -249,7 +249,7 @@ fn role_parts(
     match role {
         Role::Embedder => {
             if !record.embeds {
-                return Err(PipelineError::Setup(format!(
+                return Err(JobError::Setup(format!(
                     "run {} does not embed (no model, or embedding deferred): it needs no \
                      embedder",
                     record.run
@@ -257,19 +257,17 @@ fn role_parts(
             }
             if let Some(device) = &request.device {
                 config.model.device = super::config::Parsed::parse(device)
-                    .map_err(|e| PipelineError::Setup(format!("bad --device: {e}")))?;
+                    .map_err(|e| JobError::Setup(format!("bad --device: {e}")))?;
             }
             let files = model_files(&config.model.name)?;
             let devices = devices(&config.model)?;
-            for d in &devices {
-                eprintln!("embedding on {} ({})", d.label, d.reason);
-            }
+            super::model::note_devices(&devices);
             let first = load_model(&files, &devices[0], &config.model)?;
             let fingerprint = first.fingerprint()?;
             if record.model_fingerprint.as_deref() != Some(fingerprint.as_str()) {
                 return Err(refuse(&fingerprint));
             }
-            eprintln!("encoder: {}", first.encoder_kind());
+            super::model::note_encoder(&first);
             let pool = embedder_pool(&files, &devices, first, &config.model)?;
             Ok(RoleParts::Embedder { pool })
         }

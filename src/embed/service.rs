@@ -1,5 +1,5 @@
 //! An encoder that is a service: the chunks' texts go to an embeddings endpoint
-//! ([`crate::remote::embed`]) instead of through a model in this process. The local model's
+//! ([`crate::http::embed`]) instead of through a model in this process. The local model's
 //! tokenizer (`--model`) still sizes the chunks and counts the tokens the service's limits
 //! are in; its weights are never loaded.
 
@@ -9,7 +9,7 @@ use super::encoder::Encoder;
 use super::files::ModelFiles;
 use super::tokenizer::TextTokenizer;
 use super::EmbedError;
-use crate::remote::embed::{Input, RemoteEmbedder};
+use crate::http::embed::{Input, RemoteEmbedder};
 
 /// The tokenizer of a model folder, without its weights: the length limit from
 /// sentence-transformers' `max_seq_length` (or config.json's `max_position_embeddings`).

@@ -33,10 +33,10 @@ use serde::{Deserialize, Serialize};
 
 use super::config::human_duration;
 use super::ConfigError;
+use crate::http::chat::ChatSettings;
+use crate::http::embed::{EmbedApi, EmbedSettings};
+use crate::http::EndpointSettings;
 use crate::lifecycle::{Priority, StageSettings};
-use crate::remote::chat::ChatSettings;
-use crate::remote::embed::{EmbedApi, EmbedSettings};
-use crate::remote::EndpointSettings;
 
 /// The prompt of the `summary` stage. `{title}`, `{text}`, `{source}` and `{id}` are
 /// replaced by the document's.
@@ -379,7 +379,7 @@ fn endpoint(
             }
         },
     };
-    if let Err(e) = crate::remote::check_key_transport(url, api_key.is_some()) {
+    if let Err(e) = crate::http::check_key_transport(url, api_key.is_some()) {
         return bad(format!(
             "{key}: {e} (the key is in `{}`)",
             key_env.unwrap_or("")

@@ -1,0 +1,120 @@
+//! `check`: a job validated without running it.
+
+use std::path::Path;
+
+use crate::indexers::sqlite::SqliteReader;
+use crate::indexers::{self, BackendError, IndexReader, IndexUri};
+
+use super::model::{devices, load_model, model_files};
+use super::{service_embedder, JobError, PipelineConfig};
+
+/// What `ragline check` found.
+pub struct CheckReport {
+    pub config_file: Option<std::path::PathBuf>,
+    pub index: String,
+    pub model: Option<String>,
+    pub resolved: String,
+}
+
+/// Validate a pipeline without running it: the file, the index (opened read-only) and the
+/// model (loaded).
+pub fn check(config: &PipelineConfig) -> Result<CheckReport, JobError> {
+    config.validate()?;
+    let index = match &config.index.uri.value {
+        IndexUri::Sqlite(path) if path.exists() => {
+            let reader = SqliteReader::open(path)?;
+            let (docs, chunks, vectors) = reader.counts()?;
+            format!(
+                "{}: {docs} documents, {chunks} chunks, {vectors} embedded{}",
+                config.index.uri.value,
+                reader
+                    .meta()
+                    .model
+                    .as_ref()
+                    .map(|m| format!(", model `{m}`"))
+                    .unwrap_or_default()
+            )
+        }
+        IndexUri::Sqlite(path) => {
+            let dir = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if !dir.is_dir() {
+                return Err(JobError::Setup(format!(
+                    "index {}: folder `{}` does not exist",
+                    config.index.uri.value,
+                    dir.display()
+                )));
+            }
+            format!(
+                "{}: new (created by the first ingest)",
+                config.index.uri.value
+            )
+        }
+        IndexUri::Postgres(target) => {
+            // Connects, and reads the index if the schema holds one (nothing is created).
+            match indexers::postgres::PgReader::open(target, true) {
+                Ok(reader) => {
+                    let (docs, chunks, vectors) = reader.counts()?;
+                    format!(
+                        "{target}: {docs} documents, {chunks} chunks, {vectors} embedded{}",
+                        reader
+                            .meta()
+                            .model
+                            .as_ref()
+                            .map(|m| format!(", model `{m}`"))
+                            .unwrap_or_default()
+                    )
+                }
+                Err(BackendError::NoIndex(_)) => {
+                    format!("{target}: reachable; new (created by the first ingest)")
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        _ => config.index.uri.value.to_string(),
+    };
+    let model = if config.chunk.enabled && config.stages.embed.remote.enabled() {
+        // The service answers (one probe), and the tokenizer that sizes chunks loads.
+        let r = &config.stages.embed.remote;
+        let files = model_files(&config.model.name)?;
+        let tokenizer = crate::embed::service::load_tokenizer(&files)
+            .map_err(|e| JobError::Setup(format!("model `{}`: {e}", files.name)))?;
+        let service = service_embedder::remote_embedder(r)?;
+        Some(format!(
+            "the {} API at {}{}: {} dimensions; chunks sized by the tokenizer of `{}` ({} \
+             tokens at most)",
+            r.api.name(),
+            r.url.as_deref().unwrap_or(""),
+            r.model
+                .as_deref()
+                .map(|m| format!(", model `{m}`"))
+                .unwrap_or_default(),
+            service.dimension().unwrap_or(0),
+            files.name,
+            tokenizer.max_len()
+        ))
+    } else if config.chunk.enabled {
+        let files = model_files(&config.model.name)?;
+        let devices = devices(&config.model)?;
+        let m = load_model(&files, &devices[0], &config.model)?;
+        Some(format!(
+            "`{}` from {} on {}: {} dimensions, {} tokens at most, fingerprint {}",
+            files.name,
+            files.dir.display(),
+            devices[0].label,
+            m.dimension(),
+            m.tokenizer.max_len(),
+            m.fingerprint()?
+        ))
+    } else {
+        None
+    };
+    Ok(CheckReport {
+        config_file: None,
+        index,
+        model,
+        resolved: config.to_toml(),
+    })
+}

@@ -1,0 +1,393 @@
+//! `ingest`: the index, the model and the stages set up from the config ([`prepare`]), then
+//! the run, and what follows it (documents gone from the source, `--prune`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::connectors::filesystem::{FilesystemConfig, FilesystemConnector};
+use crate::connectors::jsonl::JsonlFields;
+use crate::connectors::Connector;
+use crate::embed::device;
+use crate::embed::pool::EmbedderPool;
+use crate::embed::tokenizer::TextTokenizer;
+use crate::indexers::{self, BackendFactory, BatchConfig, IndexIdentity, IndexUri, ModelIdentity};
+use crate::lifecycle::EMBED;
+use crate::run::progress::Observer;
+use crate::run::{self, RunOptions, RunParts, RunSummary};
+use crate::stages::chunk::{
+    chunk_fingerprint, ChunkConfig, ChunkStage, Sizes, DEFAULT_CHUNK_TOKENS,
+};
+use crate::stages::extract::{Extract, ExtractConfig};
+use crate::stages::incremental::Incremental;
+use crate::stages::reuse::ReuseVectors;
+use crate::stages::{Pipeline, Stage, StageError};
+
+use super::model::{devices, embedder_pool, load_model, model_files, model_identity};
+use super::{service_embedder, JobError, PipelineConfig};
+
+/// Everything an ingest is made of, set up from the config: what a run in one process uses,
+/// and what the processes of a distributed run each build their part from.
+pub struct Prepared {
+    pub backend: Arc<dyn BackendFactory>,
+    /// Makes one worker's stages (incremental, extract, chunk, reuse).
+    pub pipeline: Box<crate::stages::PipelineFactory>,
+    /// The embedders, when asked for and the run embeds.
+    pub pool: Option<EmbedderPool>,
+    pub encoder: Option<String>,
+    /// The model the run embeds with (none with --no-chunk).
+    pub model: Option<ModelIdentity>,
+    /// Chunks go through an embedder (not deferred, and there is a model).
+    pub embeds: bool,
+    /// The ids the index holds before the run (for --prune and missing documents).
+    pub in_index: Option<std::collections::HashSet<String>>,
+    pub options: RunOptions,
+    /// The service that embeds, when one does (its counts go in the summary).
+    pub remote: Option<Arc<crate::http::embed::RemoteEmbedder>>,
+}
+
+/// Which parts of a run this process builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// All of them (an ingest in one process).
+    Everything,
+    /// No embedders (the publishing side of a distributed run, workers, indexers).
+    NoEmbedders,
+}
+
+/// Check the config and set up the index, the model and the stages.
+pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, JobError> {
+    config.validate()?;
+    let defer = config.stages.embed.defer;
+    let uri = &config.index.uri.value;
+    if defer && !matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
+        return Err(JobError::Setup(format!(
+            "deferred embedding needs an index that keeps the work queue (sqlite:// or \
+             postgres://); {} cannot: drop --defer",
+            config.index.uri.value
+        )));
+    }
+    // The model and the chunker, unless whole documents are indexed.
+    let embed_here = build == Build::Everything && !defer;
+    let setup = if !config.chunk.enabled {
+        ModelSetup::default()
+    } else if config.stages.embed.remote.enabled() {
+        service_setup(config, embed_here)?
+    } else {
+        local_setup(config, embed_here)?
+    };
+    let embeds = setup.chunking.is_some() && !defer;
+    let identity = IndexIdentity {
+        model: setup.model.clone(),
+        pipeline_fingerprint: setup.fingerprint.clone(),
+        defer_embed: defer,
+        priority: config.stages.embed.priority,
+    };
+    let backend: Arc<dyn BackendFactory> = indexers::open(uri, identity)?.into();
+    let in_index = backend.document_ids()?;
+    let pipeline = stage_factory(config, &backend, setup.fingerprint, setup.chunking)?;
+    let options = run_options(config, backend.as_ref(), in_index.is_some());
+    Ok(Prepared {
+        backend,
+        pipeline,
+        pool: setup.pool,
+        encoder: setup.encoder,
+        model: setup.model,
+        embeds,
+        in_index,
+        options,
+        remote: setup.remote,
+    })
+}
+
+/// What chunks documents and what embeds them.
+struct ModelSetup {
+    /// The tokenizer and chunk sizes (none: whole documents are indexed).
+    chunking: Option<(TextTokenizer, Sizes)>,
+    pool: Option<EmbedderPool>,
+    encoder: Option<String>,
+    model: Option<ModelIdentity>,
+    /// The chunker's fingerprint (settings and tokenizer).
+    fingerprint: String,
+    remote: Option<Arc<crate::http::embed::RemoteEmbedder>>,
+}
+
+impl Default for ModelSetup {
+    fn default() -> Self {
+        ModelSetup {
+            chunking: None,
+            pool: None,
+            encoder: None,
+            model: None,
+            fingerprint: "extract-v1".to_string(),
+            remote: None,
+        }
+    }
+}
+
+/// The chunk sizes the config asks for, checked against the model's limit.
+fn chunk_sizes(config: &PipelineConfig, limit: usize) -> Result<Sizes, JobError> {
+    ChunkConfig {
+        target: config.chunk.tokens,
+        overlap: config.chunk.overlap,
+    }
+    .validate(limit, config.chunk.tokens != DEFAULT_CHUNK_TOKENS)
+    .map_err(JobError::Setup)
+}
+
+/// A service embeds: the local model's tokenizer sizes the chunks, no weights load.
+fn service_setup(config: &PipelineConfig, embed_here: bool) -> Result<ModelSetup, JobError> {
+    let uri = &config.index.uri.value;
+    let files = model_files(&config.model.name)?;
+    let service = service_embedder::remote_embedder(&config.stages.embed.remote)?;
+    if embed_here {
+        service_embedder::report_circuit(service.endpoint(), uri, EMBED);
+    }
+    let mut tokenizer = crate::embed::service::load_tokenizer(&files)
+        .map_err(|e| JobError::Setup(format!("model `{}`: {e}", files.name)))?;
+    tokenizer.set_prompts(
+        config.model.query_prompt.as_deref(),
+        config.model.passage_prompt.as_deref(),
+    )?;
+    let sizes = chunk_sizes(config, tokenizer.max_content_len())?;
+    let dimension = service.dimension().expect("probed");
+    let remote = &config.stages.embed.remote;
+    let identity = service_embedder::remote_identity(remote, &files, &tokenizer, dimension)?;
+    let fingerprint = chunk_fingerprint(
+        &sizes,
+        config.chunk.truncate,
+        identity.tokenizer.as_deref().unwrap_or(""),
+    );
+    let (pool, encoder) = if embed_here {
+        let pool = service_embedder::remote_pool(&service, tokenizer.clone(), config);
+        let encoder = format!(
+            "remote {} API at {}",
+            remote.api.name(),
+            remote.url.as_deref().unwrap_or("")
+        );
+        (Some(pool), Some(encoder))
+    } else {
+        (None, None)
+    };
+    Ok(ModelSetup {
+        chunking: Some((tokenizer, sizes)),
+        pool,
+        encoder,
+        model: Some(identity),
+        fingerprint,
+        remote: Some(service),
+    })
+}
+
+/// The model in this process: loaded on the devices the config names (on the CPU for its
+/// tokenizer alone when another process embeds or embedding is deferred).
+fn local_setup(config: &PipelineConfig, embed_here: bool) -> Result<ModelSetup, JobError> {
+    let files = model_files(&config.model.name)?;
+    let devices = if embed_here {
+        devices(&config.model)?
+    } else {
+        device::select(&device::DeviceChoice::Cpu)
+            .map_err(|e| JobError::Setup(format!("cannot open the CPU: {e}")))?
+    };
+    if config.stages.embed.defer {
+        tracing::info!(target: crate::NOTE, "embedding deferred: `ragline enrich` embeds the chunks");
+    } else if embed_here {
+        super::model::note_devices(&devices);
+    }
+    let first = load_model(&files, &devices[0], &config.model)?;
+    let mut encoder = None;
+    if embed_here {
+        super::model::note_encoder(&first);
+        encoder = Some(first.encoder_kind());
+    }
+    let tokenizer = first.tokenizer.clone();
+    let sizes = chunk_sizes(
+        config,
+        tokenizer.max_content_len() - tokenizer.passage_prompt_ids().len(),
+    )?;
+    let identity = model_identity(&files, &first)?;
+    let fingerprint = chunk_fingerprint(
+        &sizes,
+        config.chunk.truncate,
+        identity.tokenizer.as_deref().unwrap_or(""),
+    );
+    let pool = if embed_here {
+        Some(embedder_pool(&files, &devices, first, &config.model)?)
+    } else {
+        None
+    };
+    Ok(ModelSetup {
+        chunking: Some((tokenizer, sizes)),
+        pool,
+        encoder,
+        model: Some(identity),
+        fingerprint,
+        remote: None,
+    })
+}
+
+/// What makes one worker's stages: incremental (against what the index holds), extract,
+/// then chunk and reuse (vectors the index holds for identical inputs) when chunking.
+fn stage_factory(
+    config: &PipelineConfig,
+    backend: &Arc<dyn BackendFactory>,
+    fingerprint: String,
+    chunking: Option<(TextTokenizer, Sizes)>,
+) -> Result<Box<crate::stages::PipelineFactory>, JobError> {
+    let known = Arc::new(backend.known_documents()?);
+    let fingerprint: Arc<str> = fingerprint.into();
+    let truncate = config.chunk.truncate;
+    let extract = ExtractConfig {
+        max_file_time: Duration::from_secs(config.source.max_file_seconds),
+        max_memory: config.source.max_extract_mb << 20,
+    };
+    let store = Arc::clone(backend);
+    Ok(Box::new(move || -> Result<Pipeline, StageError> {
+        let mut stages: Vec<Box<dyn Stage>> = vec![
+            Box::new(Incremental::new(
+                Arc::clone(&known),
+                Arc::clone(&fingerprint),
+            )),
+            Box::new(Extract::new(extract)),
+        ];
+        if let Some((tokenizer, sizes)) = &chunking {
+            stages.push(Box::new(if truncate {
+                ChunkStage::truncating(tokenizer.clone(), *sizes)
+            } else {
+                ChunkStage::new(tokenizer.clone(), *sizes)
+            }));
+            let vectors = store
+                .stored_vectors()
+                .map_err(|e| StageError::Internal(e.to_string()))?;
+            if let Some(vectors) = vectors {
+                stages.push(Box::new(ReuseVectors::new(vectors)));
+            }
+        }
+        Ok(Pipeline::new(stages))
+    }))
+}
+
+/// The run's workers, indexers and write batches, from the config (the backend's own number
+/// of writers unless the config names one).
+fn run_options(
+    config: &PipelineConfig,
+    backend: &dyn BackendFactory,
+    track_ids: bool,
+) -> RunOptions {
+    let mut options = RunOptions::default();
+    if let Some(w) = config.run.workers {
+        options.workers = w;
+    }
+    options.indexers = config.index.indexers.unwrap_or_else(|| backend.writers());
+    options.track_ids = track_ids;
+    options.batch = BatchConfig {
+        max_items: config.index.batch_size,
+        max_bytes: config.index.batch_bytes,
+        timeout: Duration::from_millis(config.index.batch_timeout_ms),
+        ..BatchConfig::default()
+    };
+    options
+}
+
+/// The filesystem connector of the config's `[source]`.
+pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connector>>, JobError> {
+    let src = &config.source;
+    if src.paths.is_empty() {
+        return Err(JobError::Setup(
+            "nothing to ingest: give PATH... or `paths` under [source] in ragline.toml".into(),
+        ));
+    }
+    let mut fs = FilesystemConfig::new(src.paths.clone());
+    if !src.ext.is_empty() {
+        fs.extensions = src.ext.clone();
+    }
+    fs.include = src.include.clone();
+    fs.exclude = src.exclude.clone();
+    fs.max_file_bytes = src.max_file_bytes;
+    let fs = fs.validate(JsonlFields {
+        id: src.id_field.clone(),
+        text: src.text_field.clone(),
+        title: src.title_field.clone(),
+        title_in_text: src.title_in_text,
+    })?;
+    Ok(vec![Box::new(FilesystemConnector::new(fs))])
+}
+
+/// Run an ingest: read the sources, chunk, embed (unless deferred) and index.
+pub fn ingest(
+    config: &PipelineConfig,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, JobError> {
+    config.validate()?;
+    let connectors = connectors(config)?;
+    ingest_from(config, connectors, Scope::WholeSource, observer)
+}
+
+/// What the connectors of a run read: the whole source (documents the index holds that it
+/// did not publish are gone from the source), or some documents of it (a requeue).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scope {
+    WholeSource,
+    SomeDocuments,
+}
+
+/// An ingest of what `connectors` publish.
+pub(crate) fn ingest_from(
+    config: &PipelineConfig,
+    connectors: Vec<Box<dyn Connector>>,
+    scope: Scope,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, JobError> {
+    let mut prepared = prepare(config, Build::Everything)?;
+    if scope == Scope::SomeDocuments {
+        prepared.options.track_ids = false;
+        prepared.in_index = None;
+    }
+    let parts = RunParts {
+        connectors,
+        pipeline: prepared.pipeline.as_ref(),
+        embedder: prepared.pool,
+        backend: prepared.backend.as_ref(),
+    };
+    let result = run::execute(parts, &prepared.options, observer);
+    observer.finish();
+    let mut summary = result?;
+    summary.encoder = prepared.encoder;
+    if let Some(r) = &prepared.remote {
+        summary.remote = Some(r.endpoint().stats().snapshot());
+        service_embedder::settle_circuit(r.endpoint(), &config.index.uri.value, EMBED);
+    }
+    finish_ingest(config, &prepared.backend, &prepared.in_index, &mut summary)?;
+    Ok(summary)
+}
+
+/// After the run: the backend's last work (an HNSW index), documents gone from the source,
+/// --prune.
+pub(crate) fn finish_ingest(
+    config: &PipelineConfig,
+    backend: &Arc<dyn BackendFactory>,
+    in_index: &Option<std::collections::HashSet<String>>,
+    summary: &mut RunSummary,
+) -> Result<(), JobError> {
+    let uri = &config.index.uri.value;
+    summary.notes.extend(backend.finish()?);
+    // Documents the index holds that this run's source no longer has.
+    if let (Some(before), Some(seen)) = (in_index, &summary.published_ids) {
+        let mut missing: Vec<String> = before.difference(seen).cloned().collect();
+        missing.sort();
+        if config.index.prune && !missing.is_empty() {
+            summary.pruned = backend.delete_documents(&missing)? as u64;
+        }
+        summary.missing_from_source = missing;
+    } else if config.index.prune {
+        tracing::warn!("--prune does nothing with {}", backend.describe());
+    }
+    if config.index.prune && matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
+        let dropped = indexers::open_store(uri)?.drop_retired()?;
+        for model in dropped {
+            summary
+                .notes
+                .push(format!("dropped the vectors of retired model `{model}`"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,52 @@
+//! The jobs ragline runs: what `ingest`, `eval`, `enrich`, `backfill` and `check` run, assembled
+//! from a [`PipelineConfig`] (the defaults, `ragline.toml`, then the flags). Commands parse
+//! their flags into the config and call a function here; they assemble nothing themselves.
+
+pub mod check;
+pub mod config;
+pub mod distributed;
+pub mod enrich;
+pub mod ingest;
+pub mod metrics;
+pub mod model;
+pub mod places;
+pub mod requeue;
+pub mod service_embedder;
+pub mod services;
+
+pub use check::{check, CheckReport};
+pub use config::{ConfigError, PipelineConfig, Progress};
+pub use enrich::{backfill, enrich, lifecycle_store, status, BackfillOutcome, EnrichRequest};
+pub use ingest::{ingest, prepare, Build, Prepared};
+pub(crate) use ingest::{ingest_from, Scope};
+pub use model::{batch_tokens, devices, load_model, model_files, model_identity};
+
+use thiserror::Error;
+
+use crate::connectors::ConnectorError;
+use crate::embed::EmbedError;
+use crate::indexers::BackendError;
+use crate::lifecycle::StoreError;
+use crate::run::RunError;
+
+/// Why a job could not be set up or run.
+#[derive(Debug, Error)]
+pub enum JobError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Something the run needs is missing or wrong (a path, the model, the index): the
+    /// message says what and how to fix it.
+    #[error("{0}")]
+    Setup(String),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Embed(#[from] EmbedError),
+    #[error(transparent)]
+    Connector(#[from] ConnectorError),
+    /// The run started and could not go on.
+    #[error(transparent)]
+    Run(#[from] RunError),
+}

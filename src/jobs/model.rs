@@ -1,0 +1,111 @@
+//! The model a job embeds with: its files, the devices, loading it with the config's
+//! prompts and dimensions, what the index records of it, and the pool of embedders.
+
+use std::time::Duration;
+
+use crate::embed::device::{self, SelectedDevice};
+use crate::embed::pool::{
+    BatchPolicy, Embedder, EmbedderPool, DEFAULT_BATCH_TOKENS_CPU, DEFAULT_BATCH_TOKENS_GPU,
+};
+use crate::embed::{EmbeddingModel, ModelFiles};
+use crate::indexers::ModelIdentity;
+
+use super::{config, JobError};
+
+/// The model's files, with a message that names the fix.
+pub fn model_files(name: &str) -> Result<ModelFiles, JobError> {
+    ModelFiles::resolve(name)
+        .map_err(|e| JobError::Setup(format!("cannot find the model `{name}`: {e}")))
+}
+
+/// The devices the config names.
+pub fn devices(model: &config::ModelConfig) -> Result<Vec<SelectedDevice>, JobError> {
+    device::select(&model.device.value)
+        .map_err(|e| JobError::Setup(format!("cannot open the device: {e}")))
+}
+
+/// Padded tokens per forward pass on `device`.
+pub fn batch_tokens(model: &config::ModelConfig, device: &SelectedDevice) -> usize {
+    model.batch_tokens.unwrap_or(if device.device.is_cpu() {
+        DEFAULT_BATCH_TOKENS_CPU
+    } else {
+        DEFAULT_BATCH_TOKENS_GPU
+    })
+}
+
+/// Load the model on one device, with the config's prompt overrides.
+pub fn load_model(
+    files: &ModelFiles,
+    device: &SelectedDevice,
+    model: &config::ModelConfig,
+) -> Result<EmbeddingModel, JobError> {
+    let mut m =
+        EmbeddingModel::load_for(files, &device.device, model.dtype.value).map_err(|e| {
+            JobError::Setup(format!(
+                "cannot load model `{}` on {}: {e}",
+                files.name, device.label
+            ))
+        })?;
+    m.tokenizer.set_prompts(
+        model.query_prompt.as_deref(),
+        model.passage_prompt.as_deref(),
+    )?;
+    m.set_dimensions(model.dimensions)
+        .map_err(|e| JobError::Setup(e.to_string()))?;
+    Ok(m)
+}
+
+/// What the index records of a model.
+pub fn model_identity(
+    files: &ModelFiles,
+    model: &EmbeddingModel,
+) -> Result<ModelIdentity, JobError> {
+    Ok(ModelIdentity {
+        name: files.name.clone(),
+        dir: std::fs::canonicalize(&files.dir)
+            .unwrap_or_else(|_| files.dir.clone())
+            .display()
+            .to_string(),
+        fingerprint: model.fingerprint()?,
+        dimension: model.dimension(),
+        tokenizer: Some(model.tokenizer_fingerprint()?),
+    })
+}
+
+/// One embedder per device; `first` (already loaded on `devices[0]`) is the first.
+pub(crate) fn embedder_pool(
+    files: &ModelFiles,
+    devices: &[SelectedDevice],
+    first: EmbeddingModel,
+    model: &config::ModelConfig,
+) -> Result<EmbedderPool, JobError> {
+    let policy = |d: &SelectedDevice| BatchPolicy {
+        batch_tokens: batch_tokens(model, d),
+        max_wait: Duration::from_millis(model.max_wait_ms),
+    };
+    let mut embedders = vec![Embedder {
+        encoder: Box::new(first),
+        label: devices[0].label.clone(),
+        policy: policy(&devices[0]),
+    }];
+    for d in &devices[1..] {
+        embedders.push(Embedder {
+            encoder: Box::new(load_model(files, d, model)?),
+            label: d.label.clone(),
+            policy: policy(d),
+        });
+    }
+    Ok(EmbedderPool::new(embedders))
+}
+
+/// Tell where the job embeds (the CLI shows these notes as they come).
+pub(crate) fn note_devices(devices: &[SelectedDevice]) {
+    for d in devices {
+        tracing::info!(target: crate::NOTE, "embedding on {} ({})", d.label, d.reason);
+    }
+}
+
+/// Tell which encoder a loaded model runs on.
+pub(crate) fn note_encoder(model: &EmbeddingModel) {
+    tracing::info!(target: crate::NOTE, "encoder: {}", model.encoder_kind());
+}
