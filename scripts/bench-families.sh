@@ -16,7 +16,7 @@ FAMILIES=("$@")
 [ ${#FAMILIES[@]} -gt 0 ] || FAMILIES=(bert xlm-roberta distilbert mpnet modernbert gemma3 qwen3)
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 export RAGLINE=${RAGLINE:-$TARGET/release/ragline}
-[ -x "$RAGLINE" ] || cargo build --release --quiet
+[ -x "$RAGLINE" ] || cargo build --release --features test-hooks --quiet
 [ -f models/all-MiniLM-L6-v2/model.safetensors ] || scripts/fetch-model.sh
 OUT=$TARGET/bench-families
 mkdir -p "$OUT"

@@ -21,7 +21,7 @@ R=$ROOT/target/release/ragline
 MODEL=$ROOT/models/all-MiniLM-L6-v2
 WORK=${WORK:-$(mktemp -d)}
 cd "$WORK"
-[ -x "$R" ] || (cd "$ROOT" && cargo build --release --quiet)
+[ -x "$R" ] || (cd "$ROOT" && cargo build --release --features test-hooks --quiet)
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs"
 echo "corpus: $CORPUS; work: $WORK"
 

@@ -11,7 +11,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 RAGLINE=${RAGLINE:-$TARGET/release/ragline}
-[ -x "$RAGLINE" ] || cargo build --release --quiet
+[ -x "$RAGLINE" ] || cargo build --release --features test-hooks --quiet
 [ -x /usr/bin/time ] || { echo "needs GNU time (apt-get install time)" >&2; exit 2; }
 FAMILIES=("$@")
 [ ${#FAMILIES[@]} -gt 0 ] || FAMILIES=(xlm-roberta modernbert)

@@ -16,6 +16,7 @@ pub mod document;
 pub mod embed;
 pub mod eval;
 pub mod event;
+#[cfg(all(feature = "nats", feature = "serve"))]
 #[doc(hidden)]
 pub mod fuzz;
 pub mod http;
@@ -29,6 +30,7 @@ pub mod queue;
 pub mod run;
 pub mod search;
 pub mod secret;
+#[cfg(feature = "serve")]
 pub mod serve;
 pub mod signal;
 pub mod stages;

@@ -10,6 +10,7 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use ragline::embed::npy::NpyWriter;
 use ragline::embed::texts::embed_texts;
+#[cfg(feature = "parquet")]
 use ragline::indexers::parquet::{ParquetWriter, Row};
 use serde_json::Value;
 
@@ -134,6 +135,7 @@ impl Engine {
 
 enum Sink {
     Npy(NpyWriter),
+    #[cfg(feature = "parquet")]
     Parquet(Box<ParquetWriter>),
     Jsonl(Box<dyn Write>),
 }
@@ -146,9 +148,16 @@ impl Sink {
         Ok(if name.ends_with(".npy") {
             Sink::Npy(NpyWriter::create(output, dimension).with_context(cannot)?)
         } else if name.ends_with(".parquet") {
-            Sink::Parquet(Box::new(
+            #[cfg(feature = "parquet")]
+            let sink = Sink::Parquet(Box::new(
                 ParquetWriter::create(output, Some(dimension)).with_context(cannot)?,
-            ))
+            ));
+            #[cfg(not(feature = "parquet"))]
+            let sink = Err(ragline::jobs::JobError::NotBuilt {
+                what: "--output FILE.parquet".into(),
+                feature: "parquet",
+            })?;
+            sink
         } else if name == "-" {
             Sink::Jsonl(Box::new(BufWriter::new(std::io::stdout())))
         } else {
@@ -160,6 +169,7 @@ impl Sink {
 
     /// One input line's row: its vector, or its error (a NaN row in npy, a null vector in
     /// Parquet, an `error` field in JSONL), so rows stay aligned with the input.
+    #[cfg_attr(not(feature = "parquet"), allow(unused_variables))]
     fn write(
         &mut self,
         line: usize,
@@ -178,6 +188,7 @@ impl Sink {
                 };
                 w.write_row(&row)?;
             }
+            #[cfg(feature = "parquet")]
             Sink::Parquet(w) => {
                 let id = match &id {
                     Some(Value::String(s)) => s.clone(),
@@ -215,6 +226,7 @@ impl Sink {
             Sink::Npy(w) => {
                 w.finish().context("writing --output")?;
             }
+            #[cfg(feature = "parquet")]
             Sink::Parquet(w) => {
                 w.finish().context("writing --output")?;
             }

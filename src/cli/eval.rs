@@ -94,7 +94,7 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
         format!("sqlite://{set}-{stem}{mode}.eval.db")
     });
     let uri = index.parse::<IndexUri>().context("bad --index")?;
-    if !matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
+    if !uri.is_store() {
         bail!("eval needs a searchable index: sqlite:// or postgres://");
     }
     let mut config = super::load_config(config_file)?;
@@ -142,7 +142,7 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
     let started = std::time::Instant::now();
     let mut scores = evaluate(&searcher, &queries, &qrels, &args.modes)?;
     // An approximate index: how much of the exact answer it finds.
-    if matches!(uri, IndexUri::Postgres(_)) && !args.exact {
+    if uri.is_store() && !matches!(uri, IndexUri::Sqlite(_)) && !args.exact {
         if let Some(s) = scores.iter_mut().find(|s| s.mode == Mode::Vector.name()) {
             let exact = Searcher::open(&uri, true)?;
             s.ann_recall_at_10 = Some(ann_recall(&searcher, exact.as_ref(), &queries, &qrels, 10)?);

@@ -228,7 +228,13 @@ pub fn run(args: IngestArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
     }
     let mut observer = super::observer(config.run.progress);
     let summary = match &args.queue {
+        #[cfg(feature = "nats")]
         Some(url) => jobs::distributed::ingest(&config, url, observer.as_mut())?,
+        #[cfg(not(feature = "nats"))]
+        Some(_) => Err(jobs::JobError::NotBuilt {
+            what: "ingest --queue".into(),
+            feature: "nats",
+        })?,
         None => jobs::ingest(&config, observer.as_mut())?,
     };
     print_summary(&mut std::io::stdout().lock(), &summary, config.index.prune)?;

@@ -13,10 +13,13 @@ mod ingest;
 mod model_args;
 mod pause;
 mod promote;
+#[cfg(feature = "test-hooks")]
 mod random_model;
 mod remote_args;
+#[cfg(feature = "nats")]
 mod role;
 mod search;
+#[cfg(feature = "serve")]
 mod serve;
 mod status;
 
@@ -85,14 +88,19 @@ enum Command {
     Bench(bench::BenchArgs),
     /// An embeddings server: OpenAI's POST /v1/embeddings and TEI's POST /embed, batching
     /// requests from many clients together; GET /health, GET /metrics.
+    #[cfg(feature = "serve")]
     Serve(serve::ServeArgs),
     /// Distributed runs: extract, chunk and tokenize the documents of the broker's runs.
+    #[cfg(feature = "nats")]
     Worker(role::RoleArgs),
     /// Distributed runs: embed the chunks of the broker's runs on this host's devices.
+    #[cfg(feature = "nats")]
     Embedder(role::EmbedderArgs),
     /// Distributed runs: write the broker's runs' documents and chunks to the index.
+    #[cfg(feature = "nats")]
     Indexer(role::RoleArgs),
     /// Write a random-weight BERT in the Hugging Face layout (tests, speed measurements).
+    #[cfg(feature = "test-hooks")]
     #[command(hide = true)]
     RandomModel(random_model::RandomModelArgs),
 }
@@ -111,17 +119,22 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::run(args, config),
         Command::Embed(args) => embed::run(args, config),
         Command::Bench(args) => bench::run(args, config),
+        #[cfg(feature = "serve")]
         Command::Serve(args) => serve::run(args, config),
         Command::Extract(args) => extract::run(args),
         Command::Search(args) => search::run(args, config),
         Command::Eval(args) => eval::run(args, config),
+        #[cfg(feature = "nats")]
         Command::Worker(args) => {
             role::run(ragline::run::distributed::Role::Worker, args, None, config)
         }
+        #[cfg(feature = "nats")]
         Command::Embedder(args) => role::run_embedder(args, config),
+        #[cfg(feature = "nats")]
         Command::Indexer(args) => {
             role::run(ragline::run::distributed::Role::Indexer, args, None, config)
         }
+        #[cfg(feature = "test-hooks")]
         Command::RandomModel(args) => random_model::run(args),
     }
 }

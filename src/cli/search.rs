@@ -77,12 +77,7 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
                 "note: {missing} of {total} chunks not embedded yet (vector search covers the rest; `ragline enrich` embeds them)"
             );
         }
-        if !args.no_promote
-            && matches!(
-                &config.index.uri.value,
-                IndexUri::Sqlite(_) | IndexUri::Postgres(_)
-            )
-        {
+        if !args.no_promote && config.index.uri.value.is_store() {
             promote_matches(&searcher, &config.index.uri.value, &args.query)?;
         }
     }

@@ -7,11 +7,14 @@
 //! causes, with backoff; a document's terminal event and its queue acknowledgement come only
 //! after the backend has accepted it.
 
+mod admin;
 pub mod batch;
 mod identity;
 pub mod jsonl;
 pub mod null;
+#[cfg(feature = "parquet")]
 pub mod parquet;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod sqlite;
 pub mod store;
@@ -176,9 +179,11 @@ pub fn open(
         IndexUri::Jsonl(path) => Ok(Box::new(jsonl::JsonlFactory::create(path)?)),
         IndexUri::Null { delay } => Ok(Box::new(null::NullFactory { delay: *delay })),
         IndexUri::Sqlite(path) => Ok(Box::new(sqlite::SqliteFactory::open(path, identity)?)),
+        #[cfg(feature = "postgres")]
         IndexUri::Postgres(target) => {
             Ok(Box::new(postgres::PostgresFactory::open(target, identity)?))
         }
+        #[cfg(feature = "parquet")]
         IndexUri::Parquet(path) => Ok(Box::new(parquet::ParquetFactory::create(
             path,
             identity.model.as_ref().map(|m| m.dimension),
@@ -234,15 +239,16 @@ pub trait IndexReader {
 /// Open an index for search. `exact`: vector search compares with every vector, not an
 /// approximate index (sqlite:// is always exact).
 pub fn open_reader(uri: &IndexUri, exact: bool) -> Result<Box<dyn IndexReader>, BackendError> {
+    #[cfg(not(feature = "postgres"))]
+    let _ = exact;
     match uri {
         IndexUri::Sqlite(path) => Ok(Box::new(sqlite::SqliteReader::open(path)?)),
+        #[cfg(feature = "postgres")]
         IndexUri::Postgres(target) => Ok(Box::new(postgres::PgReader::open(target, exact)?)),
-        IndexUri::Jsonl(_) | IndexUri::Parquet(_) | IndexUri::Null { .. } => {
-            Err(BackendError::Invalid(format!(
-                "{} is an output file, not a searchable index: search sqlite:// or postgres://",
-                uri
-            )))
-        }
+        _ => Err(BackendError::Invalid(format!(
+            "{} is an output file, not a searchable index: search sqlite:// or postgres://",
+            uri
+        ))),
     }
 }
 

@@ -391,12 +391,11 @@ pub fn open_store(uri: &IndexUri) -> Result<Box<dyn IndexStore>, StoreError> {
             }
             Ok(Box::new(super::sqlite::SqliteStore::open(path)?))
         }
+        #[cfg(feature = "postgres")]
         IndexUri::Postgres(target) => Ok(Box::new(super::postgres::PgStore::open(target)?)),
-        IndexUri::Jsonl(_) | IndexUri::Parquet(_) | IndexUri::Null { .. } => {
-            Err(StoreError::Invalid(format!(
-                "{uri} keeps no lifecycle: enrich, backfill, status, dlq, pause and promote \
+        _ => Err(StoreError::Invalid(format!(
+            "{uri} keeps no lifecycle: enrich, backfill, status, dlq, pause and promote \
                  work on sqlite:// and postgres:// indexes"
-            )))
-        }
+        ))),
     }
 }

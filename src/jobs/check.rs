@@ -3,7 +3,9 @@
 use std::path::Path;
 
 use crate::indexers::sqlite::SqliteReader;
-use crate::indexers::{self, BackendError, IndexReader, IndexUri};
+use crate::indexers::IndexUri;
+#[cfg(feature = "postgres")]
+use crate::indexers::{self, BackendError, IndexReader};
 
 use super::model::{devices, load_model, model_files};
 use super::{service_embedder, JobError, PipelineConfig};
@@ -52,6 +54,7 @@ pub fn check(config: &PipelineConfig) -> Result<CheckReport, JobError> {
                 config.index.uri.value
             )
         }
+        #[cfg(feature = "postgres")]
         IndexUri::Postgres(target) => {
             // Connects, and reads the index if the schema holds one (nothing is created).
             match indexers::postgres::PgReader::open(target, true) {

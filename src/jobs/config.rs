@@ -493,6 +493,7 @@ fn shown<S: Serializer, T>(v: &Parsed<T>, s: S) -> Result<S::Ok, S::Error> {
 /// A URI as it parses back, without the password it may hold.
 fn shown_redacted<S: Serializer>(v: &Parsed<IndexUri>, s: S) -> Result<S::Ok, S::Error> {
     match &v.value {
+        #[cfg(feature = "postgres")]
         IndexUri::Postgres(_) => s.serialize_str(&v.value.to_string()),
         _ => s.serialize_str(&v.text),
     }

@@ -130,7 +130,7 @@ fn dead_letter_sink(
     settings: &str,
 ) -> Result<Option<DeadLetterSink>, JobError> {
     let uri = &config.index.uri.value;
-    if !matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
+    if !uri.is_store() {
         return Ok(None);
     }
     let mut store = crate::indexers::open_store(uri)?;

@@ -14,8 +14,10 @@ use crate::run::enrich::{EnrichOptions, EnrichWorker, LlmStage, SetModel};
 use crate::run::progress::Observer;
 use crate::run::{self, RunSummary};
 
+#[cfg(feature = "nats")]
+use super::distributed;
 use super::model::{batch_tokens, devices, load_model, model_files, model_identity};
-use super::{config, distributed, metrics, service_embedder, JobError, PipelineConfig};
+use super::{config, metrics, service_embedder, JobError, PipelineConfig};
 
 /// The lifecycle store of the index a command works on (sqlite:// or postgres://).
 pub fn lifecycle_store(config: &PipelineConfig) -> Result<Box<dyn IndexStore>, JobError> {
@@ -109,11 +111,17 @@ pub fn enrich(
     };
     let result = match &request.queue {
         None => run::enrich::execute(list, &options, uri.to_string(), observer),
+        #[cfg(feature = "nats")]
         Some(url) => {
             let run = queued_run(url, &options)?;
             let feeder = lifecycle_store(config)?;
             run::enrich::execute_on_broker(list, feeder, &run, &options, uri.to_string(), observer)
         }
+        #[cfg(not(feature = "nats"))]
+        Some(_) => Err(JobError::NotBuilt {
+            what: "enrich --queue".into(),
+            feature: "nats",
+        })?,
     };
     observer.finish();
     let mut summary = result?;
@@ -156,9 +164,9 @@ fn enrich_stages(
                  ragline.toml (chunking is done by `ragline ingest`)"
             )));
         }
-        if !matches!(s.as_str(), EMBED | crate::lifecycle::NOOP)
-            && !configured.iter().any(|c| &c.name == s)
-        {
+        // `noop` (claims and finishes work, nothing else) is a hook for tests and benchmarks.
+        let hook = cfg!(feature = "test-hooks") && s == crate::lifecycle::NOOP;
+        if s != EMBED && !hook && !configured.iter().any(|c| &c.name == s) {
             return Err(JobError::Setup(format!(
                 "`enrich --stage {s}`: no such stage in ragline.toml; an LLM stage needs a \
                  section with its url and model ([stages.summary], or [[stages.llm]] with \
@@ -254,6 +262,7 @@ fn calls_note(stage: &str, endpoint: &crate::http::Endpoint) -> Option<String> {
 /// The broker side of `enrich --queue`: its stages' consumers (AckWait = the stage's
 /// visibility timeout, MaxDeliver = its retry limit), SIGTERM handling, and the store's lease
 /// on published work, long enough for every delivery and backoff of the longest stage.
+#[cfg(feature = "nats")]
 fn queued_run(
     url: &str,
     options: &run::enrich::EnrichOptions,

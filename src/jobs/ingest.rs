@@ -10,7 +10,7 @@ use crate::connectors::Connector;
 use crate::embed::device;
 use crate::embed::pool::EmbedderPool;
 use crate::embed::tokenizer::TextTokenizer;
-use crate::indexers::{self, BackendFactory, BatchConfig, IndexIdentity, IndexUri, ModelIdentity};
+use crate::indexers::{self, BackendFactory, BatchConfig, IndexIdentity, ModelIdentity};
 use crate::lifecycle::EMBED;
 use crate::run::progress::Observer;
 use crate::run::{self, RunOptions, RunParts, RunSummary};
@@ -59,7 +59,7 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, JobErr
     config.validate()?;
     let defer = config.stages.embed.defer;
     let uri = &config.index.uri.value;
-    if defer && !matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
+    if defer && !uri.is_store() {
         return Err(JobError::Setup(format!(
             "deferred embedding needs an index that keeps the work queue (sqlite:// or \
              postgres://); {} cannot: drop --defer",
@@ -381,7 +381,7 @@ pub(crate) fn finish_ingest(
     } else if config.index.prune {
         tracing::warn!("--prune does nothing with {}", backend.describe());
     }
-    if config.index.prune && matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
+    if config.index.prune && uri.is_store() {
         let dropped = indexers::open_store(uri)?.drop_retired()?;
         for model in dropped {
             summary

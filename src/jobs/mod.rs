@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod config;
+#[cfg(feature = "nats")]
 pub mod distributed;
 pub mod enrich;
 pub mod ingest;
@@ -49,4 +50,10 @@ pub enum JobError {
     /// The run started and could not go on.
     #[error(transparent)]
     Run(#[from] RunError),
+    /// What was asked needs a part this build leaves out (a cargo feature that is off).
+    #[error(
+        "{what} needs the `{feature}` feature, which this build of ragline leaves out: build \
+         it with `--features {feature}` (the default build has it)"
+    )]
+    NotBuilt { what: String, feature: &'static str },
 }

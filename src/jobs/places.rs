@@ -156,27 +156,31 @@ mod tests {
             e.contains("stages.embed.remote.api_key_env: the run names `AWS_SECRET_ACCESS_KEY`, this worker has nothing"),
             "{e}"
         );
-        // An index the process was not given.
-        let mut theirs = PipelineConfig::default();
-        theirs.index.uri = Parsed::parse("postgres://u@elsewhere/db").unwrap();
-        let mut mine = PipelineConfig::default();
-        mine.index.uri = Parsed::parse("postgres://u:pw@db.local/db").unwrap();
-        let e = adopt(
-            theirs.clone(),
-            &mine,
-            Uses::IndexAndServices,
-            "this indexer",
-        )
-        .unwrap_err();
-        assert!(e.contains("index.uri"), "{e}");
-        assert!(!e.contains("pw"), "{e}");
-        // The embedder never opens the index: that difference does not matter to it.
-        assert!(adopt(theirs, &mine, Uses::ServicesOnly, "this embedder").is_ok());
-        // The same index, the password only on this side: the process's URI is used.
-        let mut theirs = PipelineConfig::default();
-        theirs.index.uri = Parsed::parse("postgres://u@db.local/db").unwrap();
-        let got = adopt(theirs, &mine, Uses::IndexAndServices, "this indexer").unwrap();
-        assert_eq!(got.index.uri, mine.index.uri);
+        // An index the process was not given (a Postgres one: it has a password to keep).
+        #[cfg(feature = "postgres")]
+        {
+            // An index the process was not given.
+            let mut theirs = PipelineConfig::default();
+            theirs.index.uri = Parsed::parse("postgres://u@elsewhere/db").unwrap();
+            let mut mine = PipelineConfig::default();
+            mine.index.uri = Parsed::parse("postgres://u:pw@db.local/db").unwrap();
+            let e = adopt(
+                theirs.clone(),
+                &mine,
+                Uses::IndexAndServices,
+                "this indexer",
+            )
+            .unwrap_err();
+            assert!(e.contains("index.uri"), "{e}");
+            assert!(!e.contains("pw"), "{e}");
+            // The embedder never opens the index: that difference does not matter to it.
+            assert!(adopt(theirs, &mine, Uses::ServicesOnly, "this embedder").is_ok());
+            // The same index, the password only on this side: the process's URI is used.
+            let mut theirs = PipelineConfig::default();
+            theirs.index.uri = Parsed::parse("postgres://u@db.local/db").unwrap();
+            let got = adopt(theirs, &mine, Uses::IndexAndServices, "this indexer").unwrap();
+            assert_eq!(got.index.uri, mine.index.uri);
+        }
         // An LLM stage's URL is a place too.
         let mut theirs = PipelineConfig::default();
         theirs.stages.summary.url = Some("http://attacker.example".into());

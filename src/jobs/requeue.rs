@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+#[cfg(feature = "nats")]
 use super::distributed;
 use super::{ingest_from, lifecycle_store, JobError, PipelineConfig, Scope};
 use crate::connectors::requeue::{RequeueConnector, Requeued};
@@ -67,6 +68,7 @@ pub fn run_buried(
             run_config.source.max_file_bytes,
         ))];
         let summary = match queue {
+            #[cfg(feature = "nats")]
             Some(url) => distributed::ingest_from(
                 &run_config,
                 connectors,
@@ -74,6 +76,13 @@ pub fn run_buried(
                 url,
                 observer,
             )?,
+            #[cfg(not(feature = "nats"))]
+            Some(_) => {
+                return Err(JobError::NotBuilt {
+                    what: "a requeue through a broker (--queue)".into(),
+                    feature: "nats",
+                })
+            }
             None => ingest_from(&run_config, connectors, Scope::SomeDocuments, observer)?,
         };
         // What the index says now decides, not the run's counts: a document is out of the

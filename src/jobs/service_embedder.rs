@@ -116,8 +116,7 @@ pub fn config_of_index(model: &str, dir: &str) -> Option<RemoteEmbedConfig> {
 /// from the endpoint's I/O runtime. Does nothing for an index without a lifecycle.
 pub fn report_circuit(endpoint: &Endpoint, uri: &crate::indexers::IndexUri, stage: &str) {
     use crate::http::circuit::Change;
-    use crate::indexers::IndexUri;
-    if !matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_)) {
+    if !uri.is_store() {
         return;
     }
     let (tx, rx) = crossbeam_channel::bounded::<Change>(64);
@@ -148,10 +147,7 @@ pub fn report_circuit(endpoint: &Endpoint, uri: &crate::indexers::IndexUri, stag
 /// the endpoint's thread may not have been written yet when the run ends).
 pub fn settle_circuit(endpoint: &Endpoint, uri: &crate::indexers::IndexUri, stage: &str) {
     use crate::http::circuit::CircuitState;
-    use crate::indexers::IndexUri;
-    if matches!(uri, IndexUri::Sqlite(_) | IndexUri::Postgres(_))
-        && endpoint.circuit() == CircuitState::Closed
-    {
+    if uri.is_store() && endpoint.circuit() == CircuitState::Closed {
         let _ = crate::indexers::open_store(uri).and_then(|mut s| s.set_circuit(stage, None));
     }
 }

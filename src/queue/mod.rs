@@ -6,6 +6,7 @@
 //! only after the item's output is itself durably queued (or written). The in-process
 //! implementation ([`memory::MemoryQueue`]) has nothing to redeliver, so its ack is free.
 
+#[cfg(feature = "nats")]
 pub mod jetstream;
 pub mod memory;
 pub mod wire;

@@ -5,6 +5,7 @@
 //! publisher's event loop runs on the calling thread and decides when the run is complete;
 //! then every thread is told to stop and joined.
 
+#[cfg(feature = "nats")]
 pub mod distributed;
 pub mod enrich;
 pub mod progress;

@@ -98,12 +98,9 @@ pub(crate) fn backends_with(name: &str, pg_options: &str) -> Vec<TestIndex> {
         _dir: Some(dir),
     }];
     match std::env::var("RAGLINE_TEST_POSTGRES") {
-        Ok(url) if !url.is_empty() => {
+        Ok(url) if !url.is_empty() && cfg!(feature = "postgres") => {
             let schema = format!("u_{name}_{}", std::process::id());
-            let mut c = postgres::Client::connect(&url, postgres::NoTls)
-                .expect("connect to the RAGLINE_TEST_POSTGRES server");
-            c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-                .unwrap();
+            pg_execute(&url, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
             let sep = if url.contains('?') { '&' } else { '?' };
             v.push(TestIndex {
                 uri: format!("{url}{sep}schema={schema}{pg_options}")
@@ -112,6 +109,9 @@ pub(crate) fn backends_with(name: &str, pg_options: &str) -> Vec<TestIndex> {
                 pg: Some((url, schema)),
                 _dir: None,
             });
+        }
+        Ok(url) if !url.is_empty() => {
+            eprintln!("SKIPPED (postgres): this build leaves the `postgres` feature out")
         }
         _ => eprintln!(
             "SKIPPED (postgres): RAGLINE_TEST_POSTGRES is not set; run \
@@ -155,10 +155,7 @@ impl TestIndex {
     /// server.
     pub fn execute(&self, sqlite: &str, postgres: &str) {
         match (&self.uri, &self.pg) {
-            (_, Some((url, schema))) => {
-                let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
-                c.batch_execute(&postgres.replace("{s}", schema)).unwrap();
-            }
+            (_, Some((url, schema))) => pg_execute(url, &postgres.replace("{s}", schema)),
             (IndexUri::Sqlite(path), None) => rusqlite::Connection::open(path)
                 .unwrap()
                 .execute_batch(sqlite)
@@ -170,12 +167,7 @@ impl TestIndex {
     /// A number a query gives (as for [`TestIndex::execute`]).
     pub fn count(&self, sqlite: &str, postgres: &str) -> i64 {
         match (&self.uri, &self.pg) {
-            (_, Some((url, schema))) => {
-                let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
-                c.query_one(&postgres.replace("{s}", schema), &[])
-                    .unwrap()
-                    .get(0)
-            }
+            (_, Some((url, schema))) => pg_count(url, &postgres.replace("{s}", schema)),
             (IndexUri::Sqlite(path), None) => rusqlite::Connection::open(path)
                 .unwrap()
                 .query_row(sqlite, [], |r| r.get(0))
@@ -190,12 +182,35 @@ impl Drop for TestIndex {
     fn drop(&mut self) {
         if let Some((url, schema)) = &self.pg {
             if !std::thread::panicking() {
-                if let Ok(mut c) = postgres::Client::connect(url, postgres::NoTls) {
-                    let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
-                }
+                pg_execute(url, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
             }
         }
     }
+}
+
+/// Run SQL on the Postgres test server.
+#[cfg(feature = "postgres")]
+fn pg_execute(url: &str, sql: &str) {
+    let mut c = postgres::Client::connect(url, postgres::NoTls)
+        .expect("connect to the RAGLINE_TEST_POSTGRES server");
+    c.batch_execute(sql).unwrap();
+}
+
+/// The number a query on the Postgres test server gives.
+#[cfg(feature = "postgres")]
+fn pg_count(url: &str, sql: &str) -> i64 {
+    let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    c.query_one(sql, &[]).unwrap().get(0)
+}
+
+#[cfg(not(feature = "postgres"))]
+fn pg_execute(_: &str, _: &str) {
+    unreachable!("a build without postgres has no Postgres test index")
+}
+
+#[cfg(not(feature = "postgres"))]
+fn pg_count(_: &str, _: &str) -> i64 {
+    unreachable!("a build without postgres has no Postgres test index")
 }
 
 #[test]

@@ -12,6 +12,10 @@
 
 mod embed;
 mod llm;
+#[cfg(feature = "nats")]
+mod queued;
+#[cfg(not(feature = "nats"))]
+#[path = "queued_off.rs"]
 mod queued;
 
 pub use llm::LlmStage;
@@ -188,7 +192,6 @@ pub fn execute_on_broker<S: EnrichStore + 'static>(
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, RunError> {
     let dead = run
-        .queue
         .dead_letters()
         .map_err(|e| RunError::Aborted(format!("broker: {e}")))?;
     let mut summary = run_workers(workers, Some((feeder, run, dead)), options, index, observer)?;

@@ -81,6 +81,11 @@ impl QueuedRun {
     }
 
     /// Deliveries this process took that were not the first.
+    /// What the broker gave up on (MaxDeliver reached), as it happens.
+    pub(super) fn dead_letters(&self) -> Result<Receiver<(WorkItem, u32)>, String> {
+        self.queue.dead_letters()
+    }
+
     pub fn redeliveries(&self) -> u64 {
         self.redelivered.load(Ordering::Relaxed)
     }

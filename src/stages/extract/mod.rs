@@ -149,6 +149,7 @@ impl Extract {
 /// A document's content before extraction.
 enum Content {
     Text(String),
+    #[cfg_attr(not(any(feature = "pdf", feature = "docx")), allow(dead_code))]
     Bytes(Vec<u8>),
 }
 
