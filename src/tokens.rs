@@ -11,8 +11,11 @@ pub struct Tokens {
 
 /// A tokenizer the chunker can cut by.
 pub trait Tokenize: Clone + Send + 'static {
+    /// Why a text could not be tokenized (the implementation's own error).
+    type Error: std::error::Error + Send + Sync + 'static;
+
     /// Token ids of `text` with byte offsets, no special tokens.
-    fn tokenize(&self, text: &str) -> Result<Tokens, String>;
+    fn tokenize(&self, text: &str) -> Result<Tokens, Self::Error>;
 }
 
 /// Token ids as an index stores them (the chunker's ids of a chunk waiting for its vector):

@@ -37,8 +37,10 @@ pub struct TextTokenizer {
 pub use crate::tokens::Tokens;
 
 impl crate::tokens::Tokenize for TextTokenizer {
-    fn tokenize(&self, text: &str) -> Result<Tokens, String> {
-        TextTokenizer::tokenize(self, text).map_err(|e| e.to_string())
+    type Error = EmbedError;
+
+    fn tokenize(&self, text: &str) -> Result<Tokens, EmbedError> {
+        TextTokenizer::tokenize(self, text)
     }
 }
 

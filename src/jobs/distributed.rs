@@ -27,8 +27,8 @@ pub const CONNECT_WAIT: Duration = Duration::from_secs(10);
 
 /// Connect to the broker a `--queue` URL names.
 pub fn connect(url: &str) -> Result<Broker, JobError> {
-    let config = BrokerConfig::parse(url).map_err(JobError::Setup)?;
-    Broker::connect(config, CONNECT_WAIT).map_err(JobError::Setup)
+    let config = BrokerConfig::parse(url)?;
+    Ok(Broker::connect(config, CONNECT_WAIT)?)
 }
 
 /// The settings other processes read: paths made absolute, so a process started in another
@@ -190,8 +190,9 @@ pub fn serve(
 ) -> Result<Vec<RoleReport>, JobError> {
     let broker = connect(url)?;
     broker.stop_on_signals(Arc::clone(stop));
-    let mut setup = |record: &RunRecord| -> Result<RoleParts, String> {
-        role_parts(role, record, request).map_err(|e| e.to_string())
+    // The run engine sits below the jobs: a role that cannot be set up is its Setup error.
+    let mut setup = |record: &RunRecord| -> Result<RoleParts, crate::run::RunError> {
+        role_parts(role, record, request).map_err(|e| crate::run::RunError::Setup(e.to_string()))
     };
     let mut log = |line: &str| tracing::info!(target: crate::NOTE, "{line}");
     Ok(engine::serve(

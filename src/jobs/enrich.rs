@@ -299,8 +299,7 @@ fn queued_run(
                 max_deliver: st.retry_limit.max(1),
             })
             .collect(),
-    )
-    .map_err(JobError::Setup)?;
+    )?;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     broker.stop_on_signals(Arc::clone(&stop));
     Ok(run::enrich::QueuedRun::new(queue, lease, stop))

@@ -56,4 +56,8 @@ pub enum JobError {
          it with `--features {feature}` (the default build has it)"
     )]
     NotBuilt { what: String, feature: &'static str },
+    /// The broker of a distributed run or `--queue` (unreachable, refused, a bad URL).
+    #[cfg(feature = "nats")]
+    #[error(transparent)]
+    Broker(#[from] crate::queue::jetstream::BrokerError),
 }

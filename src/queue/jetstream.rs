@@ -54,6 +54,32 @@ use crate::document::RunId;
 use crate::event::{Event, EventKind};
 use crate::secret::Secret;
 
+/// What the broker client reports, by kind; each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// A `--queue` URL (or a file it names) that cannot be used.
+    #[error("{0}")]
+    Config(String),
+    /// No server answered in time, or it refused this process (credentials, TLS).
+    #[error("{0}")]
+    Connect(String),
+    /// A JetStream call that failed after its retries: what was being done, and why.
+    #[error("NATS: {what}: {reason}")]
+    Api { what: String, reason: String },
+    /// Bytes from the broker that are not a message ragline sent (framing, a run record).
+    #[error("{0}")]
+    Message(String),
+}
+
+impl BrokerError {
+    fn api(what: impl Into<String>, reason: impl std::fmt::Display) -> BrokerError {
+        BrokerError::Api {
+            what: what.into(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
 /// The format of the messages (`queue::wire`); a process reading another refuses the run.
 pub const WIRE_VERSION: u32 = 3;
 
@@ -93,11 +119,11 @@ pub(crate) fn encode_batch(items: &[Bytes], flags: u8) -> Bytes {
 /// The items of a message and its envelope's flags (a plain message is one item, flags 0).
 /// The bytes come from the broker, so they are untrusted: nothing is allocated beyond what
 /// they hold (a count of 4 billion items in a 6-byte message is an error, not 137 GB).
-pub fn split_message(payload: &Bytes) -> Result<(Vec<Bytes>, u8), String> {
+pub fn split_message(payload: &Bytes) -> Result<(Vec<Bytes>, u8), BrokerError> {
     if payload.first() != Some(&BATCH_MAGIC) {
         return Ok((vec![payload.clone()], 0));
     }
-    let bad = |why: String| format!("a batch envelope {why}");
+    let bad = |why: String| BrokerError::Message(format!("a batch envelope {why}"));
     let flags = *payload
         .get(1)
         .ok_or_else(|| bad("cut short in its header".into()))?;
@@ -141,7 +167,13 @@ pub fn split_message(payload: &Bytes) -> Result<(Vec<Bytes>, u8), String> {
 
 /// The event that dead-letters a message no process can read: the run's publisher counts it
 /// and reports it with `reason`. `at` names the message (its subject and stream sequence).
-fn unreadable(run: RunId, lane: Lane, at: String, reason: &str, payload: &[u8]) -> Event {
+fn unreadable(
+    run: RunId,
+    lane: Lane,
+    at: String,
+    reason: &dyn std::fmt::Display,
+    payload: &[u8],
+) -> Event {
     let head: Vec<String> = payload
         .iter()
         .take(16)
@@ -261,7 +293,11 @@ impl Default for BrokerConfig {
 }
 
 impl BrokerConfig {
-    pub fn parse(url: &str) -> Result<Self, String> {
+    pub fn parse(url: &str) -> Result<Self, BrokerError> {
+        Self::parse_config(url).map_err(BrokerError::Config)
+    }
+
+    fn parse_config(url: &str) -> Result<Self, String> {
         let mut config = BrokerConfig::default();
         // Messages show the URL without its secrets.
         let shown = crate::secret::redact_url(url);
@@ -624,13 +660,13 @@ fn backend(queue: &'static str, e: impl std::fmt::Display) -> QueueError {
 impl Broker {
     /// Connect, waiting up to `wait` for a server to answer, and make sure the streams and the
     /// runs bucket exist. The connection reconnects by itself for as long as the process runs.
-    pub fn connect(config: BrokerConfig, wait: Duration) -> Result<Broker, String> {
+    pub fn connect(config: BrokerConfig, wait: Duration) -> Result<Broker, BrokerError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("nats")
             .enable_all()
             .build()
-            .map_err(|e| format!("cannot start the broker client: {e}"))?;
+            .map_err(|e| BrokerError::Connect(format!("cannot start the broker client: {e}")))?;
         let addrs: Vec<ServerAddr> = config
             .servers
             .iter()
@@ -644,7 +680,9 @@ impl Broker {
             let deadline = Instant::now() + wait;
             let mut last = String::from("no answer");
             loop {
-                let options = connect_options(&config).await?;
+                let options = connect_options(&config)
+                    .await
+                    .map_err(BrokerError::Config)?;
                 let left = deadline.saturating_duration_since(Instant::now());
                 match tokio::time::timeout(left, options.connect(addrs.clone())).await {
                     Ok(Ok(client)) => return Ok(client),
@@ -652,20 +690,20 @@ impl Broker {
                         use async_nats::ConnectErrorKind as K;
                         match e.kind() {
                             K::AuthorizationViolation | K::Authentication => {
-                                return Err(format!(
+                                return Err(BrokerError::Connect(format!(
                                     "the NATS server at {described} refused this process's \
                                      credentials ({e}): check the user and password or token \
                                      in --queue (nats://USER:PASS@HOST:PORT, nats://TOKEN@HOST) \
                                      or the ?creds= file"
-                                ))
+                                )))
                             }
                             _ if tls_failure(&e) => {
-                                return Err(format!(
+                                return Err(BrokerError::Connect(format!(
                                     "TLS with the NATS server at {described} failed ({}): \
                                      check ?tls_ca= (the CA that signed the server's \
                                      certificate) and that the address is the name in it",
                                     root_cause(&e)
-                                ))
+                                )))
                             }
                             _ => last = root_cause(&e),
                         }
@@ -673,11 +711,11 @@ impl Broker {
                     Err(_) => {}
                 }
                 if Instant::now() >= deadline {
-                    return Err(format!(
+                    return Err(BrokerError::Connect(format!(
                         "cannot reach the NATS server at {described} within {}s ({last}): is \
                          it running (`scripts/nats.sh start`), and is the address right?",
                         wait.as_secs()
-                    ));
+                    )));
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -714,7 +752,7 @@ impl Broker {
         &self,
         what: &str,
         mut call: impl FnMut() -> Fut,
-    ) -> Result<T, String> {
+    ) -> Result<T, BrokerError> {
         let deadline = Instant::now() + Duration::from_secs(60);
         self.block_on(async {
             loop {
@@ -724,13 +762,13 @@ impl Broker {
                         let _ = &e;
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
-                    Err(e) => return Err(format!("NATS: {what}: {e}")),
+                    Err(e) => return Err(BrokerError::api(what, e)),
                 }
             }
         })
     }
 
-    fn ensure_streams(&self) -> Result<(), String> {
+    fn ensure_streams(&self) -> Result<(), BrokerError> {
         let c = &self.inner.config;
         for lane in Lane::ALL {
             let config = stream::Config {
@@ -777,7 +815,7 @@ impl Broker {
         Ok(())
     }
 
-    fn runs(&self) -> Result<jetstream::kv::Store, String> {
+    fn runs(&self) -> Result<jetstream::kv::Store, BrokerError> {
         let js = self.inner.js.clone();
         let bucket = self.inner.config.bucket();
         self.retrying("opening the runs bucket", || {
@@ -787,7 +825,7 @@ impl Broker {
     }
 
     /// Record a run (its settings and state) for the other processes.
-    pub fn put_run(&self, record: &RunRecord) -> Result<(), String> {
+    pub fn put_run(&self, record: &RunRecord) -> Result<(), BrokerError> {
         let kv = self.runs()?;
         let bytes = Bytes::from(serde_json::to_vec(record).expect("a record encodes"));
         let key = record.run.clone();
@@ -798,7 +836,7 @@ impl Broker {
         Ok(())
     }
 
-    pub fn get_run(&self, run: &str) -> Result<Option<RunRecord>, String> {
+    pub fn get_run(&self, run: &str) -> Result<Option<RunRecord>, BrokerError> {
         let kv = self.runs()?;
         let bytes = self.retrying("reading the run", || {
             let (kv, key) = (kv.clone(), run.to_string());
@@ -806,13 +844,14 @@ impl Broker {
         })?;
         bytes
             .map(|b| {
-                serde_json::from_slice(&b).map_err(|e| format!("run {run}: unreadable record: {e}"))
+                serde_json::from_slice(&b)
+                    .map_err(|e| BrokerError::Message(format!("run {run}: unreadable record: {e}")))
             })
             .transpose()
     }
 
     /// The runs recorded, oldest first.
-    pub fn list_runs(&self) -> Result<Vec<RunRecord>, String> {
+    pub fn list_runs(&self) -> Result<Vec<RunRecord>, BrokerError> {
         let kv = self.runs()?;
         let keys: Vec<String> = self.retrying("listing runs", || {
             let kv = kv.clone();
@@ -835,7 +874,7 @@ impl Broker {
 
     /// Create the run's consumers (durable pull, explicit ack, the URL's AckWait, MaxDeliver
     /// and max_ack_pending).
-    pub fn create_consumers(&self, run: RunId) -> Result<(), String> {
+    pub fn create_consumers(&self, run: RunId) -> Result<(), BrokerError> {
         let c = self.inner.config.clone();
         for lane in Lane::ALL {
             let name = c.consumer(lane, run);
@@ -869,7 +908,7 @@ impl Broker {
 
     /// Remove what is left of a finished run on the broker: its consumers and any message
     /// still on its subjects (duplicates of work already done).
-    pub fn remove_run(&self, run: RunId) -> Result<(), String> {
+    pub fn remove_run(&self, run: RunId) -> Result<(), BrokerError> {
         let c = self.inner.config.clone();
         for lane in Lane::ALL {
             let js = self.inner.js.clone();
@@ -952,7 +991,7 @@ impl Broker {
     /// The messages that reached MaxDeliver on the run's consumers, as they happen:
     /// (lane, the message's payload). The server stops delivering such a message; the caller
     /// decides what becomes of its document. The message is removed from its stream.
-    pub fn dead_letters(&self, run: RunId) -> Result<Receiver<(Lane, Bytes)>, String> {
+    pub fn dead_letters(&self, run: RunId) -> Result<Receiver<(Lane, Bytes)>, BrokerError> {
         let c = self.inner.config.clone();
         let (tx, rx) = bounded(1024);
         let client = self.inner.client.clone();
@@ -960,7 +999,7 @@ impl Broker {
         let subject = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>".to_string();
         let mut sub = self
             .block_on(client.subscribe(subject))
-            .map_err(|e| format!("NATS: watching for dead letters: {e}"))?;
+            .map_err(|e| BrokerError::api("watching for dead letters", e))?;
         let names: HashMap<(String, String), Lane> = Lane::ALL
             .iter()
             .map(|&l| ((c.stream(l), c.consumer(l, run)), l))
@@ -1625,7 +1664,7 @@ mod tests {
             ("nats://h:1?tls=maybe", "true or false"),
             ("http://u:hunter2@h:1", "not a nats://"),
         ] {
-            let e = BrokerConfig::parse(bad).unwrap_err();
+            let e = BrokerConfig::parse(bad).unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
             assert!(!e.contains("hunter2"), "{e}");
         }
@@ -1635,7 +1674,7 @@ mod tests {
     fn a_batch_envelope_never_allocates_more_than_its_bytes_hold() {
         // The 6-byte message of the finding: 4 billion items announced.
         let hostile = Bytes::from_static(&[0xC1, 0x00, 0xFF, 0xFF, 0xFF, 0xFF]);
-        let e = split_message(&hostile).unwrap_err();
+        let e = split_message(&hostile).unwrap_err().to_string();
         assert!(e.contains("room for at most 0"), "{e}");
         // Items that claim more bytes than there are.
         let mut v = vec![0xC1, 0, 2, 0, 0, 0];
@@ -1698,7 +1737,7 @@ mod tests {
             ("nats://a:4222?prefix=a.b", "letters, digits"),
             ("nats://a:4222?colour=red", "unknown setting `colour`"),
         ] {
-            let err = BrokerConfig::parse(url).unwrap_err();
+            let err = BrokerConfig::parse(url).unwrap_err().to_string();
             assert!(err.contains(says), "{url}: {err}");
         }
     }

@@ -8,10 +8,16 @@ use serde::{Deserialize, Serialize};
 use crate::document::{Chunk, Document, Fields, InputKey, RunId};
 use crate::event::Event;
 
+/// Bytes from a broker that are not an item ragline sent: the MessagePack decoder's reason
+/// (a truncated or mistyped field, nesting past [`MAX_DEPTH`]).
+#[derive(Debug, thiserror::Error)]
+#[error("not a message ragline sent: {0}")]
+pub struct WireError(#[from] rmp_serde::decode::Error);
+
 /// An item a broker can carry.
 pub trait Wire: Sized + Send {
     fn encode(&self) -> Vec<u8>;
-    fn decode(bytes: &[u8]) -> Result<Self, String>;
+    fn decode(bytes: &[u8]) -> Result<Self, WireError>;
     /// The run the item belongs to (its subject on the broker).
     fn run_id(&self) -> RunId;
     /// The broker delivered it more than once.
@@ -26,10 +32,10 @@ const MAX_DEPTH: usize = 64;
 /// Decode bytes from a broker (untrusted): nesting bounded by [`MAX_DEPTH`]; every length in
 /// them is checked against the bytes there, and sequences are preallocated only as far as
 /// serde's cautious size hint allows, so nothing is allocated beyond what the bytes justify.
-fn decode_bounded<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+fn decode_bounded<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
     let mut d = rmp_serde::Deserializer::from_read_ref(bytes);
     d.set_max_depth(MAX_DEPTH);
-    T::deserialize(&mut d).map_err(|e| e.to_string())
+    Ok(T::deserialize(&mut d)?)
 }
 
 #[derive(Serialize)]
@@ -130,7 +136,7 @@ impl Wire for Document {
         rmp_serde::to_vec_named(&out).expect("a document always encodes")
     }
 
-    fn decode(bytes: &[u8]) -> Result<Self, String> {
+    fn decode(bytes: &[u8]) -> Result<Self, WireError> {
         let d: DocIn = decode_bounded(bytes)?;
         let mut doc = Document::new(d.id, String::new());
         doc.run_id = RunId(d.run);
@@ -176,7 +182,7 @@ impl Wire for Event {
         rmp_serde::to_vec_named(self).expect("an event always encodes")
     }
 
-    fn decode(bytes: &[u8]) -> Result<Self, String> {
+    fn decode(bytes: &[u8]) -> Result<Self, WireError> {
         decode_bounded(bytes)
     }
 

@@ -27,7 +27,7 @@ use crate::embed::pool::{EmbedQueues, EmbedderPool};
 use crate::event::{Event, EventKind};
 use crate::indexers::{BackendFactory, BatchConfig, Indexer};
 use crate::publisher::Publisher;
-use crate::queue::jetstream::{Broker, Lane, RunRecord, RunState};
+use crate::queue::jetstream::{Broker, BrokerError, Lane, RunRecord, RunState};
 use crate::queue::wire::Wire;
 use crate::queue::Queue;
 use crate::signal::RunSignal;
@@ -87,15 +87,15 @@ pub fn publish(
         dead_letters: mut sink,
     } = options;
     let started = Instant::now();
-    broker.create_consumers(run_id).map_err(RunError::Setup)?;
-    broker.put_run(record).map_err(RunError::Setup)?;
+    broker.create_consumers(run_id)?;
+    broker.put_run(record)?;
     let signal = Arc::new(RunSignal::new());
     let stats = Arc::new(RunStats::default());
     let work: Arc<dyn Queue<Document>> =
         Arc::new(broker.queue::<Document>(Lane::Work, run_id, None));
     let events: Arc<dyn Queue<Event>> =
         Arc::new(broker.follower::<Event>(Lane::Events, run_id, 4096));
-    let dead = broker.dead_letters(run_id).map_err(RunError::Setup)?;
+    let dead = broker.dead_letters(run_id)?;
     let publisher = Publisher::new(run_id, Arc::clone(&work), Arc::clone(&signal), track_ids);
 
     let complete = std::thread::scope(|scope| {
@@ -131,9 +131,9 @@ pub fn publish(
     };
     let mut done = record.clone();
     done.state = state;
-    broker.put_run(&done).map_err(RunError::Setup)?;
+    broker.put_run(&done)?;
     drop(events);
-    broker.remove_run(run_id).map_err(RunError::Setup)?;
+    broker.remove_run(run_id)?;
     if let Some(reason) = signal.abort_reason() {
         return Err(RunError::Aborted(reason));
     }
@@ -328,13 +328,13 @@ pub fn serve(
     role: Role,
     once: bool,
     stop: &Arc<AtomicBool>,
-    setup: &mut dyn FnMut(&RunRecord) -> Result<RoleParts, String>,
+    setup: &mut dyn FnMut(&RunRecord) -> Result<RoleParts, RunError>,
     log: &mut dyn FnMut(&str),
 ) -> Result<Vec<RoleReport>, RunError> {
     let mut reports = Vec::new();
     let mut announced_wait = false;
     while !stop.load(Ordering::Relaxed) {
-        let runs = broker.list_runs().map_err(RunError::Setup)?;
+        let runs = broker.list_runs()?;
         let Some(record) = runs.into_iter().find(|r| r.state == RunState::Running) else {
             if !announced_wait {
                 log(&format!(
@@ -348,9 +348,9 @@ pub fn serve(
             continue;
         };
         announced_wait = false;
-        let run_id = parse_run(&record.run).map_err(RunError::Setup)?;
+        let run_id = parse_run(&record.run)?;
         log(&format!("{}: joining run {}", role.name(), record.run));
-        let parts = setup(&record).map_err(RunError::Setup)?;
+        let parts = setup(&record)?;
         let report = serve_run(broker, run_id, &record.run, parts, stop)?;
         log(&format!(
             "{}: run {} is over after {:.1}s",
@@ -366,10 +366,10 @@ pub fn serve(
     Ok(reports)
 }
 
-fn parse_run(s: &str) -> Result<RunId, String> {
-    u64::from_str_radix(s, 16)
-        .map(RunId)
-        .map_err(|_| format!("the broker holds a run record with a bad id `{s}`"))
+fn parse_run(s: &str) -> Result<RunId, BrokerError> {
+    u64::from_str_radix(s, 16).map(RunId).map_err(|_| {
+        BrokerError::Message(format!("the broker holds a run record with a bad id `{s}`"))
+    })
 }
 
 /// Stop this process's part of a run when the run's record says it is over (checked every

@@ -88,6 +88,10 @@ pub enum RunError {
     /// The run could not go on (a thread died, a queue broke).
     #[error("run aborted: {0}")]
     Aborted(String),
+    /// The broker of a distributed run refused or failed a setup call (exit code 2).
+    #[cfg(feature = "nats")]
+    #[error(transparent)]
+    Broker(#[from] crate::queue::jetstream::BrokerError),
 }
 
 impl From<StageError> for RunError {

@@ -26,7 +26,7 @@ use crossbeam_channel::{bounded, Receiver};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::Broker;
+use super::{Broker, BrokerError};
 use crate::lifecycle::{Priority, WorkItem, WorkKey};
 
 /// The levels, in the order workers take them.
@@ -138,7 +138,7 @@ impl LifecycleQueue {
 
     /// Make sure the stream and the stages' consumers exist, with the stages' settings (a
     /// consumer made with other settings is updated).
-    pub fn open(broker: &Broker, stages: Vec<StageQueue>) -> Result<LifecycleQueue, String> {
+    pub fn open(broker: &Broker, stages: Vec<StageQueue>) -> Result<LifecycleQueue, BrokerError> {
         let c = broker.config().clone();
         let config = stream::Config {
             name: Self::stream_name(broker),
@@ -193,7 +193,7 @@ impl LifecycleQueue {
 
     /// Publish the claimed work, each item on its stage's subject for its level; returns when
     /// the stream has stored every one (a publish that fails is retried for up to a minute).
-    pub fn publish(&self, items: &[WorkItem]) -> Result<(), String> {
+    pub fn publish(&self, items: &[WorkItem]) -> Result<(), BrokerError> {
         let js = self.broker.inner.js.clone();
         let messages: Vec<(String, String, Bytes)> = items
             .iter()
@@ -232,7 +232,7 @@ impl LifecycleQueue {
     pub fn fetch(
         &self,
         mut size: impl FnMut(&str) -> usize,
-    ) -> Result<Vec<LifecycleDelivery>, String> {
+    ) -> Result<Vec<LifecycleDelivery>, BrokerError> {
         let n = self.stages.len().max(1);
         let first = self.turn.fetch_add(1, Ordering::Relaxed) % n;
         for level in LEVELS {
@@ -248,20 +248,20 @@ impl LifecycleQueue {
                 let stage = &self.stages[i];
                 let max = size(&stage.stage).max(1);
                 let consumer = consumer.clone();
-                let got: Result<Vec<jetstream::Message>, String> =
+                let got: Result<Vec<jetstream::Message>, BrokerError> =
                     self.broker.block_on(async move {
                         let mut messages = consumer
                             .fetch()
                             .max_messages(max)
                             .messages()
                             .await
-                            .map_err(|e| format!("NATS: fetching lifecycle work: {e}"))?;
+                            .map_err(|e| BrokerError::api("fetching lifecycle work", e))?;
                         let mut out = Vec::new();
                         while let Some(m) = messages.next().await {
                             match m {
                                 Ok(m) => out.push(m),
                                 Err(e) if out.is_empty() => {
-                                    return Err(format!("NATS: fetching lifecycle work: {e}"))
+                                    return Err(BrokerError::api("fetching lifecycle work", e))
                                 }
                                 Err(_) => break,
                             }
@@ -334,7 +334,7 @@ impl LifecycleQueue {
 
     /// Consumer numbers summed over the stages' consumers: (messages not delivered yet,
     /// messages delivered and not answered, or waiting for a retry).
-    pub fn depth(&self) -> Result<(u64, u64), String> {
+    pub fn depth(&self) -> Result<(u64, u64), BrokerError> {
         let consumers: Vec<consumer::PullConsumer> =
             self.consumers.iter().map(|(_, _, c)| c.clone()).collect();
         self.broker.block_on(async move {
@@ -343,7 +343,7 @@ impl LifecycleQueue {
                 let info = c
                     .info()
                     .await
-                    .map_err(|e| format!("NATS: reading the lifecycle consumers: {e}"))?;
+                    .map_err(|e| BrokerError::api("reading the lifecycle consumers", e))?;
                 waiting += info.num_pending;
                 held += info.num_ack_pending as u64;
             }
@@ -353,18 +353,18 @@ impl LifecycleQueue {
 
     /// Messages the stream holds (work not answered yet, and work the server gave up on
     /// whose advisory is still being handled).
-    pub fn stored(&self) -> Result<u64, String> {
+    pub fn stored(&self) -> Result<u64, BrokerError> {
         let js = self.broker.inner.js.clone();
         let name = Self::stream_name(&self.broker);
         self.broker.block_on(async move {
             let mut stream = js
                 .get_stream(&name)
                 .await
-                .map_err(|e| format!("NATS: reading stream {name}: {e}"))?;
+                .map_err(|e| BrokerError::api(format!("reading stream {name}"), e))?;
             let info = stream
                 .info()
                 .await
-                .map_err(|e| format!("NATS: reading stream {name}: {e}"))?;
+                .map_err(|e| BrokerError::api(format!("reading stream {name}"), e))?;
             Ok(info.state.messages)
         })
     }
@@ -372,7 +372,7 @@ impl LifecycleQueue {
     /// The work the server gave up on after `MaxDeliver` deliveries, as it happens: (the work,
     /// the deliveries made). One enrich process of the queue receives each (a queue group);
     /// the message is removed from the stream.
-    pub fn dead_letters(&self) -> Result<Receiver<(WorkItem, u32)>, String> {
+    pub fn dead_letters(&self) -> Result<Receiver<(WorkItem, u32)>, BrokerError> {
         let stream_name = Self::stream_name(&self.broker);
         let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream_name}.*");
         let group = format!("{}-lifecycle-dead-letters", self.broker.config().prefix);
@@ -381,7 +381,7 @@ impl LifecycleQueue {
         let mut sub = self
             .broker
             .block_on(client.queue_subscribe(subject, group))
-            .map_err(|e| format!("NATS: watching for dead letters: {e}"))?;
+            .map_err(|e| BrokerError::api("watching for dead letters", e))?;
         let ours: Vec<String> = self
             .consumers
             .iter()

@@ -37,6 +37,7 @@ use crate::lifecycle::{
     WorkItem, WorkKey, EMBED,
 };
 use crate::queue::jetstream::lifecycle::{LifecycleDelivery, LifecycleQueue, Verdict};
+use crate::queue::jetstream::BrokerError;
 
 /// How long the end of a run waits for the advisories of work the server gave up on.
 const SETTLE: Duration = Duration::from_secs(5);
@@ -82,7 +83,7 @@ impl QueuedRun {
 
     /// Deliveries this process took that were not the first.
     /// What the broker gave up on (MaxDeliver reached), as it happens.
-    pub(super) fn dead_letters(&self) -> Result<Receiver<(WorkItem, u32)>, String> {
+    pub(super) fn dead_letters(&self) -> Result<Receiver<(WorkItem, u32)>, BrokerError> {
         self.queue.dead_letters()
     }
 
@@ -121,7 +122,7 @@ pub(super) fn feed<S: EnrichStore>(
     let mut empty_since: Option<Instant> = None;
     let me = Owner::this_process("enrich-feeder");
     let mut last_warning: Option<Instant> = None;
-    let broker = |e: String| StoreError::Io(format!("broker: {e}"));
+    let broker = |e: BrokerError| StoreError::Io(format!("broker: {e}"));
     while !run.stopping(shared) {
         while let Ok((item, deliveries)) = dead.try_recv() {
             let reason = format!(
@@ -214,7 +215,7 @@ pub(super) fn feed<S: EnrichStore>(
 
 /// The broker did not answer: say so (every 10 s at most) and wait a moment; the client
 /// reconnects by itself.
-fn unreachable_broker(last: &mut Option<Instant>, error: &str) {
+fn unreachable_broker(last: &mut Option<Instant>, error: &BrokerError) {
     if last.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
         *last = Some(Instant::now());
         tracing::warn!("{error} (waiting for the broker)");

@@ -18,7 +18,9 @@ impl QueuedRun {
         match *self {}
     }
 
-    pub(super) fn dead_letters(&self) -> Result<Receiver<(WorkItem, u32)>, String> {
+    pub(super) fn dead_letters(
+        &self,
+    ) -> Result<Receiver<(WorkItem, u32)>, std::convert::Infallible> {
         match *self {}
     }
 }

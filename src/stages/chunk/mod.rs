@@ -112,7 +112,7 @@ impl<T: Tokenize> Stage for ChunkStage<T> {
         let tokens = self
             .tokenizer
             .tokenize(text)
-            .map_err(StageError::Internal)?;
+            .map_err(|e| StageError::Internal(e.to_string()))?;
         if tokens.ids.is_empty() {
             doc.drop_with("no tokens: the text holds nothing the model's tokenizer keeps");
             return Ok(Vec::new());
