@@ -75,8 +75,8 @@ pub struct EvalArgs {
 }
 
 pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
-    let qrels = read_qrels(&args.qrels).map_err(anyhow::Error::msg)?;
-    let queries = read_queries(&args.queries).map_err(anyhow::Error::msg)?;
+    let qrels = read_qrels(&args.qrels)?;
+    let queries = read_queries(&args.queries)?;
     if qrels.is_empty() {
         bail!("{} holds no positive judgement", args.qrels.display());
     }

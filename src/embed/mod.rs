@@ -45,4 +45,7 @@ pub enum EmbedError {
     Tokenizer(String),
     #[error("model: {0}")]
     Candle(#[from] candle_core::Error),
+    /// The CPU kernels asked for cannot run on this CPU.
+    #[error(transparent)]
+    Kernel(#[from] cpu::kernels::KernelError),
 }

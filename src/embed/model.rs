@@ -184,7 +184,7 @@ impl EmbeddingModel {
             _ => return Self::load(files, device, choice.resolve(device)),
         };
         let path = cpu_path()?;
-        precision.check(path).map_err(EmbedError::Unsupported)?;
+        precision.check(path)?;
         let mut model = Self::load_candle(files, device, DType::F32)?;
         match &model.encoder {
             Encoder::Candle(bert) => {
@@ -616,7 +616,7 @@ impl EmbeddingModel {
 
 /// The CPU kernel path: `RAGLINE_CPU_KERNELS`, or the best this CPU has.
 fn cpu_path() -> Result<KernelPath, EmbedError> {
-    KernelPath::from_env().map_err(EmbedError::Unsupported)
+    Ok(KernelPath::from_env()?)
 }
 
 fn encoder(bert: Bert) -> Result<Encoder, EmbedError> {

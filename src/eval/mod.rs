@@ -14,15 +14,43 @@ use crate::search::{Mode, SearchError, Searcher};
 /// Chunks fetched per query and mode before they are grouped into documents.
 pub const CHUNK_DEPTH: usize = 1000;
 
+/// A BEIR file that cannot be read: the file, the line where it applies, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error("{path}: {reason}")]
+    Unreadable { path: String, reason: String },
+    #[error("{path} line {line}: {what}")]
+    Format {
+        path: String,
+        line: usize,
+        what: String,
+    },
+}
+
+fn unreadable(path: &Path, e: impl std::fmt::Display) -> EvalError {
+    EvalError::Unreadable {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    }
+}
+
+fn format_error(path: &Path, line: usize, what: impl Into<String>) -> EvalError {
+    EvalError::Format {
+        path: path.display().to_string(),
+        line,
+        what: what.into(),
+    }
+}
+
 /// query id -> (document id -> relevance grade).
 pub type Qrels = HashMap<String, HashMap<String, u32>>;
 
 /// Read a BEIR qrels TSV (`query-id  corpus-id  score`, with a header line).
-pub fn read_qrels(path: &Path) -> Result<Qrels, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn read_qrels(path: &Path) -> Result<Qrels, EvalError> {
+    let file = std::fs::File::open(path).map_err(|e| unreadable(path, e))?;
     let mut qrels: Qrels = HashMap::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| format!("{}: {e}", path.display()))?;
+        let line = line.map_err(|e| unreadable(path, e))?;
         let f: Vec<&str> = line.split('\t').collect();
         if i == 0 && f.first().is_some_and(|h| h.contains("query")) {
             continue;
@@ -31,19 +59,16 @@ pub fn read_qrels(path: &Path) -> Result<Qrels, String> {
             continue;
         }
         let [q, d, s] = f[..] else {
-            return Err(format!(
-                "{} line {}: expected `query-id<TAB>corpus-id<TAB>score`",
-                path.display(),
-                i + 1
+            return Err(format_error(
+                path,
+                i + 1,
+                "expected `query-id<TAB>corpus-id<TAB>score`",
             ));
         };
-        let grade: i64 = s.trim().parse().map_err(|_| {
-            format!(
-                "{} line {}: score `{s}` is not an integer",
-                path.display(),
-                i + 1
-            )
-        })?;
+        let grade: i64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format_error(path, i + 1, format!("score `{s}` is not an integer")))?;
         if grade > 0 {
             qrels
                 .entry(q.to_string())
@@ -55,24 +80,24 @@ pub fn read_qrels(path: &Path) -> Result<Qrels, String> {
 }
 
 /// Read BEIR queries (`{"_id": ..., "text": ...}` per line).
-pub fn read_queries(path: &Path) -> Result<Vec<(String, String)>, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn read_queries(path: &Path) -> Result<Vec<(String, String)>, EvalError> {
+    let file = std::fs::File::open(path).map_err(|e| unreadable(path, e))?;
     let mut out = Vec::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| format!("{}: {e}", path.display()))?;
+        let line = line.map_err(|e| unreadable(path, e))?;
         if line.trim().is_empty() {
             continue;
         }
-        let v: serde_json::Value = serde_json::from_str(&line)
-            .map_err(|e| format!("{} line {}: {e}", path.display(), i + 1))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&line).map_err(|e| format_error(path, i + 1, e.to_string()))?;
         let id = match &v["_id"] {
             serde_json::Value::String(s) => s.clone(),
             serde_json::Value::Number(n) => n.to_string(),
-            _ => return Err(format!("{} line {}: no `_id`", path.display(), i + 1)),
+            _ => return Err(format_error(path, i + 1, "no `_id`")),
         };
         let text = v["text"]
             .as_str()
-            .ok_or_else(|| format!("{} line {}: no `text`", path.display(), i + 1))?;
+            .ok_or_else(|| format_error(path, i + 1, "no `text`"))?;
         out.push((id, text.to_string()));
     }
     Ok(out)

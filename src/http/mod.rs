@@ -88,6 +88,18 @@ impl Default for EndpointSettings {
     }
 }
 
+/// Settings an endpoint cannot be made from, or a client that cannot start.
+#[derive(Debug, Error)]
+pub enum EndpointError {
+    /// The URL does not parse, or it would carry a key in the clear: the message says what to
+    /// use instead.
+    #[error("{0}")]
+    Settings(String),
+    /// The HTTP client (its runtime or TLS) could not start.
+    #[error("cannot start the HTTP client: {0}")]
+    Client(String),
+}
+
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum CallError {
     /// The service refused the input (a 4xx other than 408/429): retrying cannot help.
@@ -201,29 +213,33 @@ pub fn is_loopback(url: &reqwest::Url) -> bool {
 
 /// Refuse settings that would send a key in the clear: a key goes only over https, or to a
 /// loopback address (where nothing crosses the network).
-pub fn check_key_transport(url: &str, has_key: bool) -> Result<(), String> {
-    let parsed = reqwest::Url::parse(url)
-        .map_err(|e| format!("`{}` is not a URL: {e}", crate::secret::redact_url(url)))?;
+pub fn check_key_transport(url: &str, has_key: bool) -> Result<(), EndpointError> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| {
+        EndpointError::Settings(format!(
+            "`{}` is not a URL: {e}",
+            crate::secret::redact_url(url)
+        ))
+    })?;
     if has_key && parsed.scheme() != "https" && !is_loopback(&parsed) {
-        return Err(format!(
+        return Err(EndpointError::Settings(format!(
             "refusing to send an API key to {} over plain {}: use https://, or a loopback \
              address for a service on this machine",
             crate::secret::redact_url(url),
             parsed.scheme()
-        ));
+        )));
     }
     Ok(())
 }
 
 impl Endpoint {
-    pub fn new(settings: EndpointSettings) -> Result<Arc<Endpoint>, String> {
+    pub fn new(settings: EndpointSettings) -> Result<Arc<Endpoint>, EndpointError> {
         check_key_transport(&settings.url, settings.api_key.is_some())?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("remote")
             .enable_all()
             .build()
-            .map_err(|e| format!("cannot start the HTTP client: {e}"))?;
+            .map_err(|e| EndpointError::Client(e.to_string()))?;
         let client = reqwest::Client::builder()
             .user_agent(concat!("ragline/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(5).min(settings.timeout))
@@ -233,7 +249,7 @@ impl Endpoint {
             // body) wherever the service points: never followed.
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            .map_err(|e| EndpointError::Client(e.to_string()))?;
         Ok(Arc::new(Endpoint {
             limiter: RateLimiter::new(settings.rpm, settings.tpm),
             circuit: Circuit::new(settings.circuit_threshold, settings.circuit_cooldown),
@@ -791,7 +807,9 @@ mod tests {
         assert!(check_key_transport("http://localhost:8080", true).is_ok());
         assert!(check_key_transport("http://[::1]:8080", true).is_ok());
         assert!(check_key_transport("http://example.com", false).is_ok());
-        let e = check_key_transport("http://user:hunter2@example.com/v1", true).unwrap_err();
+        let e = check_key_transport("http://user:hunter2@example.com/v1", true)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("refusing to send an API key"), "{e}");
         assert!(!e.contains("hunter2"), "{e}");
         assert!(check_key_transport("http://10.0.0.8:8080", true).is_err());

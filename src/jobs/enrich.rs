@@ -316,7 +316,7 @@ fn llm_stages(
         if !stages.contains(&c.name) {
             continue;
         }
-        let endpoint = crate::http::Endpoint::new(c.endpoint()?).map_err(JobError::Setup)?;
+        let endpoint = crate::http::Endpoint::new(c.endpoint()?)?;
         service_embedder::report_circuit(&endpoint, &config.index.uri.value, &c.name);
         out.push(Arc::new(crate::run::enrich::LlmStage {
             name: c.name.clone(),

@@ -56,6 +56,9 @@ pub enum JobError {
          it with `--features {feature}` (the default build has it)"
     )]
     NotBuilt { what: String, feature: &'static str },
+    /// A service's endpoint that cannot be made (its URL, a key over plain http).
+    #[error(transparent)]
+    Endpoint(#[from] crate::http::EndpointError),
     /// The broker of a distributed run or `--queue` (unreachable, refused, a bad URL).
     #[cfg(feature = "nats")]
     #[error(transparent)]

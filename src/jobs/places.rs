@@ -122,6 +122,7 @@ pub fn adopt(
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(feature = "postgres")]
     use crate::jobs::config::Parsed;
 
     fn with_remote(url: Option<&str>, key: Option<&str>) -> PipelineConfig {

@@ -21,7 +21,7 @@ use crate::indexers::ModelIdentity;
 
 /// The service's embedder, probed: its dimension is known when this returns.
 pub fn remote_embedder(config: &RemoteEmbedConfig) -> Result<Arc<RemoteEmbedder>, JobError> {
-    let endpoint = Endpoint::new(config.endpoint()?).map_err(JobError::Setup)?;
+    let endpoint = Endpoint::new(config.endpoint()?)?;
     let remote = Arc::new(RemoteEmbedder::new(endpoint, config.embed_settings()));
     let url = crate::secret::redact_url(config.url.as_deref().unwrap_or(""));
     let dimension = remote.probe().map_err(|e| {

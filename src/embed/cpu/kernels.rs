@@ -9,6 +9,18 @@ use std::fmt;
 /// The environment variable that forces a kernel path.
 pub const KERNELS_ENV: &str = "RAGLINE_CPU_KERNELS";
 
+/// Why a kernel path or precision cannot run here.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// `RAGLINE_CPU_KERNELS` names no kernel path.
+    #[error("{KERNELS_ENV}={0} is not a kernel path: use avx512, avx2, portable or auto")]
+    Unknown(String),
+    /// The path or precision needs CPU features this one lacks: the message names them and
+    /// what to use instead.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
 /// A family of CPU kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelPath {
@@ -50,7 +62,7 @@ impl KernelPath {
     }
 
     /// The path `RAGLINE_CPU_KERNELS` forces, or the best one when it is unset or `auto`.
-    pub fn from_env() -> Result<KernelPath, String> {
+    pub fn from_env() -> Result<KernelPath, KernelError> {
         match std::env::var(KERNELS_ENV) {
             Ok(v) => KernelPath::choose(&v),
             Err(_) => Ok(KernelPath::best()),
@@ -58,21 +70,16 @@ impl KernelPath {
     }
 
     /// The path a `RAGLINE_CPU_KERNELS` value names, checked against this CPU.
-    pub fn choose(value: &str) -> Result<KernelPath, String> {
+    pub fn choose(value: &str) -> Result<KernelPath, KernelError> {
         let path = match value.trim() {
             "" | "auto" => return Ok(KernelPath::best()),
             "avx512" => KernelPath::Avx512,
             "avx2" => KernelPath::Avx2,
             "portable" => KernelPath::Portable,
-            other => {
-                return Err(format!(
-                    "{KERNELS_ENV}={other} is not a kernel path: use avx512, avx2, portable or \
-                     auto"
-                ))
-            }
+            other => return Err(KernelError::Unknown(other.to_string())),
         };
         if !path.supported() {
-            return Err(format!(
+            return Err(KernelError::Unsupported(format!(
                 "{KERNELS_ENV}={} but this CPU lacks {} (it has: {}); use {} or unset it",
                 path.name(),
                 match path {
@@ -81,7 +88,7 @@ impl KernelPath {
                 },
                 features(),
                 KernelPath::best().name()
-            ));
+            )));
         }
         Ok(path)
     }
@@ -211,7 +218,7 @@ impl Precision {
 
     /// Check that `path` on this CPU runs this precision natively; the message names what is
     /// missing and what to do instead (never a slow emulation).
-    pub fn check(self, path: KernelPath) -> Result<(), String> {
+    pub fn check(self, path: KernelPath) -> Result<(), KernelError> {
         let f = features();
         let (ok, needs) = match self {
             Precision::F32 => return Ok(()),
@@ -227,13 +234,13 @@ impl Precision {
         if ok {
             return Ok(());
         }
-        Err(format!(
+        Err(KernelError::Unsupported(format!(
             "--dtype {} on the CPU needs {needs} and the avx512 kernels; this CPU has {} and \
              runs the {} kernels. Use --dtype f32 (the default on the CPU)",
             self.name(),
             f,
             path
-        ))
+        )))
     }
 }
 
@@ -248,10 +255,10 @@ mod tests {
             KernelPath::Portable
         );
         assert_eq!(KernelPath::choose("auto").unwrap(), KernelPath::best());
-        let err = KernelPath::choose("sse9").unwrap_err();
+        let err = KernelPath::choose("sse9").unwrap_err().to_string();
         assert!(err.contains("use avx512, avx2, portable"), "{err}");
         if !KernelPath::Avx512.supported() {
-            let err = KernelPath::choose("avx512").unwrap_err();
+            let err = KernelPath::choose("avx512").unwrap_err().to_string();
             assert!(
                 err.contains("lacks AVX-512") && err.contains("unset it"),
                 "{err}"
@@ -262,9 +269,15 @@ mod tests {
     #[test]
     fn low_precision_needs_the_avx512_path() {
         assert!(Precision::F32.check(KernelPath::Portable).is_ok());
-        let err = Precision::Bf16.check(KernelPath::Portable).unwrap_err();
+        let err = Precision::Bf16
+            .check(KernelPath::Portable)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("--dtype f32"), "{err}");
-        let err = Precision::Int8.check(KernelPath::Avx2).unwrap_err();
+        let err = Precision::Int8
+            .check(KernelPath::Avx2)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("AVX512-VNNI"), "{err}");
     }
 }

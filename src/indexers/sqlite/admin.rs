@@ -4,7 +4,7 @@
 use rusqlite::{params, OptionalExtension};
 
 use super::queue::{Sql, SqliteStore};
-use super::schema::next_in;
+use super::schema::{advance, next_in};
 use super::sets::{self, SetState, VectorSet};
 use crate::indexers::admin::{self, AdminSql};
 use crate::indexers::store::{status_report, StatusSql};
@@ -82,10 +82,7 @@ impl SqliteStore {
                  WHERE enrichment.id = d.id",
                 params![stage, ids, base, now_ms()],
             )? as i64;
-            tx.execute(
-                "UPDATE counters SET value = value + ?1 WHERE name = 'enrichment_seq'",
-                [n],
-            )?;
+            advance(tx, "enrichment_seq", n)?;
             Ok(n as u64)
         })
     }
@@ -200,10 +197,7 @@ impl SqliteStore {
                          updated_at = excluded.updated_at",
                 params![stage, priority.level(), base, now],
             )? as i64;
-            tx.execute(
-                "UPDATE counters SET value = value + ?1 WHERE name = 'enrichment_seq'",
-                [n],
-            )?;
+            advance(tx, "enrichment_seq", n)?;
             Ok(n as u64)
         })
     }

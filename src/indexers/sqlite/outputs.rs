@@ -6,7 +6,7 @@
 use rusqlite::{params, OptionalExtension};
 
 use super::queue::{Sql, SqliteStore};
-use super::schema::next_in;
+use super::schema::{advance, next_in};
 use crate::indexers::admin::{self, OutputSql};
 use crate::lifecycle::{now_ms, DocumentText, Priority, StoreError, WorkKey};
 
@@ -40,10 +40,7 @@ impl SqliteStore {
                      updated_at = excluded.updated_at",
                 params![stage, priority.level(), base, fingerprint, now],
             )? as i64;
-            tx.execute(
-                "UPDATE counters SET value = value + ?1 WHERE name = 'enrichment_seq'",
-                [n],
-            )?;
+            advance(tx, "enrichment_seq", n)?;
             Ok(n as u64)
         })
     }

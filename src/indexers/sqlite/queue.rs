@@ -196,10 +196,7 @@ impl QueueSql for Sql<'_> {
     fn claim_seqs(&mut self, n: usize) -> rusqlite::Result<Vec<i64>> {
         let first = super::schema::next_in(self.0, "claim_seq")?;
         // One number per item: take a block.
-        self.0.execute(
-            "UPDATE counters SET value = value + ?1 WHERE name = 'claim_seq'",
-            [n as i64],
-        )?;
+        super::schema::advance(self.0, "claim_seq", n as i64)?;
         Ok((first..first + n as i64).collect())
     }
 

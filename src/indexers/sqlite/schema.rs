@@ -260,6 +260,14 @@ pub fn create_vectors(conn: &Connection, name: &str, dimension: usize) -> rusqli
 }
 
 /// The next value of a sequence (1, 2, ...).
+/// Move a counter past the `n` values a statement numbered from [`next_in`]'s value
+/// (`base + ROW_NUMBER() OVER ...`).
+pub fn advance(conn: &Connection, counter: &str, n: i64) -> rusqlite::Result<()> {
+    conn.prepare_cached("UPDATE counters SET value = value + ?2 WHERE name = ?1")?
+        .execute(rusqlite::params![counter, n])?;
+    Ok(())
+}
+
 pub fn next_in(conn: &Connection, counter: &str) -> rusqlite::Result<i64> {
     conn.prepare_cached(
         "INSERT INTO counters(name, value) VALUES (?1, 1)
