@@ -22,7 +22,25 @@ pub struct CheckReport {
 /// model (loaded).
 pub fn check(config: &PipelineConfig) -> Result<CheckReport, JobError> {
     config.validate()?;
-    let index = match &config.index.uri.value {
+    let index = check_index(config)?;
+    let model = if config.chunk.enabled && config.stages.embed.remote.enabled() {
+        Some(check_service(config)?)
+    } else if config.chunk.enabled {
+        Some(check_model(config)?)
+    } else {
+        None
+    };
+    Ok(CheckReport {
+        config_file: None,
+        index,
+        model,
+        resolved: config.to_toml(),
+    })
+}
+
+/// What the index holds (opened read-only), or that the first ingest will create it.
+fn check_index(config: &PipelineConfig) -> Result<String, JobError> {
+    Ok(match &config.index.uri.value {
         IndexUri::Sqlite(path) if path.exists() => {
             let reader = SqliteReader::open(path)?;
             let (docs, chunks, vectors) = reader.counts()?;
@@ -77,47 +95,43 @@ pub fn check(config: &PipelineConfig) -> Result<CheckReport, JobError> {
             }
         }
         _ => config.index.uri.value.to_string(),
-    };
-    let model = if config.chunk.enabled && config.stages.embed.remote.enabled() {
-        // The service answers (one probe), and the tokenizer that sizes chunks loads.
-        let r = &config.stages.embed.remote;
-        let files = model_files(&config.model.name)?;
-        let tokenizer = crate::embed::service::load_tokenizer(&files)
-            .map_err(|e| JobError::Setup(format!("model `{}`: {e}", files.name)))?;
-        let service = service_embedder::remote_embedder(r)?;
-        Some(format!(
-            "the {} API at {}{}: {} dimensions; chunks sized by the tokenizer of `{}` ({} \
-             tokens at most)",
-            r.api.name(),
-            r.url.as_deref().unwrap_or(""),
-            r.model
-                .as_deref()
-                .map(|m| format!(", model `{m}`"))
-                .unwrap_or_default(),
-            service.dimension().unwrap_or(0),
-            files.name,
-            tokenizer.max_len()
-        ))
-    } else if config.chunk.enabled {
-        let files = model_files(&config.model.name)?;
-        let devices = devices(&config.model)?;
-        let m = load_model(&files, &devices[0], &config.model)?;
-        Some(format!(
-            "`{}` from {} on {}: {} dimensions, {} tokens at most, fingerprint {}",
-            files.name,
-            files.dir.display(),
-            devices[0].label,
-            m.dimension(),
-            m.tokenizer.max_len(),
-            m.fingerprint()?
-        ))
-    } else {
-        None
-    };
-    Ok(CheckReport {
-        config_file: None,
-        index,
-        model,
-        resolved: config.to_toml(),
     })
+}
+
+/// The embedding service answers (one probe), and the tokenizer that sizes chunks loads.
+fn check_service(config: &PipelineConfig) -> Result<String, JobError> {
+    let r = &config.stages.embed.remote;
+    let files = model_files(&config.model.name)?;
+    let tokenizer = crate::embed::service::load_tokenizer(&files)
+        .map_err(|e| JobError::Setup(format!("model `{}`: {e}", files.name)))?;
+    let service = service_embedder::remote_embedder(r)?;
+    Ok(format!(
+        "the {} API at {}{}: {} dimensions; chunks sized by the tokenizer of `{}` ({} \
+         tokens at most)",
+        r.api.name(),
+        r.url.as_deref().unwrap_or(""),
+        r.model
+            .as_deref()
+            .map(|m| format!(", model `{m}`"))
+            .unwrap_or_default(),
+        service.dimension().unwrap_or(0),
+        files.name,
+        tokenizer.max_len()
+    ))
+}
+
+/// The model loads on the first device it would run on.
+fn check_model(config: &PipelineConfig) -> Result<String, JobError> {
+    let files = model_files(&config.model.name)?;
+    let devices = devices(&config.model)?;
+    let m = load_model(&files, &devices[0], &config.model)?;
+    Ok(format!(
+        "`{}` from {} on {}: {} dimensions, {} tokens at most, fingerprint {}",
+        files.name,
+        files.dir.display(),
+        devices[0].label,
+        m.dimension(),
+        m.tokenizer.max_len(),
+        m.fingerprint()?
+    ))
 }

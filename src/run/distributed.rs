@@ -402,107 +402,147 @@ fn serve_run(
     stop: &Arc<AtomicBool>,
 ) -> Result<RoleReport, RunError> {
     let started = Instant::now();
-    let signal = Arc::new(RunSignal::new());
-    let stats = Arc::new(RunStats::default());
-    let events: Arc<dyn Queue<Event>> = Arc::new(broker.queue::<Event>(Lane::Events, run_id, None));
-    let index_out: Arc<dyn Queue<Document>> =
-        Arc::new(broker.queue::<Document>(Lane::Index, run_id, None));
+    let lanes = RunLanes {
+        broker,
+        run_id,
+        signal: Arc::new(RunSignal::new()),
+        stats: Arc::new(RunStats::default()),
+        events: Arc::new(broker.queue::<Event>(Lane::Events, run_id, None)),
+        index_out: Arc::new(broker.queue::<Document>(Lane::Index, run_id, None)),
+    };
     std::thread::scope(|scope| -> Result<(), RunError> {
         // The run ends for this process when its record says so, or on SIGTERM.
-        let (sig, stop2) = (Arc::clone(&signal), Arc::clone(stop));
+        let (sig, stop2) = (Arc::clone(&lanes.signal), Arc::clone(stop));
         let watcher = scope.spawn(move || watch_run(broker, run, &sig, &stop2));
-        match parts {
+        let done = match parts {
             RoleParts::Worker {
                 pipeline,
                 threads,
                 embeds,
-            } => {
-                let input: Arc<dyn Queue<Document>> = Arc::new(broker.queue::<Document>(
-                    Lane::Work,
-                    run_id,
-                    Some(WORK_PREFETCH.max(threads * 4)),
-                ));
-                let routes = Routes {
-                    index: Arc::clone(&index_out),
-                    embed: embeds.then(|| {
-                        Arc::new(broker.queue::<Document>(Lane::Embed, run_id, None))
-                            as Arc<dyn Queue<Document>>
-                    }),
-                    events: Arc::clone(&events),
-                    stats: Arc::clone(&stats),
-                };
-                let mut handles = Vec::new();
-                for _ in 0..threads.max(1) {
-                    let p = pipeline().map_err(|e| RunError::Setup(e.to_string()))?;
-                    let (input, routes, sig) =
-                        (Arc::clone(&input), routes.clone(), Arc::clone(&signal));
-                    handles.push(scope.spawn(move || worker::work(p, input, routes, sig)));
-                }
-                for h in handles {
-                    let _ = h.join();
-                }
-            }
+            } => lanes.work(&pipeline, threads, embeds),
             RoleParts::Embedder { pool } => {
-                let input: Arc<dyn Queue<Document>> =
-                    Arc::new(broker.queue::<Document>(Lane::Embed, run_id, Some(EMBED_PREFETCH)));
-                let mut handles = Vec::new();
-                for embedder in pool.into_embedders() {
-                    let queues = EmbedQueues {
-                        input: Arc::clone(&input),
-                        output: Arc::clone(&index_out),
-                        events: Arc::clone(&events),
-                    };
-                    let (sig, stats) = (Arc::clone(&signal), Arc::clone(&stats));
-                    handles.push(scope.spawn(move || embedder.run(queues, sig, stats)));
-                }
-                for h in handles {
-                    let _ = h.join();
-                }
+                lanes.embed(pool);
+                Ok(())
             }
             RoleParts::Indexer {
                 backend,
                 threads,
                 batch,
-            } => {
-                let input: Arc<dyn Queue<Document>> = Arc::new(broker.queue::<Document>(
-                    Lane::Index,
-                    run_id,
-                    Some(batch.max_items.max(1) * threads.max(1)),
-                ));
-                let mut handles = Vec::new();
-                for _ in 0..threads.max(1) {
-                    let indexer = Indexer {
-                        backend: backend
-                            .connect()
-                            .map_err(|e| RunError::Setup(e.to_string()))?,
-                        config: batch.clone(),
-                        input: Arc::clone(&input),
-                        events: Arc::clone(&events),
-                        signal: Arc::clone(&signal),
-                    };
-                    handles.push(scope.spawn(move || indexer.run()));
-                }
-                for h in handles {
-                    let _ = h.join();
-                }
-            }
-        }
-        signal.stop();
+            } => lanes.index(backend.as_ref(), threads, &batch),
+        };
+        lanes.signal.stop();
         let _ = watcher.join();
-        Ok(())
+        done
     })?;
     // Everything this process pushed is stored before it says it is done.
     broker.flush(Duration::from_secs(30));
-    if let Some(reason) = signal.abort_reason() {
+    if let Some(reason) = lanes.signal.abort_reason() {
         return Err(RunError::Aborted(reason));
     }
-    for w in stats.warnings() {
+    for w in lanes.stats.warnings() {
         tracing::warn!("{}: {}: {}", w.id, w.stage, w.message);
     }
     Ok(RoleReport {
         run: run.to_string(),
         elapsed: started.elapsed(),
-        warnings: stats.warnings().len(),
-        chunks_embedded: stats.chunks(),
+        warnings: lanes.stats.warnings().len(),
+        chunks_embedded: lanes.stats.chunks(),
     })
+}
+
+/// What one role's threads of a run share: the run's lanes on the broker, its signal and its
+/// counts.
+struct RunLanes<'b> {
+    broker: &'b Broker,
+    run_id: RunId,
+    signal: Arc<RunSignal>,
+    stats: Arc<RunStats>,
+    events: Arc<dyn Queue<Event>>,
+    index_out: Arc<dyn Queue<Document>>,
+}
+
+impl RunLanes<'_> {
+    /// The run's documents on `lane`, `prefetch` held at once (None: the lane's default).
+    fn documents(&self, lane: Lane, prefetch: Option<usize>) -> Arc<dyn Queue<Document>> {
+        Arc::new(self.broker.queue::<Document>(lane, self.run_id, prefetch))
+    }
+
+    /// Workers: extract, chunk and tokenize, `threads` at once, until the run stops.
+    fn work(
+        &self,
+        pipeline: &PipelineFactory,
+        threads: usize,
+        embeds: bool,
+    ) -> Result<(), RunError> {
+        let input = self.documents(Lane::Work, Some(WORK_PREFETCH.max(threads * 4)));
+        let routes = Routes {
+            index: Arc::clone(&self.index_out),
+            embed: embeds.then(|| self.documents(Lane::Embed, None)),
+            events: Arc::clone(&self.events),
+            stats: Arc::clone(&self.stats),
+        };
+        std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            for _ in 0..threads.max(1) {
+                let p = pipeline().map_err(|e| RunError::Setup(e.to_string()))?;
+                let (input, routes, sig) =
+                    (Arc::clone(&input), routes.clone(), Arc::clone(&self.signal));
+                handles.push(scope.spawn(move || worker::work(p, input, routes, sig)));
+            }
+            for h in handles {
+                let _ = h.join();
+            }
+            Ok(())
+        })
+    }
+
+    /// Embedders: one thread per device of the pool, until the run stops.
+    fn embed(&self, pool: EmbedderPool) {
+        let input = self.documents(Lane::Embed, Some(EMBED_PREFETCH));
+        std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            for embedder in pool.into_embedders() {
+                let queues = EmbedQueues {
+                    input: Arc::clone(&input),
+                    output: Arc::clone(&self.index_out),
+                    events: Arc::clone(&self.events),
+                };
+                let (sig, stats) = (Arc::clone(&self.signal), Arc::clone(&self.stats));
+                handles.push(scope.spawn(move || embedder.run(queues, sig, stats)));
+            }
+            for h in handles {
+                let _ = h.join();
+            }
+        });
+    }
+
+    /// Indexers: `threads` connections writing batches, until the run stops.
+    fn index(
+        &self,
+        backend: &dyn BackendFactory,
+        threads: usize,
+        batch: &BatchConfig,
+    ) -> Result<(), RunError> {
+        let prefetch = batch.max_items.max(1) * threads.max(1);
+        let input = self.documents(Lane::Index, Some(prefetch));
+        std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            for _ in 0..threads.max(1) {
+                let indexer = Indexer {
+                    backend: backend
+                        .connect()
+                        .map_err(|e| RunError::Setup(e.to_string()))?,
+                    config: batch.clone(),
+                    input: Arc::clone(&input),
+                    events: Arc::clone(&self.events),
+                    signal: Arc::clone(&self.signal),
+                };
+                handles.push(scope.spawn(move || indexer.run()));
+            }
+            for h in handles {
+                let _ = h.join();
+            }
+            Ok(())
+        })
+    }
 }
