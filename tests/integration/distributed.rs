@@ -78,12 +78,18 @@ fn nats_bin() -> Option<PathBuf> {
 
 /// The client port in the ports file nats-server writes into `dir` once it listens.
 fn listening_port(dir: &Path) -> Option<u16> {
+    listening(dir, "nats")
+}
+
+/// A port of `kind` (`nats`, `monitoring`) in the ports file nats-server writes into `dir`
+/// once it listens.
+fn listening(dir: &Path, kind: &str) -> Option<u16> {
     let file = fs::read_dir(dir)
         .ok()?
         .filter_map(Result::ok)
         .find(|e| e.path().extension().is_some_and(|x| x == "ports"))?;
     let ports: Value = serde_json::from_slice(&fs::read(file.path()).ok()?).ok()?;
-    ports["nats"][0].as_str()?.rsplit(':').next()?.parse().ok()
+    ports[kind][0].as_str()?.rsplit(':').next()?.parse().ok()
 }
 
 impl Nats {
@@ -787,7 +793,9 @@ fn documents_that_kill_their_worker_every_time_fail_after_max_deliver() {
     assert_eq!(status["stages"]["chunk"]["dead"], 0, "{status}");
 }
 
-/// Three nats-servers in one cluster, each with its own storage.
+/// Three nats-servers in one cluster, each with its own storage. Each picks its client and
+/// monitoring ports itself (read back from its ports file); the route ports are chosen before
+/// (a JetStream cluster node refuses to start without its routes configured).
 struct Cluster {
     bin: PathBuf,
     dir: tempfile::TempDir,
@@ -803,13 +811,25 @@ impl Cluster {
         let mut c = Cluster {
             bin,
             dir: tempfile::tempdir().unwrap(),
-            ports: (0..3).map(|_| free_port()).collect(),
+            ports: vec![0; 3],
             routes: (0..3).map(|_| free_port()).collect(),
-            monitors: (0..3).map(|_| free_port()).collect(),
+            monitors: vec![0; 3],
             children: vec![None, None, None],
         };
         for i in 0..3 {
             c.launch(i);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for i in 0..3 {
+            let dir = c.dir.path().join(format!("ports{i}"));
+            loop {
+                if let (Some(p), Some(m)) = (listening_port(&dir), listening(&dir, "monitoring")) {
+                    (c.ports[i], c.monitors[i]) = (p, m);
+                    break;
+                }
+                assert!(Instant::now() < deadline, "node {i} did not start");
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
         // Ready when every node sees a meta leader of all three: streams with three replicas
         // cannot be placed before ("no suitable peers for placement").
@@ -839,9 +859,12 @@ impl Cluster {
             .map(|j| format!("nats-route://127.0.0.1:{}", self.routes[j]))
             .collect();
         let store = self.dir.path().join(format!("n{i}"));
+        let ports = self.dir.path().join(format!("ports{i}"));
+        fs::create_dir_all(&ports).unwrap();
         let child = Command::new(&self.bin)
-            .args(["-js", "-a", "127.0.0.1", "-p", &self.ports[i].to_string()])
-            .args(["-m", &self.monitors[i].to_string(), "-n", &format!("n{i}")])
+            .args(["-js", "-a", "127.0.0.1", "-p", "-1", "-m", "-1"])
+            .args(["-n", &format!("n{i}"), "--ports_file_dir"])
+            .arg(&ports)
             .args(["--cluster_name", "t", "--cluster"])
             .arg(format!("nats://127.0.0.1:{}", self.routes[i]))
             .arg("--routes")
