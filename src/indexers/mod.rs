@@ -7,6 +7,7 @@
 //! causes, with backoff; a document's terminal event and its queue acknowledgement come only
 //! after the backend has accepted it.
 
+mod admin;
 pub mod batch;
 mod identity;
 pub mod jsonl;

@@ -4,101 +4,16 @@
 
 use postgres::GenericClient;
 
-use super::queue::{PgStore, Sql, TxError};
+use super::queue::{PgStore, Sql};
 use super::{sets, store_error};
+use crate::indexers::admin::{self, AdminSql};
 use crate::indexers::store::{status_report, StatusSql};
 use crate::indexers::{Burial, IndexStore, ModelIdentity, SetState, StoredCopy, VectorSet};
 use crate::lifecycle::report::{
     AttemptError, DeadLetter, DocumentLifecycle, StageState, StatusReport,
 };
 use crate::lifecycle::rules::StatusGroup;
-use crate::lifecycle::{is_enrichable, Priority, StoreError, EMBED};
-
-impl PgStore {
-    fn lifecycle_of(&mut self, id: &str) -> Result<Option<DocumentLifecycle>, postgres::Error> {
-        let s = self.s.clone();
-        let (source, title): (Option<String>, Option<String>) = match self.client.query_opt(
-            &format!("SELECT source, title FROM {s}.documents WHERE id = $1"),
-            &[&id],
-        )? {
-            Some(doc) => (doc.get(0), doc.get(1)),
-            // Dead-lettered before it reached the index: only its lifecycle rows and copy.
-            None => match self.client.query_opt(
-                &format!("SELECT source FROM {s}.dead_documents WHERE document_id = $1"),
-                &[&id],
-            )? {
-                Some(row) => (row.get(0), None),
-                None => return Ok(None),
-            },
-        };
-        let chunks: i64 = self
-            .client
-            .query_one(
-                &format!(
-                    "SELECT count(*) FROM {s}.chunks WHERE document_id = $1
-                       AND replaced_by IS NULL"
-                ),
-                &[&id],
-            )?
-            .get(0);
-        let mut stages: Vec<StageState> = self
-            .client
-            .query(
-                &format!(
-                    "SELECT stage, vector_set, status, priority, attempts, not_before,
-                            lease_owner, lease_expires, enqueued_at, claimed_at, claim_seq,
-                            done_at
-                     FROM {s}.enrichment WHERE document_id = $1
-                     ORDER BY stage = 'embed', stage, vector_set"
-                ),
-                &[&id],
-            )?
-            .iter()
-            .map(|r| StageState {
-                stage: r.get(0),
-                vector_set: r.get::<_, i32>(1) as i64,
-                status: r.get(2),
-                priority: Priority::from_level(r.get::<_, i32>(3) as i64).to_string(),
-                attempts: r.get::<_, i32>(4).max(0) as u32,
-                not_before: Some(r.get::<_, i64>(5)).filter(|t| *t > 0),
-                lease_owner: r.get(6),
-                lease_expires: r.get(7),
-                enqueued_at: r.get(8),
-                claimed_at: r.get(9),
-                claim_seq: r.get(10),
-                done_at: r.get(11),
-                errors: Vec::new(),
-            })
-            .collect();
-        for st in &mut stages {
-            st.errors = self
-                .client
-                .query(
-                    &format!(
-                        "SELECT attempt, at, worker, message FROM {s}.enrichment_errors
-                         WHERE document_id = $1 AND stage = $2 AND vector_set = $3
-                         ORDER BY at, id"
-                    ),
-                    &[&id, &st.stage, &(st.vector_set as i32)],
-                )?
-                .iter()
-                .map(|r| AttemptError {
-                    attempt: r.get::<_, i32>(0).max(0) as u32,
-                    at: r.get(1),
-                    worker: r.get(2),
-                    message: r.get(3),
-                })
-                .collect();
-        }
-        Ok(Some(DocumentLifecycle {
-            document_id: id.to_string(),
-            source,
-            title,
-            chunks: chunks as u64,
-            stages,
-        }))
-    }
-}
+use crate::lifecycle::{Priority, StoreError, EMBED};
 
 impl IndexStore for PgStore {
     fn describe(&self) -> String {
@@ -151,7 +66,12 @@ impl IndexStore for PgStore {
     }
 
     fn document_lifecycle(&mut self, id: &str) -> Result<Option<DocumentLifecycle>, StoreError> {
-        self.lifecycle_of(id).map_err(|e| self.err(e))
+        let s = self.s.clone();
+        let mut q = Sql {
+            c: &mut self.client,
+            s: &s,
+        };
+        admin::document_lifecycle(&mut q, id).map_err(|e| self.err(e))
     }
 
     fn requeue(&mut self, stage: Option<&str>, ids: Option<&[String]>) -> Result<u64, StoreError> {
@@ -170,58 +90,7 @@ impl IndexStore for PgStore {
     }
 
     fn bury(&mut self, burials: &[Burial]) -> Result<(), StoreError> {
-        self.write(|tx, s, now| {
-            for b in burials {
-                tx.execute(
-                    &format!(
-                        "INSERT INTO {s}.enrichment(document_id, stage, vector_set, status,
-                             priority, seq, attempts, input_version, enqueued_at, updated_at)
-                         VALUES ($1, $2, 0, 'dead', $3, nextval('{s}.enrichment_seq'), $4, '',
-                                 $5, $5)
-                         ON CONFLICT (document_id, stage, vector_set) DO UPDATE SET
-                             status = 'dead', attempts = excluded.attempts, lease_owner = NULL,
-                             lease_expires = NULL, not_before = 0,
-                             updated_at = excluded.updated_at"
-                    ),
-                    &[
-                        &b.document_id,
-                        &b.stage,
-                        &(Priority::Fresh.level() as i32),
-                        &(b.attempts as i32),
-                        &now,
-                    ],
-                )?;
-                tx.execute(
-                    &format!(
-                        "INSERT INTO {s}.enrichment_errors(document_id, stage, vector_set,
-                             attempt, at, worker, message)
-                         VALUES ($1, $2, 0, $3, $4, $5, $6)"
-                    ),
-                    &[
-                        &b.document_id,
-                        &b.stage,
-                        &(b.attempts as i32),
-                        &now,
-                        &b.worker,
-                        &b.error,
-                    ],
-                )?;
-                if let Some(c) = &b.copy {
-                    tx.execute(
-                        &format!(
-                            "INSERT INTO {s}.dead_documents(document_id, payload, source,
-                                 config, buried_at)
-                             VALUES ($1, $2, $3, $4, $5)
-                             ON CONFLICT (document_id) DO UPDATE SET
-                                 payload = excluded.payload, source = excluded.source,
-                                 config = excluded.config, buried_at = excluded.buried_at"
-                        ),
-                        &[&c.document_id, &c.payload, &c.source, &c.config, &now],
-                    )?;
-                }
-            }
-            Ok(())
-        })
+        self.write(|tx, s, now| Ok(admin::bury(&mut Sql { c: tx, s }, burials, now)?))
     }
 
     fn buried(&mut self, ids: &[String]) -> Result<Vec<StoredCopy>, StoreError> {
@@ -274,11 +143,7 @@ impl IndexStore for PgStore {
     }
 
     fn set_paused(&mut self, stage: &str, paused: bool) -> Result<(), StoreError> {
-        if !is_enrichable(stage) {
-            return Err(StoreError::Invalid(format!(
-                "`{stage}` is not a stage workers run; stages that can be paused: {EMBED}"
-            )));
-        }
+        admin::check_pausable(stage)?;
         self.write(|tx, s, now| {
             tx.execute(
                 &format!(
@@ -311,45 +176,15 @@ impl IndexStore for PgStore {
         let target = self.target.clone();
         self.write(|tx, s, now| {
             super::lock_schema(tx, &target)?;
-            let all = sets::all(tx, s)?;
-            if let Some(same) = all.iter().find(|x| x.fingerprint == model.fingerprint) {
-                return match same.state {
-                    SetState::Backfill => Ok(same.clone()),
-                    SetState::Active => Err(TxError::invalid(format!(
-                        "the index already searches with model `{}` (fingerprint {}): nothing \
-                         to migrate",
-                        same.model, same.fingerprint
-                    ))),
-                    SetState::Retired => Err(TxError::invalid(format!(
-                        "model `{}` is a retired vector set of this index; drop it first with \
-                         `ragline backfill --drop-old`",
-                        same.model
-                    ))),
-                };
+            match admin::backfill_start(&sets::all(tx, s)?, model)? {
+                Some(set) => Ok(set),
+                None => Ok(sets::create(tx, s, ty, model, SetState::Backfill, now)?),
             }
-            if let Some(other) = all.iter().find(|x| x.state == SetState::Backfill) {
-                return Err(TxError::invalid(format!(
-                    "a backfill to model `{}` is under way; let it finish (ragline backfill \
-                     --model {}) before starting another",
-                    other.model, other.model
-                )));
-            }
-            if !all.iter().any(|x| x.state == SetState::Active) {
-                return Err(TxError::invalid(
-                    "the index has no vectors yet: ingest with the new model instead of migrating"
-                        .into(),
-                ));
-            }
-            Ok(sets::create(tx, s, ty, model, SetState::Backfill, now)?)
         })
     }
 
     fn enqueue_all(&mut self, stage: &str, priority: Priority) -> Result<u64, StoreError> {
-        if !is_enrichable(stage) || stage == EMBED {
-            return Err(StoreError::Invalid(format!(
-                "`{stage}`: only stages without vector sets are queued this way"
-            )));
-        }
+        admin::check_queue_all(stage)?;
         self.write(|tx, s, now| {
             let n = tx.execute(
                 &format!(
@@ -488,5 +323,129 @@ impl<C: GenericClient> StatusSql for Sql<'_, C> {
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect())
+    }
+}
+
+
+impl<C: GenericClient> AdminSql for Sql<'_, C> {
+    fn document(
+        &mut self,
+        id: &str,
+    ) -> Result<Option<(Option<String>, Option<String>)>, postgres::Error> {
+        let s = self.s;
+        let sql = format!("SELECT source, title FROM {s}.documents WHERE id = $1");
+        Ok(self
+            .c
+            .query_opt(&sql, &[&id])?
+            .map(|r| (r.get(0), r.get(1))))
+    }
+
+    fn buried_source(&mut self, id: &str) -> Result<Option<Option<String>>, postgres::Error> {
+        let s = self.s;
+        let sql = format!("SELECT source FROM {s}.dead_documents WHERE document_id = $1");
+        Ok(self.c.query_opt(&sql, &[&id])?.map(|r| r.get(0)))
+    }
+
+    fn current_chunks(&mut self, id: &str) -> Result<u64, postgres::Error> {
+        let s = self.s;
+        let sql = format!(
+            "SELECT count(*) FROM {s}.chunks WHERE document_id = $1 AND replaced_by IS NULL"
+        );
+        Ok(self.c.query_one(&sql, &[&id])?.get::<_, i64>(0) as u64)
+    }
+
+    fn stage_states(&mut self, id: &str) -> Result<Vec<StageState>, postgres::Error> {
+        let s = self.s;
+        let rows = self.c.query(
+            &format!(
+                "SELECT stage, vector_set, status, priority, attempts, not_before,
+                        lease_owner, lease_expires, enqueued_at, claimed_at, claim_seq,
+                        done_at
+                 FROM {s}.enrichment WHERE document_id = $1
+                 ORDER BY stage = 'embed', stage, vector_set"
+            ),
+            &[&id],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| StageState {
+                stage: r.get(0),
+                vector_set: r.get::<_, i32>(1) as i64,
+                status: r.get(2),
+                priority: Priority::from_level(r.get::<_, i32>(3) as i64).to_string(),
+                attempts: r.get::<_, i32>(4).max(0) as u32,
+                not_before: Some(r.get::<_, i64>(5)).filter(|t| *t > 0),
+                lease_owner: r.get(6),
+                lease_expires: r.get(7),
+                enqueued_at: r.get(8),
+                claimed_at: r.get(9),
+                claim_seq: r.get(10),
+                done_at: r.get(11),
+                errors: Vec::new(),
+            })
+            .collect())
+    }
+
+    fn attempt_errors(
+        &mut self,
+        id: &str,
+        stage: &str,
+        vector_set: i64,
+    ) -> Result<Vec<AttemptError>, postgres::Error> {
+        let s = self.s;
+        let rows = self.c.query(
+            &format!(
+                "SELECT attempt, at, worker, message FROM {s}.enrichment_errors
+                 WHERE document_id = $1 AND stage = $2 AND vector_set = $3
+                 ORDER BY at, id"
+            ),
+            &[&id, &stage, &(vector_set as i32)],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| AttemptError {
+                attempt: r.get::<_, i32>(0).max(0) as u32,
+                at: r.get(1),
+                worker: r.get(2),
+                message: r.get(3),
+            })
+            .collect())
+    }
+
+    fn set_buried(&mut self, b: &Burial, now: i64) -> Result<(), postgres::Error> {
+        let s = self.s;
+        self.c.execute(
+            &format!(
+                "INSERT INTO {s}.enrichment(document_id, stage, vector_set, status,
+                     priority, seq, attempts, input_version, enqueued_at, updated_at)
+                 VALUES ($1, $2, 0, 'dead', $3, nextval('{s}.enrichment_seq'), $4, '', $5, $5)
+                 ON CONFLICT (document_id, stage, vector_set) DO UPDATE SET
+                     status = 'dead', attempts = excluded.attempts, lease_owner = NULL,
+                     lease_expires = NULL, not_before = 0, updated_at = excluded.updated_at"
+            ),
+            &[
+                &b.document_id,
+                &b.stage,
+                &(Priority::Fresh.level() as i32),
+                &(b.attempts as i32),
+                &now,
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn keep_copy(&mut self, c: &StoredCopy, now: i64) -> Result<(), postgres::Error> {
+        let s = self.s;
+        self.c.execute(
+            &format!(
+                "INSERT INTO {s}.dead_documents(document_id, payload, source, config, buried_at)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (document_id) DO UPDATE SET
+                     payload = excluded.payload, source = excluded.source,
+                     config = excluded.config, buried_at = excluded.buried_at"
+            ),
+            &[&c.document_id, &c.payload, &c.source, &c.config, &now],
+        )?;
+        Ok(())
     }
 }

@@ -2,9 +2,11 @@
 //! (`indexers/sqlite/outputs.rs`): queueing, the document's text, outputs replaced in one
 //! transaction with the status, a `tsvector` when they go in the keyword index.
 
+use postgres::GenericClient;
+
 use super::fts::TsVector;
-use super::queue::{PgStore, TxError};
-use crate::lifecycle::store::stitch;
+use super::queue::{PgStore, Sql};
+use crate::indexers::admin::{self, OutputSql};
 use crate::lifecycle::{DocumentText, Priority, StoreError, WorkKey};
 
 impl PgStore {
@@ -48,40 +50,11 @@ impl PgStore {
         id: &str,
     ) -> Result<Option<DocumentText>, StoreError> {
         let s = self.s.clone();
-        let run = |c: &mut postgres::Client| -> Result<Option<DocumentText>, postgres::Error> {
-            let Some(doc) = c.query_opt(
-                &format!("SELECT title, source, version FROM {s}.documents WHERE id = $1"),
-                &[&id],
-            )?
-            else {
-                return Ok(None);
-            };
-            let version: String = doc.get(2);
-            let chunks: Vec<(usize, usize, String)> = c
-                .query(
-                    &format!(
-                        "SELECT start_byte, end_byte, text FROM {s}.chunks
-                         WHERE document_id = $1 AND version = $2 AND replaced_by IS NULL
-                         ORDER BY ordinal"
-                    ),
-                    &[&id, &version],
-                )?
-                .iter()
-                .map(|r| {
-                    (
-                        r.get::<_, i64>(0) as usize,
-                        r.get::<_, i64>(1) as usize,
-                        r.get(2),
-                    )
-                })
-                .collect();
-            Ok(Some(DocumentText {
-                title: doc.get(0),
-                source: doc.get(1),
-                text: stitch(&chunks),
-            }))
+        let mut q = Sql {
+            c: &mut self.client,
+            s: &s,
         };
-        run(&mut self.client).map_err(|e| self.err(e))
+        admin::document_text(&mut q, id).map_err(|e| self.err(e))
     }
 
     pub(super) fn write_stage_output(
@@ -92,49 +65,113 @@ impl PgStore {
         keyword: bool,
     ) -> Result<bool, StoreError> {
         self.write(|tx, s, now| {
-            let row = tx.query_opt(
-                &format!(
-                    "SELECT e.id FROM {s}.enrichment e JOIN {s}.documents d
-                       ON d.id = e.document_id
-                     WHERE e.document_id = $1 AND e.stage = $2 AND e.vector_set = 0
-                       AND e.status = 'in_progress' AND e.lease_owner = $3
-                       AND e.input_version = d.version
-                     FOR UPDATE OF e"
-                ),
-                &[&key.document_id, &key.stage, &owner],
-            )?;
-            let Some(row) = row else {
-                return Ok(false);
-            };
-            let id: i64 = row.get(0);
-            // Analysed as chunks are (`fts.rs`), when it goes in the keyword index.
-            let fts = keyword.then(|| TsVector::of(&[output]));
-            tx.execute(
-                &format!(
-                    "INSERT INTO {s}.stage_outputs(document_id, stage, output, keyword, at, fts)
-                     VALUES ($1, $2, $3, $4, $5, $6)
-                     ON CONFLICT (document_id, stage) DO UPDATE SET output = excluded.output,
-                         keyword = excluded.keyword, at = excluded.at, fts = excluded.fts"
-                ),
-                &[&key.document_id, &key.stage, &output, &keyword, &now, &fts],
-            )?;
-            tx.execute(
-                &format!(
-                    "UPDATE {s}.documents
-                     SET metadata = jsonb_set(metadata, ARRAY[$2::text], to_jsonb($3::text))
-                     WHERE id = $1"
-                ),
-                &[&key.document_id, &key.stage, &output],
-            )?;
-            tx.execute(
-                &format!(
-                    "UPDATE {s}.enrichment SET status = 'done', lease_owner = NULL,
-                         lease_expires = NULL, not_before = 0, done_at = $2, updated_at = $2
-                     WHERE id = $1"
-                ),
-                &[&id, &now],
-            )?;
-            Ok::<bool, TxError>(true)
+            let mut q = Sql { c: tx, s };
+            Ok(admin::write_output(&mut q, owner, key, output, keyword, now)?)
         })
+    }
+}
+
+impl<C: GenericClient> OutputSql for Sql<'_, C> {
+    type Error = postgres::Error;
+
+    fn document_version(
+        &mut self,
+        id: &str,
+    ) -> Result<Option<(Option<String>, Option<String>, String)>, postgres::Error> {
+        let s = self.s;
+        let sql = format!("SELECT title, source, version FROM {s}.documents WHERE id = $1");
+        Ok(self
+            .c
+            .query_opt(&sql, &[&id])?
+            .map(|r| (r.get(0), r.get(1), r.get(2))))
+    }
+
+    fn chunk_spans(
+        &mut self,
+        id: &str,
+        version: &str,
+    ) -> Result<Vec<(usize, usize, String)>, postgres::Error> {
+        let s = self.s;
+        let rows = self.c.query(
+            &format!(
+                "SELECT start_byte, end_byte, text FROM {s}.chunks
+                 WHERE document_id = $1 AND version = $2 AND replaced_by IS NULL
+                 ORDER BY ordinal"
+            ),
+            &[&id, &version],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<_, i64>(0) as usize,
+                    r.get::<_, i64>(1) as usize,
+                    r.get(2),
+                )
+            })
+            .collect())
+    }
+
+    fn held_for_output(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+    ) -> Result<Option<i64>, postgres::Error> {
+        let s = self.s;
+        let row = self.c.query_opt(
+            &format!(
+                "SELECT e.id FROM {s}.enrichment e JOIN {s}.documents d
+                   ON d.id = e.document_id
+                 WHERE e.document_id = $1 AND e.stage = $2 AND e.vector_set = 0
+                   AND e.status = 'in_progress' AND e.lease_owner = $3
+                   AND e.input_version = d.version
+                 FOR UPDATE OF e"
+            ),
+            &[&key.document_id, &key.stage, &owner],
+        )?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    fn put_output(
+        &mut self,
+        key: &WorkKey,
+        output: &str,
+        keyword: bool,
+        now: i64,
+    ) -> Result<(), postgres::Error> {
+        let s = self.s;
+        // Analysed as chunks are (`fts.rs`), when it goes in the keyword index.
+        let fts = keyword.then(|| TsVector::of(&[output]));
+        self.c.execute(
+            &format!(
+                "INSERT INTO {s}.stage_outputs(document_id, stage, output, keyword, at, fts)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (document_id, stage) DO UPDATE SET output = excluded.output,
+                     keyword = excluded.keyword, at = excluded.at, fts = excluded.fts"
+            ),
+            &[&key.document_id, &key.stage, &output, &keyword, &now, &fts],
+        )?;
+        self.c.execute(
+            &format!(
+                "UPDATE {s}.documents
+                 SET metadata = jsonb_set(metadata, ARRAY[$2::text], to_jsonb($3::text))
+                 WHERE id = $1"
+            ),
+            &[&key.document_id, &key.stage, &output],
+        )?;
+        Ok(())
+    }
+
+    fn set_done(&mut self, id: i64, now: i64) -> Result<(), postgres::Error> {
+        let s = self.s;
+        self.c.execute(
+            &format!(
+                "UPDATE {s}.enrichment SET status = 'done', lease_owner = NULL,
+                     lease_expires = NULL, not_before = 0, done_at = $2, updated_at = $2
+                 WHERE id = $1"
+            ),
+            &[&id, &now],
+        )?;
+        Ok(())
     }
 }

@@ -3,16 +3,17 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::queue::{Sql, SqliteStore, TxError};
+use super::queue::{Sql, SqliteStore};
 use super::schema::next_in;
 use super::sets::{self, SetState, VectorSet};
+use crate::indexers::admin::{self, AdminSql};
 use crate::indexers::store::{status_report, StatusSql};
 use crate::indexers::{Burial, ModelIdentity, StoredCopy};
 use crate::lifecycle::report::{
     AttemptError, DeadLetter, DocumentLifecycle, StageState, StatusReport,
 };
 use crate::lifecycle::rules::StatusGroup;
-use crate::lifecycle::{is_enrichable, now_ms, Priority, StoreError, EMBED};
+use crate::lifecycle::{now_ms, Priority, StoreError};
 
 impl SqliteStore {
     /// Everything `ragline status` shows.
@@ -58,100 +59,7 @@ impl SqliteStore {
     /// A document's lifecycle: every stage with every attempt's error. None when the index
     /// has no such document.
     pub fn document_lifecycle(&self, id: &str) -> Result<Option<DocumentLifecycle>, StoreError> {
-        let e = |e| self.err(e);
-        let doc: Option<(Option<String>, Option<String>)> = self
-            .conn
-            .query_row(
-                "SELECT source, title FROM documents WHERE id = ?1",
-                [id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(e)?;
-        let (source, title) = match doc {
-            Some(doc) => doc,
-            // Dead-lettered before it reached the index: only its lifecycle rows and copy.
-            None => {
-                let buried: Option<Option<String>> = self
-                    .conn
-                    .query_row(
-                        "SELECT source FROM dead_documents WHERE document_id = ?1",
-                        [id],
-                        |r| r.get(0),
-                    )
-                    .optional()
-                    .map_err(e)?;
-                match buried {
-                    Some(source) => (source, None),
-                    None => return Ok(None),
-                }
-            }
-        };
-        let chunks = self
-            .conn
-            .query_row(
-                "SELECT COUNT(*) FROM chunks WHERE document_id = ?1 AND replaced_by IS NULL",
-                [id],
-                |r| r.get::<_, i64>(0),
-            )
-            .map_err(e)? as u64;
-        let mut stages: Vec<StageState> = self
-            .conn
-            .prepare(
-                "SELECT stage, vector_set, status, priority, attempts, not_before, lease_owner,
-                        lease_expires, enqueued_at, claimed_at, claim_seq, done_at
-                 FROM enrichment WHERE document_id = ?1 ORDER BY stage = 'embed', stage,
-                      vector_set",
-            )
-            .and_then(|mut s| {
-                s.query_map([id], |r| {
-                    Ok(StageState {
-                        stage: r.get(0)?,
-                        vector_set: r.get(1)?,
-                        status: r.get(2)?,
-                        priority: Priority::from_level(r.get(3)?).to_string(),
-                        attempts: r.get(4)?,
-                        not_before: r.get::<_, i64>(5).map(|t| (t > 0).then_some(t))?,
-                        lease_owner: r.get(6)?,
-                        lease_expires: r.get(7)?,
-                        enqueued_at: r.get(8)?,
-                        claimed_at: r.get(9)?,
-                        claim_seq: r.get(10)?,
-                        done_at: r.get(11)?,
-                        errors: Vec::new(),
-                    })
-                })?
-                .collect()
-            })
-            .map_err(e)?;
-        for st in &mut stages {
-            st.errors = self
-                .conn
-                .prepare_cached(
-                    "SELECT attempt, at, worker, message FROM enrichment_errors
-                     WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
-                     ORDER BY at, rowid",
-                )
-                .and_then(|mut s| {
-                    s.query_map(params![id, st.stage, st.vector_set], |r| {
-                        Ok(AttemptError {
-                            attempt: r.get(0)?,
-                            at: r.get(1)?,
-                            worker: r.get(2)?,
-                            message: r.get(3)?,
-                        })
-                    })?
-                    .collect()
-                })
-                .map_err(e)?;
-        }
-        Ok(Some(DocumentLifecycle {
-            document_id: id.to_string(),
-            source,
-            title,
-            chunks,
-            stages,
-        }))
+        admin::document_lifecycle(&mut Sql(&self.conn), id).map_err(|e| self.err(e))
     }
 
     /// Put dead documents back in the queue (attempts reset, errors kept): those of `ids`,
@@ -161,127 +69,60 @@ impl SqliteStore {
         stage: Option<&str>,
         ids: Option<&[String]>,
     ) -> Result<u64, StoreError> {
+        let ids = ids.map(json_array);
         self.write(|tx| {
-            let now = now_ms();
-            let dead: Vec<(i64, String)> = tx
-                .prepare(
-                    "SELECT id, document_id FROM enrichment
-                     WHERE status = 'dead' AND (?1 IS NULL OR stage = ?1) ORDER BY updated_at, id",
-                )
-                .and_then(|mut s| {
-                    s.query_map([stage], |r| Ok((r.get(0)?, r.get(1)?)))?
-                        .collect()
-                })?;
-            let mut n = 0;
-            for (row, doc) in dead {
-                if ids.is_some_and(|ids| !ids.contains(&doc)) {
-                    continue;
-                }
-                let seq = next_in(tx, "enrichment_seq")?;
-                tx.execute(
-                    "UPDATE enrichment SET status = 'pending', attempts = 0, not_before = 0,
-                         seq = ?2, enqueued_at = ?3, updated_at = ?3
-                     WHERE id = ?1",
-                    params![row, seq, now],
-                )?;
-                n += 1;
-            }
-            Ok(n)
+            let base = next_in(tx, "enrichment_seq")?;
+            let n = tx.execute(
+                "UPDATE enrichment SET status = 'pending', attempts = 0, not_before = 0,
+                     seq = ?3 + d.n, enqueued_at = ?4, updated_at = ?4
+                 FROM (SELECT id, ROW_NUMBER() OVER (ORDER BY updated_at, id) AS n
+                       FROM enrichment
+                       WHERE status = 'dead' AND (?1 IS NULL OR stage = ?1)
+                         AND (?2 IS NULL OR document_id IN (SELECT value FROM json_each(?2)))) d
+                 WHERE enrichment.id = d.id",
+                params![stage, ids, base, now_ms()],
+            )? as i64;
+            tx.execute(
+                "UPDATE counters SET value = value + ?1 WHERE name = 'enrichment_seq'",
+                [n],
+            )?;
+            Ok(n as u64)
         })
     }
 
     /// Dead-letter documents a run could not get into the index (see [`Burial`]).
     pub fn bury(&mut self, burials: &[Burial]) -> Result<(), StoreError> {
-        self.write(|tx| {
-            let now = now_ms();
-            for b in burials {
-                let seq = next_in(tx, "enrichment_seq")?;
-                tx.prepare_cached(
-                    "INSERT INTO enrichment(document_id, stage, vector_set, status, priority, seq,
-                                            attempts, input_version, enqueued_at, updated_at)
-                     VALUES (?1, ?2, 0, 'dead', ?3, ?4, ?5, '', ?6, ?6)
-                     ON CONFLICT(document_id, stage, vector_set) DO UPDATE SET
-                         status = 'dead', attempts = excluded.attempts, lease_owner = NULL,
-                         lease_expires = NULL, not_before = 0, updated_at = excluded.updated_at",
-                )?
-                .execute(params![
-                    b.document_id,
-                    b.stage,
-                    Priority::Fresh.level(),
-                    seq,
-                    b.attempts,
-                    now
-                ])?;
-                tx.prepare_cached(
-                    "INSERT INTO enrichment_errors(document_id, stage, vector_set, attempt, at,
-                                                   worker, message)
-                     VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6)",
-                )?
-                .execute(params![
-                    b.document_id,
-                    b.stage,
-                    b.attempts,
-                    now,
-                    b.worker,
-                    b.error
-                ])?;
-                if let Some(c) = &b.copy {
-                    tx.prepare_cached(
-                        "INSERT INTO dead_documents(document_id, payload, source, config,
-                                                    buried_at)
-                         VALUES (?1, ?2, ?3, ?4, ?5)
-                         ON CONFLICT(document_id) DO UPDATE SET payload = excluded.payload,
-                             source = excluded.source, config = excluded.config,
-                             buried_at = excluded.buried_at",
-                    )?
-                    .execute(params![
-                        c.document_id,
-                        c.payload,
-                        c.source,
-                        c.config,
-                        now
-                    ])?;
-                }
-            }
-            Ok(())
-        })
+        self.write(|tx| Ok(admin::bury(&mut Sql(tx), burials, now_ms())?))
     }
 
     /// The stored copies of buried documents among `ids`.
     pub fn buried(&self, ids: &[String]) -> Result<Vec<StoredCopy>, StoreError> {
-        let mut out = Vec::new();
-        let mut stmt = self
-            .conn
+        self.conn
             .prepare_cached(
                 "SELECT document_id, payload, source, config FROM dead_documents
-                 WHERE document_id = ?1",
+                 WHERE document_id IN (SELECT value FROM json_each(?1)) ORDER BY document_id",
             )
-            .map_err(|e| self.err(e))?;
-        for id in ids {
-            let copy = stmt
-                .query_row([id], |r| {
+            .and_then(|mut stmt| {
+                stmt.query_map([json_array(ids)], |r| {
                     Ok(StoredCopy {
                         document_id: r.get(0)?,
                         payload: r.get(1)?,
                         source: r.get(2)?,
                         config: r.get(3)?,
                     })
-                })
-                .optional()
-                .map_err(|e| self.err(e))?;
-            out.extend(copy);
-        }
-        Ok(out)
+                })?
+                .collect()
+            })
+            .map_err(|e| self.err(e))
     }
 
     /// Forget the stored copies of `ids`.
     pub fn unbury(&mut self, ids: &[String]) -> Result<(), StoreError> {
         self.write(|tx| {
-            let mut stmt =
-                tx.prepare_cached("DELETE FROM dead_documents WHERE document_id = ?1")?;
-            for id in ids {
-                stmt.execute([id])?;
-            }
+            tx.execute(
+                "DELETE FROM dead_documents WHERE document_id IN (SELECT value FROM json_each(?1))",
+                [json_array(ids)],
+            )?;
             Ok(())
         })
     }
@@ -303,11 +144,7 @@ impl SqliteStore {
     /// Pause or resume a stage: workers stop claiming its work within a poll, finish what
     /// they hold, and go on when it is resumed.
     pub fn set_paused(&mut self, stage: &str, paused: bool) -> Result<(), StoreError> {
-        if !is_enrichable(stage) {
-            return Err(StoreError::Invalid(format!(
-                "`{stage}` is not a stage workers run; stages that can be paused: {EMBED}"
-            )));
-        }
+        admin::check_pausable(stage)?;
         self.conn
             .execute(
                 "INSERT INTO stage_control(stage, paused, changed_at) VALUES (?1, ?2, ?3)
@@ -323,71 +160,29 @@ impl SqliteStore {
     /// looking for is embedded first. Returns how many documents moved.
     pub fn promote(&mut self, ids: &[String]) -> Result<u64, StoreError> {
         self.write(|tx| {
-            let mut n = 0;
-            for id in ids {
-                n += tx
-                    .prepare_cached(
-                        "UPDATE enrichment SET priority = ?2
-                         WHERE document_id = ?1 AND stage = 'embed' AND priority < ?2
-                           AND status IN ('pending', 'failed')",
-                    )
-                    .and_then(|mut s| s.execute(params![id, Priority::Interactive.level()]))?
-                    as u64;
-            }
-            Ok(n)
+            let n = tx.execute(
+                "UPDATE enrichment SET priority = ?2
+                 WHERE document_id IN (SELECT value FROM json_each(?1)) AND stage = 'embed'
+                   AND priority < ?2 AND status IN ('pending', 'failed')",
+                params![json_array(ids), Priority::Interactive.level()],
+            )?;
+            Ok(n as u64)
         })
     }
 
     /// Start (or resume) filling a vector set for `model`. The backfill's documents are
     /// queued a page at a time as workers run dry (`maintain`).
     pub fn start_backfill(&mut self, model: &ModelIdentity) -> Result<VectorSet, StoreError> {
-        self.write(|tx| {
-            let all = sets::all(tx)?;
-            if let Some(same) = all.iter().find(|s| s.fingerprint == model.fingerprint) {
-                match same.state {
-                    SetState::Backfill => return Ok(same.clone()),
-                    SetState::Active => {
-                        return Err(TxError::invalid(format!(
-                            "the index already searches with model `{}` (fingerprint {}): nothing \
-                             to migrate",
-                            same.model, same.fingerprint
-                        )))
-                    }
-                    SetState::Retired => {
-                        return Err(TxError::invalid(format!(
-                            "model `{}` is a retired vector set of this index; drop it first with \
-                             `ragline backfill --drop-old`",
-                            same.model
-                        )))
-                    }
-                }
-            }
-            if let Some(other) = all.iter().find(|s| s.state == SetState::Backfill) {
-                return Err(TxError::invalid(format!(
-                    "a backfill to model `{}` is under way; let it finish (ragline backfill --model \
-                     {}) before starting another",
-                    other.model, other.model
-                )));
-            }
-            if !all.iter().any(|s| s.state == SetState::Active) {
-                return Err(TxError::invalid(
-                    "the index has no vectors yet: ingest with the new model instead of migrating"
-                        .into(),
-                ));
-            }
-            let set = sets::create(tx, model, SetState::Backfill)?;
-            Ok(set)
+        self.write(|tx| match admin::backfill_start(&sets::all(tx)?, model)? {
+            Some(set) => Ok(set),
+            None => Ok(sets::create(tx, model, SetState::Backfill)?),
         })
     }
 
     /// Queue every document for `stage` (a stage without a vector set, such as `noop`) at
     /// `priority`: new rows pending, existing rows pending again. Returns how many.
     pub fn enqueue_all(&mut self, stage: &str, priority: Priority) -> Result<u64, StoreError> {
-        if !is_enrichable(stage) || stage == EMBED {
-            return Err(StoreError::Invalid(format!(
-                "`{stage}`: only stages without vector sets are queued this way"
-            )));
-        }
+        admin::check_queue_all(stage)?;
         self.write(|tx| {
             let now = now_ms();
             let base = next_in(tx, "enrichment_seq")?;
@@ -417,6 +212,11 @@ impl SqliteStore {
     pub fn drop_retired(&mut self) -> Result<Vec<String>, StoreError> {
         self.write(|tx| Ok(sets::drop_retired(tx)?))
     }
+}
+
+/// `ids` as a JSON array, for SQL that reads it with `json_each` (as Postgres takes an array).
+fn json_array(ids: &[String]) -> String {
+    serde_json::to_string(ids).expect("a list of strings serializes")
 }
 
 impl crate::indexers::IndexStore for SqliteStore {
@@ -553,5 +353,127 @@ impl StatusSql for Sql<'_> {
             )?
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
             .collect()
+    }
+}
+
+
+impl AdminSql for Sql<'_> {
+    fn document(
+        &mut self,
+        id: &str,
+    ) -> rusqlite::Result<Option<(Option<String>, Option<String>)>> {
+        self.0
+            .query_row(
+                "SELECT source, title FROM documents WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+    }
+
+    fn buried_source(&mut self, id: &str) -> rusqlite::Result<Option<Option<String>>> {
+        self.0
+            .query_row(
+                "SELECT source FROM dead_documents WHERE document_id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()
+    }
+
+    fn current_chunks(&mut self, id: &str) -> rusqlite::Result<u64> {
+        self.0
+            .query_row(
+                "SELECT COUNT(*) FROM chunks WHERE document_id = ?1 AND replaced_by IS NULL",
+                [id],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+    }
+
+    fn stage_states(&mut self, id: &str) -> rusqlite::Result<Vec<StageState>> {
+        self.0
+            .prepare(
+                "SELECT stage, vector_set, status, priority, attempts, not_before, lease_owner,
+                        lease_expires, enqueued_at, claimed_at, claim_seq, done_at
+                 FROM enrichment WHERE document_id = ?1 ORDER BY stage = 'embed', stage,
+                      vector_set",
+            )?
+            .query_map([id], |r| {
+                Ok(StageState {
+                    stage: r.get(0)?,
+                    vector_set: r.get(1)?,
+                    status: r.get(2)?,
+                    priority: Priority::from_level(r.get(3)?).to_string(),
+                    attempts: r.get(4)?,
+                    not_before: r.get::<_, i64>(5).map(|t| (t > 0).then_some(t))?,
+                    lease_owner: r.get(6)?,
+                    lease_expires: r.get(7)?,
+                    enqueued_at: r.get(8)?,
+                    claimed_at: r.get(9)?,
+                    claim_seq: r.get(10)?,
+                    done_at: r.get(11)?,
+                    errors: Vec::new(),
+                })
+            })?
+            .collect()
+    }
+
+    fn attempt_errors(
+        &mut self,
+        id: &str,
+        stage: &str,
+        vector_set: i64,
+    ) -> rusqlite::Result<Vec<AttemptError>> {
+        self.0
+            .prepare_cached(
+                "SELECT attempt, at, worker, message FROM enrichment_errors
+                 WHERE document_id = ?1 AND stage = ?2 AND vector_set = ?3
+                 ORDER BY at, rowid",
+            )?
+            .query_map(params![id, stage, vector_set], |r| {
+                Ok(AttemptError {
+                    attempt: r.get(0)?,
+                    at: r.get(1)?,
+                    worker: r.get(2)?,
+                    message: r.get(3)?,
+                })
+            })?
+            .collect()
+    }
+
+    fn set_buried(&mut self, b: &Burial, now: i64) -> rusqlite::Result<()> {
+        let seq = next_in(self.0, "enrichment_seq")?;
+        self.0
+            .prepare_cached(
+                "INSERT INTO enrichment(document_id, stage, vector_set, status, priority, seq,
+                                        attempts, input_version, enqueued_at, updated_at)
+                 VALUES (?1, ?2, 0, 'dead', ?3, ?4, ?5, '', ?6, ?6)
+                 ON CONFLICT(document_id, stage, vector_set) DO UPDATE SET
+                     status = 'dead', attempts = excluded.attempts, lease_owner = NULL,
+                     lease_expires = NULL, not_before = 0, updated_at = excluded.updated_at",
+            )?
+            .execute(params![
+                b.document_id,
+                b.stage,
+                Priority::Fresh.level(),
+                seq,
+                b.attempts,
+                now
+            ])?;
+        Ok(())
+    }
+
+    fn keep_copy(&mut self, c: &StoredCopy, now: i64) -> rusqlite::Result<()> {
+        self.0
+            .prepare_cached(
+                "INSERT INTO dead_documents(document_id, payload, source, config, buried_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT(document_id) DO UPDATE SET payload = excluded.payload,
+                     source = excluded.source, config = excluded.config,
+                     buried_at = excluded.buried_at",
+            )?
+            .execute(params![c.document_id, c.payload, c.source, c.config, now])?;
+        Ok(())
     }
 }

@@ -5,9 +5,9 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::queue::SqliteStore;
+use super::queue::{Sql, SqliteStore};
 use super::schema::next_in;
-use crate::lifecycle::store::stitch;
+use crate::indexers::admin::{self, OutputSql};
 use crate::lifecycle::{now_ms, DocumentText, Priority, StoreError, WorkKey};
 
 impl SqliteStore {
@@ -52,42 +52,7 @@ impl SqliteStore {
         &mut self,
         id: &str,
     ) -> Result<Option<DocumentText>, StoreError> {
-        let e = |e| self.err(e);
-        let doc: Option<(Option<String>, Option<String>, String)> = self
-            .conn
-            .query_row(
-                "SELECT title, source, version FROM documents WHERE id = ?1",
-                [id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()
-            .map_err(e)?;
-        let Some((title, source, version)) = doc else {
-            return Ok(None);
-        };
-        let chunks: Vec<(usize, usize, String)> = self
-            .conn
-            .prepare_cached(
-                "SELECT start_byte, end_byte, text FROM chunks
-                 WHERE document_id = ?1 AND version = ?2 AND replaced_by IS NULL
-                 ORDER BY ordinal",
-            )
-            .and_then(|mut s| {
-                s.query_map(params![id, version], |r| {
-                    Ok((
-                        r.get::<_, i64>(0)? as usize,
-                        r.get::<_, i64>(1)? as usize,
-                        r.get(2)?,
-                    ))
-                })?
-                .collect()
-            })
-            .map_err(e)?;
-        Ok(Some(DocumentText {
-            title,
-            source,
-            text: stitch(&chunks),
-        }))
+        admin::document_text(&mut Sql(&self.conn), id).map_err(|e| self.err(e))
     }
 
     pub(super) fn write_stage_output(
@@ -98,51 +63,104 @@ impl SqliteStore {
         keyword: bool,
     ) -> Result<bool, StoreError> {
         self.write(|tx| {
-            let now = now_ms();
-            // Only the lease holder, and only for the document as it still is.
-            let row: Option<i64> = tx
-                .prepare_cached(
-                    "SELECT e.id FROM enrichment e JOIN documents d ON d.id = e.document_id
-                     WHERE e.document_id = ?1 AND e.stage = ?2 AND e.vector_set = 0
-                       AND e.status = 'in_progress' AND e.lease_owner = ?3
-                       AND e.input_version = d.version",
-                )?
-                .query_row(params![key.document_id, key.stage, owner], |r| r.get(0))
-                .optional()?;
-            let Some(row) = row else {
-                return Ok(false);
-            };
-            let rowid: i64 = tx
-                .prepare_cached(
-                    "INSERT INTO stage_outputs(document_id, stage, output, keyword, at)
-                     VALUES (?1, ?2, ?3, ?4, ?5)
-                     ON CONFLICT(document_id, stage) DO UPDATE SET output = excluded.output,
-                         keyword = excluded.keyword, at = excluded.at
-                     RETURNING rowid",
-                )?
-                .query_row(
-                    params![key.document_id, key.stage, output, keyword, now],
-                    |r| r.get(0),
-                )?;
-            tx.prepare_cached("DELETE FROM output_fts WHERE rowid = ?1")?
-                .execute([rowid])?;
-            if keyword {
-                tx.prepare_cached("INSERT INTO output_fts(rowid, output) VALUES (?1, ?2)")?
-                    .execute(params![rowid, output])?;
-            }
-            tx.prepare_cached(
-                "UPDATE documents SET metadata = json_set(COALESCE(metadata, '{}'), '$.' || ?2, ?3)
-                 WHERE id = ?1",
+            let mut q = Sql(tx);
+            Ok(admin::write_output(&mut q, owner, key, output, keyword, now_ms())?)
+        })
+    }
+}
+
+impl OutputSql for Sql<'_> {
+    type Error = rusqlite::Error;
+
+    fn document_version(
+        &mut self,
+        id: &str,
+    ) -> rusqlite::Result<Option<(Option<String>, Option<String>, String)>> {
+        self.0
+            .query_row(
+                "SELECT title, source, version FROM documents WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+    }
+
+    fn chunk_spans(
+        &mut self,
+        id: &str,
+        version: &str,
+    ) -> rusqlite::Result<Vec<(usize, usize, String)>> {
+        self.0
+            .prepare_cached(
+                "SELECT start_byte, end_byte, text FROM chunks
+                 WHERE document_id = ?1 AND version = ?2 AND replaced_by IS NULL
+                 ORDER BY ordinal",
             )?
-            .execute(params![key.document_id, key.stage, output])?;
-            tx.prepare_cached(
+            .query_map(params![id, version], |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as usize,
+                    r.get::<_, i64>(1)? as usize,
+                    r.get(2)?,
+                ))
+            })?
+            .collect()
+    }
+
+    fn held_for_output(&mut self, owner: &str, key: &WorkKey) -> rusqlite::Result<Option<i64>> {
+        self.0
+            .prepare_cached(
+                "SELECT e.id FROM enrichment e JOIN documents d ON d.id = e.document_id
+                 WHERE e.document_id = ?1 AND e.stage = ?2 AND e.vector_set = 0
+                   AND e.status = 'in_progress' AND e.lease_owner = ?3
+                   AND e.input_version = d.version",
+            )?
+            .query_row(params![key.document_id, key.stage, owner], |r| r.get(0))
+            .optional()
+    }
+
+    fn put_output(
+        &mut self,
+        key: &WorkKey,
+        output: &str,
+        keyword: bool,
+        now: i64,
+    ) -> rusqlite::Result<()> {
+        let tx = self.0;
+        let rowid: i64 = tx
+            .prepare_cached(
+                "INSERT INTO stage_outputs(document_id, stage, output, keyword, at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT(document_id, stage) DO UPDATE SET output = excluded.output,
+                     keyword = excluded.keyword, at = excluded.at
+                 RETURNING rowid",
+            )?
+            .query_row(
+                params![key.document_id, key.stage, output, keyword, now],
+                |r| r.get(0),
+            )?;
+        tx.prepare_cached("DELETE FROM output_fts WHERE rowid = ?1")?
+            .execute([rowid])?;
+        if keyword {
+            tx.prepare_cached("INSERT INTO output_fts(rowid, output) VALUES (?1, ?2)")?
+                .execute(params![rowid, output])?;
+        }
+        tx.prepare_cached(
+            "UPDATE documents SET metadata = json_set(COALESCE(metadata, '{}'), '$.' || ?2, ?3)
+             WHERE id = ?1",
+        )?
+        .execute(params![key.document_id, key.stage, output])?;
+        Ok(())
+    }
+
+    fn set_done(&mut self, id: i64, now: i64) -> rusqlite::Result<()> {
+        self.0
+            .prepare_cached(
                 "UPDATE enrichment SET status = 'done', lease_owner = NULL, lease_expires = NULL,
                      not_before = 0, done_at = ?2, updated_at = ?2
                  WHERE id = ?1",
             )?
-            .execute(params![row, now])?;
-            Ok(true)
-        })
+            .execute(params![id, now])?;
+        Ok(())
     }
 }
 

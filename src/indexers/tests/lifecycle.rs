@@ -720,3 +720,75 @@ fn a_claim_limited_to_a_vector_set_finds_its_work_behind_another_sets() {
         );
     }
 }
+
+/// What a run could not get into the index is buried with its error and a copy: the
+/// dead-letter queue and `dlq show` list it on every backend, its copies come back sorted, a
+/// requeue by id takes only those named, and unburying forgets the copies.
+#[test]
+fn buried_documents_are_listed_requeued_by_id_and_unburied() {
+    for ix in backends("buried_list_requ") {
+        let (_f, mut store) = deferred_index(&ix, &["a"], 1);
+        let burial = |id: &str, copy: bool| crate::indexers::Burial {
+            document_id: id.into(),
+            stage: "chunk".into(),
+            attempts: 5,
+            worker: "W".into(),
+            error: format!("{id} cannot be read"),
+            copy: copy.then(|| crate::indexers::StoredCopy {
+                document_id: id.into(),
+                payload: Some(vec![1, 2, 3]),
+                source: Some(format!("docs/{id}.md")),
+                config: None,
+            }),
+        };
+        store
+            .bury(&[burial("z", true), burial("y", true), burial("x", false)])
+            .unwrap();
+        let dead = store.dead_letters(Some("chunk")).unwrap();
+        let mut listed: Vec<(&str, u32, Option<&str>)> = dead
+            .iter()
+            .map(|d| (d.document_id.as_str(), d.attempts, d.last_error.as_deref()))
+            .collect();
+        listed.sort();
+        assert_eq!(
+            listed,
+            [
+                ("x", 5, Some("x cannot be read")),
+                ("y", 5, Some("y cannot be read")),
+                ("z", 5, Some("z cannot be read"))
+            ],
+            "{}",
+            ix.name()
+        );
+        assert!(store.dead_letters(Some("embed")).unwrap().is_empty());
+        // Never in the index: its lifecycle comes from its burial.
+        let z = store.document_lifecycle("z").unwrap().unwrap();
+        assert_eq!(z.source.as_deref(), Some("docs/z.md"));
+        assert_eq!((z.chunks, z.stages.len()), (0, 1));
+        assert_eq!(z.stages[0].errors[0].message, "z cannot be read");
+        assert!(store.document_lifecycle("nobody").unwrap().is_none());
+        let ids = |c: Vec<crate::indexers::StoredCopy>| -> Vec<String> {
+            c.into_iter().map(|c| c.document_id).collect()
+        };
+        let all: Vec<String> = ["z", "x", "y", "w"].map(String::from).into();
+        assert_eq!(ids(store.buried(&all).unwrap()), ["y", "z"], "{}", ix.name());
+        // Burying again replaces the row and the copy.
+        store.bury(&[burial("z", true)]).unwrap();
+        assert_eq!(store.dead_letters(None).unwrap().len(), 3);
+        assert_eq!(
+            store.requeue(None, Some(&["y".into(), "x".into()])).unwrap(),
+            2
+        );
+        let left: Vec<String> = store
+            .dead_letters(None)
+            .unwrap()
+            .into_iter()
+            .map(|d| d.document_id)
+            .collect();
+        assert_eq!(left, ["z"], "{}", ix.name());
+        let y = store.document_lifecycle("y").unwrap().unwrap();
+        assert_eq!((y.stages[0].status.as_str(), y.stages[0].attempts), ("pending", 0));
+        store.unbury(&["y".into(), "z".into()]).unwrap();
+        assert!(store.buried(&all).unwrap().is_empty());
+    }
+}
