@@ -126,12 +126,7 @@ pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         eprintln!("embedding on {} ({})", device.label, device.reason);
     }
 
-    // Chunk the corpus on every core, timed.
-    let docs = read_corpus(args.corpus.as_deref())?;
-    let bytes: usize = docs.iter().map(|d| d.fields.text.len()).sum();
-    let started = Instant::now();
-    let chunked = chunk_corpus(docs, &model, args.chunk_tokens)?;
-    let chunk_secs = started.elapsed().as_secs_f64();
+    let (chunked, bytes, chunk_secs) = timed_chunks(&args, &model)?;
     if chunked.is_empty() {
         bail!("the corpus yielded no chunks");
     }
@@ -151,18 +146,7 @@ pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     let lengths: Vec<usize> = seqs.iter().map(|s| s.len() + specials).collect();
     let plan = model.plan_batches(&lengths, batch_tokens);
 
-    // Warm up (a GPU compiles its kernels on first use), then time.
-    let warm: Vec<&[u32]> = plan[0].iter().map(|&i| seqs[i]).collect();
-    model.embed_ids(&warm, &prompt)?;
-    let started = Instant::now();
-    let mut padded = 0;
-    for b in &plan {
-        let batch: Vec<&[u32]> = b.iter().map(|&i| seqs[i]).collect();
-        // embed_ids returns host vectors, so the device is synchronised per batch.
-        model.embed_ids(&batch, &prompt)?;
-        padded += model.computed_tokens(&lengths, b);
-    }
-    let secs = started.elapsed().as_secs_f64();
+    let (secs, padded) = time_embedding(&model, &seqs, &lengths, &plan, &prompt)?;
     let tokens: usize = lengths.iter().sum();
     let gflops = model.cpu_flops(&lengths).map(|f| f / secs / 1e9);
     let peak_gflops = model
@@ -201,6 +185,42 @@ pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         print_report(&report);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Chunk the corpus on every core, timed: the chunks' token ids, the corpus's bytes and the
+/// seconds it took.
+fn timed_chunks(
+    args: &BenchArgs,
+    model: &EmbeddingModel,
+) -> anyhow::Result<(Vec<Vec<u32>>, usize, f64)> {
+    let docs = read_corpus(args.corpus.as_deref())?;
+    let bytes: usize = docs.iter().map(|d| d.fields.text.len()).sum();
+    let started = Instant::now();
+    let chunked = chunk_corpus(docs, model, args.chunk_tokens)?;
+    Ok((chunked, bytes, started.elapsed().as_secs_f64()))
+}
+
+/// Embed every batch of `plan` after a warm-up batch: the seconds the batches took and the
+/// tokens the model computed (padding included).
+fn time_embedding(
+    model: &EmbeddingModel,
+    seqs: &[&[u32]],
+    lengths: &[usize],
+    plan: &[Vec<usize>],
+    prompt: &[u32],
+) -> anyhow::Result<(f64, usize)> {
+    // Warm up (a GPU compiles its kernels on first use), then time.
+    let warm: Vec<&[u32]> = plan[0].iter().map(|&i| seqs[i]).collect();
+    model.embed_ids(&warm, prompt)?;
+    let started = Instant::now();
+    let mut padded = 0;
+    for b in plan {
+        let batch: Vec<&[u32]> = b.iter().map(|&i| seqs[i]).collect();
+        // embed_ids returns host vectors, so the device is synchronised per batch.
+        model.embed_ids(&batch, prompt)?;
+        padded += model.computed_tokens(lengths, b);
+    }
+    Ok((started.elapsed().as_secs_f64(), padded))
 }
 
 /// The corpus cut into chunks on every core: each chunk's token ids.

@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use ragline::eval::{ann_recall, evaluate, read_qrels, read_queries, Scores};
 use ragline::indexers::IndexUri;
-use ragline::jobs::{self, config::SourceConfig};
+use ragline::jobs::{self, config::SourceConfig, PipelineConfig};
 use ragline::search::{Mode, Searcher};
 use ragline::stages::chunk::{DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
 
@@ -80,19 +80,7 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
     if qrels.is_empty() {
         bail!("{} holds no positive judgement", args.qrels.display());
     }
-    let index = args.index.clone().unwrap_or_else(|| {
-        let stem = args
-            .corpus
-            .file_stem()
-            .map_or("corpus".into(), |s| s.to_string_lossy());
-        let set = args
-            .corpus
-            .parent()
-            .and_then(|p| p.file_name())
-            .map_or("dataset".into(), |s| s.to_string_lossy());
-        let mode = if args.truncate { "-truncated" } else { "" };
-        format!("sqlite://{set}-{stem}{mode}.eval.db")
-    });
+    let index = args.index.clone().unwrap_or_else(|| default_index(&args));
     let uri = index.parse::<IndexUri>().context("bad --index")?;
     if !uri.is_store() {
         bail!("eval needs a searchable index: sqlite:// or postgres://");
@@ -100,31 +88,8 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
     let mut config = super::load_config(config_file)?;
     let model_config = args.model.resolve(&config);
     if !args.no_ingest {
-        // The corpus is a BEIR JSONL file: `_id`, with the title embedded with the text.
-        config.source = SourceConfig {
-            paths: vec![args.corpus.clone()],
-            max_file_bytes: 1 << 40,
-            id_field: Some("_id".into()),
-            title_in_text: true,
-            ..SourceConfig::default()
-        };
         config.model = model_config.clone();
-        config.chunk.enabled = true;
-        config.chunk.tokens = args.chunk_tokens;
-        config.chunk.overlap = args.chunk_overlap;
-        config.chunk.truncate = args.truncate;
-        config.index.prune = true;
-        config.stages.embed.defer = false;
-        super::apply_index(&mut config, &Some(index.clone()))?;
-        let mut observer = super::observer(config.run.progress);
-        let summary = jobs::ingest(&config, observer.as_mut())?;
-        // Standard error: with --json, standard output holds the scores alone.
-        let mut err = std::io::stderr().lock();
-        writeln!(err, "corpus ingested:")?;
-        print_summary(&mut err, &summary, true)?;
-        if !summary.succeeded() {
-            bail!("some corpus documents failed to ingest; the scores would be wrong");
-        }
+        ingest_corpus(&args, &mut config, &index)?;
     }
     let reader = Searcher::open(&uri, args.exact)?;
     let needs_model = args.modes.iter().any(|m| *m != Mode::Keyword);
@@ -159,6 +124,52 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
         print_table(&scores, secs)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The index eval makes when none is given: a SQLite file named after the data set, the
+/// corpus and whether chunks are truncated.
+fn default_index(args: &EvalArgs) -> String {
+    let stem = args
+        .corpus
+        .file_stem()
+        .map_or("corpus".into(), |s| s.to_string_lossy());
+    let set = args
+        .corpus
+        .parent()
+        .and_then(|p| p.file_name())
+        .map_or("dataset".into(), |s| s.to_string_lossy());
+    let mode = if args.truncate { "-truncated" } else { "" };
+    format!("sqlite://{set}-{stem}{mode}.eval.db")
+}
+
+/// Ingest the BEIR corpus into `index` with `config` (its model already set), and fail when a
+/// document did not make it.
+fn ingest_corpus(args: &EvalArgs, config: &mut PipelineConfig, index: &str) -> anyhow::Result<()> {
+    // The corpus is a BEIR JSONL file: `_id`, with the title embedded with the text.
+    config.source = SourceConfig {
+        paths: vec![args.corpus.clone()],
+        max_file_bytes: 1 << 40,
+        id_field: Some("_id".into()),
+        title_in_text: true,
+        ..SourceConfig::default()
+    };
+    config.chunk.enabled = true;
+    config.chunk.tokens = args.chunk_tokens;
+    config.chunk.overlap = args.chunk_overlap;
+    config.chunk.truncate = args.truncate;
+    config.index.prune = true;
+    config.stages.embed.defer = false;
+    super::apply_index(config, &Some(index.to_string()))?;
+    let mut observer = super::observer(config.run.progress);
+    let summary = jobs::ingest(config, observer.as_mut())?;
+    // Standard error: with --json, standard output holds the scores alone.
+    let mut err = std::io::stderr().lock();
+    writeln!(err, "corpus ingested:")?;
+    print_summary(&mut err, &summary, true)?;
+    if !summary.succeeded() {
+        bail!("some corpus documents failed to ingest; the scores would be wrong");
+    }
+    Ok(())
 }
 
 fn print_table(scores: &[Scores], secs: f64) -> anyhow::Result<()> {

@@ -300,6 +300,15 @@ pub(super) fn print_summary(
                 .unwrap_or_default()
         )?;
     }
+    print_missing(out, s, pruned)?;
+    for note in &s.notes {
+        writeln!(out, "note: {note}")?;
+    }
+    print_outcomes(out, s)
+}
+
+/// The documents gone from the source (the first five), pruned or still in the index.
+fn print_missing(out: &mut dyn Write, s: &RunSummary, pruned: bool) -> anyhow::Result<()> {
     if !s.missing_from_source.is_empty() {
         let what = if pruned {
             format!("{} pruned from the index", s.pruned)
@@ -323,10 +332,14 @@ pub(super) fn print_summary(
             }
         )?;
     }
-    for note in &s.notes {
-        writeln!(out, "note: {note}")?;
-    }
-    const SHOWN: usize = 20;
+    Ok(())
+}
+
+/// Outcomes of each kind the summary lists.
+const SHOWN: usize = 20;
+
+/// The failed, dropped, unreadable and warned documents, the first [`SHOWN`] of each.
+fn print_outcomes(out: &mut dyn Write, s: &RunSummary) -> anyhow::Result<()> {
     for (label, list) in [
         ("failed", &s.failures),
         ("dropped", &s.dropped),

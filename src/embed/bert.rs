@@ -347,6 +347,111 @@ pub struct Bert {
     act_dtype: DType,
 }
 
+/// Refuse a config whose hidden size does not split into its heads, or whose position
+/// embeddings are not absolute.
+fn check_shape(config: &BertConfig) -> Result<()> {
+    let h = config.hidden_size;
+    if !h.is_multiple_of(config.num_attention_heads) {
+        candle_core::bail!(
+            "hidden_size {h} is not a multiple of num_attention_heads {}",
+            config.num_attention_heads
+        );
+    }
+    if config
+        .position_embedding_type
+        .as_deref()
+        .is_some_and(|t| t != "absolute")
+    {
+        candle_core::bail!(
+            "position_embedding_type {:?} is not supported; supported: absolute",
+            config.position_embedding_type
+        );
+    }
+    Ok(())
+}
+
+/// The word embeddings, the position embeddings (from the family's first position, with the
+/// token type 0 added where the family has token types) and the embeddings' LayerNorm, in f32.
+fn load_embeddings(
+    e: &VarBuilder,
+    config: &BertConfig,
+    family: Family,
+) -> Result<(Tensor, Tensor, LayerNorm)> {
+    let h = config.hidden_size;
+    let word_embeddings = e.get((config.vocab_size, h), "word_embeddings.weight")?;
+    let positions = e.get(
+        (config.max_position_embeddings, h),
+        "position_embeddings.weight",
+    )?;
+    let first = family.first_position(config);
+    if first >= config.max_position_embeddings {
+        candle_core::bail!(
+            "pad_token_id {:?} leaves no positions of {}",
+            config.pad_token_id,
+            config.max_position_embeddings
+        );
+    }
+    let positions = positions.narrow(0, first, config.max_position_embeddings - first)?;
+    let position_type = match family {
+        Family::Bert | Family::Roberta => {
+            let types = e.get((config.type_vocab_size, h), "token_type_embeddings.weight")?;
+            positions.broadcast_add(&types.narrow(0, 0, 1)?)?
+        }
+        Family::DistilBert | Family::MpNet => positions,
+    };
+    let embedding_norm = LayerNorm::load(&e.pp("LayerNorm"), h, config.layer_norm_eps)?;
+    Ok((word_embeddings, position_type, embedding_norm))
+}
+
+/// MPNet's relative attention bias; `None` for the other families.
+fn load_relative(
+    vb: &VarBuilder,
+    config: &BertConfig,
+    family: Family,
+) -> Result<Option<RelativeBias>> {
+    Ok(match family {
+        Family::MpNet => {
+            let buckets = config.relative_attention_num_buckets.unwrap_or(32);
+            Some(RelativeBias {
+                weight: vb.get(
+                    (buckets, config.num_attention_heads),
+                    "encoder.relative_attention_bias.weight",
+                )?,
+                buckets,
+            })
+        }
+        _ => None,
+    })
+}
+
+/// One encoder layer from `l`: the query, key and value projections fused into one (the
+/// query's scaled by `scale`), each part cast to `(compute, act)` dtypes.
+fn load_layer(
+    l: &VarBuilder,
+    names: &LayerNames,
+    config: &BertConfig,
+    scale: f64,
+    (compute, act): (DType, DType),
+) -> Result<Layer> {
+    let h = config.hidden_size;
+    let (q, k, v) = (l.pp(names.q), l.pp(names.k), l.pp(names.v));
+    let qw = (q.get((h, h), "weight")? * scale)?;
+    let qb = (q.get(h, "bias")? * scale)?;
+    let weight = Tensor::cat(&[qw, k.get((h, h), "weight")?, v.get((h, h), "weight")?], 0)?;
+    let bias = Tensor::cat(&[qb, k.get(h, "bias")?, v.get(h, "bias")?], 0)?;
+    let eps = config.layer_norm_eps;
+    Ok(Layer {
+        qkv: Linear::from_parts(&weight, bias)?.cast(compute, act)?,
+        attention_out: Linear::load(&l.pp(names.attention_out), h, h)?.cast(compute, act)?,
+        attention_norm: LayerNorm::load(&l.pp(names.attention_norm), h, eps)?.cast(act)?,
+        intermediate: Linear::load(&l.pp(names.intermediate), h, config.intermediate_size)?
+            .cast(compute, act)?,
+        output: Linear::load(&l.pp(names.output), config.intermediate_size, h)?
+            .cast(compute, act)?,
+        output_norm: LayerNorm::load(&l.pp(names.output_norm), h, eps)?.cast(act)?,
+    })
+}
+
 impl Bert {
     /// A BERT (the family of `config.model_type`, BERT when it names none).
     pub fn load(vb: VarBuilder, config: &BertConfig) -> Result<Self> {
@@ -379,83 +484,19 @@ impl Bert {
             Some(p) => vb.pp(p),
             None => vb,
         };
+        check_shape(config)?;
         let h = config.hidden_size;
-        if !h.is_multiple_of(config.num_attention_heads) {
-            candle_core::bail!(
-                "hidden_size {h} is not a multiple of num_attention_heads {}",
-                config.num_attention_heads
-            );
-        }
-        if config
-            .position_embedding_type
-            .as_deref()
-            .is_some_and(|t| t != "absolute")
-        {
-            candle_core::bail!(
-                "position_embedding_type {:?} is not supported; supported: absolute",
-                config.position_embedding_type
-            );
-        }
         let head_size = h / config.num_attention_heads;
-        let e = vb.pp("embeddings");
-        let word_embeddings = e.get((config.vocab_size, h), "word_embeddings.weight")?;
-        let positions = e.get(
-            (config.max_position_embeddings, h),
-            "position_embeddings.weight",
-        )?;
-        let first = family.first_position(config);
-        if first >= config.max_position_embeddings {
-            candle_core::bail!(
-                "pad_token_id {:?} leaves no positions of {}",
-                config.pad_token_id,
-                config.max_position_embeddings
-            );
-        }
-        let positions = positions.narrow(0, first, config.max_position_embeddings - first)?;
-        let position_type = match family {
-            Family::Bert | Family::Roberta => {
-                let types = e.get((config.type_vocab_size, h), "token_type_embeddings.weight")?;
-                positions.broadcast_add(&types.narrow(0, 0, 1)?)?
-            }
-            Family::DistilBert | Family::MpNet => positions,
-        };
-        let embedding_norm = LayerNorm::load(&e.pp("LayerNorm"), h, config.layer_norm_eps)?;
-        let relative = match family {
-            Family::MpNet => {
-                let buckets = config.relative_attention_num_buckets.unwrap_or(32);
-                Some(RelativeBias {
-                    weight: vb.get(
-                        (buckets, config.num_attention_heads),
-                        "encoder.relative_attention_bias.weight",
-                    )?,
-                    buckets,
-                })
-            }
-            _ => None,
-        };
+        let (word_embeddings, position_type, embedding_norm) =
+            load_embeddings(&vb.pp("embeddings"), config, family)?;
+        let relative = load_relative(&vb, config, family)?;
 
         let names = LayerNames::of(family);
         let scale = 1.0 / (head_size as f64).sqrt();
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let l = vb.pp(format!("{}.{i}", names.layers));
-            let (q, k, v) = (l.pp(names.q), l.pp(names.k), l.pp(names.v));
-            let qw = (q.get((h, h), "weight")? * scale)?;
-            let qb = (q.get(h, "bias")? * scale)?;
-            let weight = Tensor::cat(&[qw, k.get((h, h), "weight")?, v.get((h, h), "weight")?], 0)?;
-            let bias = Tensor::cat(&[qb, k.get(h, "bias")?, v.get(h, "bias")?], 0)?;
-            let eps = config.layer_norm_eps;
-            layers.push(Layer {
-                qkv: Linear::from_parts(&weight, bias)?.cast(compute, act)?,
-                attention_out: Linear::load(&l.pp(names.attention_out), h, h)?
-                    .cast(compute, act)?,
-                attention_norm: LayerNorm::load(&l.pp(names.attention_norm), h, eps)?.cast(act)?,
-                intermediate: Linear::load(&l.pp(names.intermediate), h, config.intermediate_size)?
-                    .cast(compute, act)?,
-                output: Linear::load(&l.pp(names.output), config.intermediate_size, h)?
-                    .cast(compute, act)?,
-                output_norm: LayerNorm::load(&l.pp(names.output_norm), h, eps)?.cast(act)?,
-            });
+            layers.push(load_layer(&l, &names, config, scale, (compute, act))?);
         }
         Ok(Bert {
             word_embeddings: word_embeddings.to_dtype(act)?,

@@ -155,87 +155,25 @@ impl ModelFiles {
 
     /// Read a local folder in the Hugging Face / sentence-transformers layout.
     pub fn from_dir(name: &str, dir: &Path) -> Result<Self, EmbedError> {
-        let need = |file: &str| -> Result<PathBuf, EmbedError> {
-            let path = dir.join(file);
-            if path.is_file() {
-                Ok(path)
-            } else {
-                Err(EmbedError::ModelFile {
-                    path,
-                    reason: "missing; the model folder must be in the Hugging Face layout \
-                             (run scripts/fetch-model.sh for the default model)"
-                        .into(),
-                })
-            }
-        };
-        let config = need("config.json")?;
-        let tokenizer = need("tokenizer.json")?;
+        let config = required_file(dir, "config.json")?;
+        let tokenizer = required_file(dir, "tokenizer.json")?;
         let (weights, weights_named) = find_weights(dir)?;
-
-        // modules.json lists the sentence-transformers pipeline; without it, a plain
-        // transformers model gets mean pooling, as sentence-transformers itself does.
-        let mut pooling = Pooling::Mean;
-        let mut include_prompt = true;
-        let mut normalize = false;
-        let mut dense = Vec::new();
-        let modules_path = dir.join("modules.json");
-        if modules_path.is_file() {
-            let modules: Vec<ModuleEntry> = read_json(&modules_path)?;
-            for module in &modules {
-                let kind = module.kind.rsplit('.').next().unwrap_or("");
-                if normalize && kind != "Normalize" {
-                    return Err(EmbedError::Unsupported(format!(
-                        "{}: module `{kind}` after Normalize is not supported; Normalize must \
-                         come last",
-                        modules_path.display()
-                    )));
-                }
-                let folder = dir.join(&module.path);
-                match kind {
-                    "Transformer" => {}
-                    "Pooling" => {
-                        (pooling, include_prompt) = read_pooling(&folder.join("config.json"))?
-                    }
-                    "Dense" => dense.push(read_dense(&folder)?),
-                    "Normalize" => normalize = true,
-                    other => {
-                        return Err(EmbedError::Unsupported(format!(
-                            "{}: module `{other}` is not supported; supported: Transformer, \
-                             Pooling, Dense, Normalize",
-                            modules_path.display()
-                        )))
-                    }
-                }
-            }
-        }
+        let Modules {
+            pooling,
+            include_prompt,
+            normalize,
+            dense,
+        } = read_modules(dir)?;
         let max_seq_length = match dir.join("sentence_bert_config.json") {
             p if p.is_file() => read_json::<SentenceBertConfig>(&p)?.max_seq_length,
             _ => None,
         };
-        let (mut query_prompt, mut passage_prompt) = (None, None);
-        let (mut prompts, mut default_prompt_name) = (Default::default(), None);
-        let st_config = dir.join("config_sentence_transformers.json");
-        if st_config.is_file() {
-            let st: StConfig = read_json(&st_config)?;
-            let named = |name: &str| st.prompts.get(name).filter(|p| !p.is_empty()).cloned();
-            query_prompt = named("query");
-            passage_prompt = ["document", "passage", "corpus"]
-                .iter()
-                .find_map(|n| named(n));
-            if let Some(d) = &st.default_prompt_name {
-                if !st.prompts.contains_key(d) {
-                    return Err(EmbedError::ModelFile {
-                        path: st_config,
-                        reason: format!(
-                            "default_prompt_name `{d}` is not one of its prompts ({})",
-                            st.prompts.keys().cloned().collect::<Vec<_>>().join(", ")
-                        ),
-                    });
-                }
-            }
-            default_prompt_name = st.default_prompt_name;
-            prompts = st.prompts;
-        }
+        let Prompts {
+            query_prompt,
+            passage_prompt,
+            prompts,
+            default_prompt_name,
+        } = read_prompts(dir)?;
         Ok(ModelFiles {
             name: name.to_string(),
             dir: dir.to_path_buf(),
@@ -279,6 +217,116 @@ fn models_dirs() -> Vec<PathBuf> {
     }
     dirs.push(PathBuf::from("models"));
     dirs
+}
+
+/// `dir/file`, which must exist.
+fn required_file(dir: &Path, file: &str) -> Result<PathBuf, EmbedError> {
+    let path = dir.join(file);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(EmbedError::ModelFile {
+            path,
+            reason: "missing; the model folder must be in the Hugging Face layout \
+                     (run scripts/fetch-model.sh for the default model)"
+                .into(),
+        })
+    }
+}
+
+/// The sentence-transformers pipeline after the transformer, from modules.json.
+struct Modules {
+    pooling: Pooling,
+    include_prompt: bool,
+    normalize: bool,
+    dense: Vec<DenseSpec>,
+}
+
+/// Read modules.json in `dir`: pooling, Dense layers and Normalize, in that order.
+fn read_modules(dir: &Path) -> Result<Modules, EmbedError> {
+    // modules.json lists the sentence-transformers pipeline; without it, a plain
+    // transformers model gets mean pooling, as sentence-transformers itself does.
+    let mut pooling = Pooling::Mean;
+    let mut include_prompt = true;
+    let mut normalize = false;
+    let mut dense = Vec::new();
+    let modules_path = dir.join("modules.json");
+    if modules_path.is_file() {
+        let modules: Vec<ModuleEntry> = read_json(&modules_path)?;
+        for module in &modules {
+            let kind = module.kind.rsplit('.').next().unwrap_or("");
+            if normalize && kind != "Normalize" {
+                return Err(EmbedError::Unsupported(format!(
+                    "{}: module `{kind}` after Normalize is not supported; Normalize must \
+                     come last",
+                    modules_path.display()
+                )));
+            }
+            let folder = dir.join(&module.path);
+            match kind {
+                "Transformer" => {}
+                "Pooling" => (pooling, include_prompt) = read_pooling(&folder.join("config.json"))?,
+                "Dense" => dense.push(read_dense(&folder)?),
+                "Normalize" => normalize = true,
+                other => {
+                    return Err(EmbedError::Unsupported(format!(
+                        "{}: module `{other}` is not supported; supported: Transformer, \
+                         Pooling, Dense, Normalize",
+                        modules_path.display()
+                    )))
+                }
+            }
+        }
+    }
+    Ok(Modules {
+        pooling,
+        include_prompt,
+        normalize,
+        dense,
+    })
+}
+
+/// The prompts of config_sentence_transformers.json.
+struct Prompts {
+    query_prompt: Option<String>,
+    passage_prompt: Option<String>,
+    prompts: std::collections::BTreeMap<String, String>,
+    default_prompt_name: Option<String>,
+}
+
+/// Read the prompts in `dir` (none when config_sentence_transformers.json is absent); the
+/// default prompt must be one of them.
+fn read_prompts(dir: &Path) -> Result<Prompts, EmbedError> {
+    let (mut query_prompt, mut passage_prompt) = (None, None);
+    let (mut prompts, mut default_prompt_name) = (Default::default(), None);
+    let st_config = dir.join("config_sentence_transformers.json");
+    if st_config.is_file() {
+        let st: StConfig = read_json(&st_config)?;
+        let named = |name: &str| st.prompts.get(name).filter(|p| !p.is_empty()).cloned();
+        query_prompt = named("query");
+        passage_prompt = ["document", "passage", "corpus"]
+            .iter()
+            .find_map(|n| named(n));
+        if let Some(d) = &st.default_prompt_name {
+            if !st.prompts.contains_key(d) {
+                return Err(EmbedError::ModelFile {
+                    path: st_config,
+                    reason: format!(
+                        "default_prompt_name `{d}` is not one of its prompts ({})",
+                        st.prompts.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                });
+            }
+        }
+        default_prompt_name = st.default_prompt_name;
+        prompts = st.prompts;
+    }
+    Ok(Prompts {
+        query_prompt,
+        passage_prompt,
+        prompts,
+        default_prompt_name,
+    })
 }
 
 /// The shard index transformers writes beside sharded weights.
@@ -469,41 +517,40 @@ fn read_dense(folder: &Path) -> Result<DenseSpec, EmbedError> {
     })
 }
 
+/// The files of a hub model ragline reads, in the order they are fetched.
+const HUB_FILES: &[&str] = &[
+    "config.json",
+    "tokenizer.json",
+    "model.safetensors",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+    "2_Dense/config.json",
+    "2_Dense/model.safetensors",
+    "3_Dense/config.json",
+    "3_Dense/model.safetensors",
+];
+/// The files of [`HUB_FILES`] a model may lack.
+const HUB_OPTIONAL: &[&str] = &[
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+    "2_Dense/config.json",
+    "2_Dense/model.safetensors",
+    "3_Dense/config.json",
+    "3_Dense/model.safetensors",
+];
+
 /// The local snapshot folder of a hub model: from the cache when offline (HF_HUB_OFFLINE=1)
 /// or when the hub cannot be reached, else downloaded through hf-hub.
 fn hub_snapshot(id: &str) -> Result<PathBuf, EmbedError> {
-    const FILES: &[&str] = &[
-        "config.json",
-        "tokenizer.json",
-        "model.safetensors",
-        "modules.json",
-        "sentence_bert_config.json",
-        "config_sentence_transformers.json",
-        "1_Pooling/config.json",
-        "2_Dense/config.json",
-        "2_Dense/model.safetensors",
-        "3_Dense/config.json",
-        "3_Dense/model.safetensors",
-    ];
-    const OPTIONAL: &[&str] = &[
-        "modules.json",
-        "sentence_bert_config.json",
-        "config_sentence_transformers.json",
-        "1_Pooling/config.json",
-        "2_Dense/config.json",
-        "2_Dense/model.safetensors",
-        "3_Dense/config.json",
-        "3_Dense/model.safetensors",
-    ];
     let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1" || v == "true");
     let cache = hf_hub::Cache::from_env();
     let cached = cache.model(id.to_string());
-    let from_cache = || -> Option<PathBuf> {
-        let config = cached.get("config.json")?;
-        Some(config.parent()?.to_path_buf())
-    };
     if offline {
-        return from_cache().ok_or_else(|| {
+        return cached_snapshot(&cached).ok_or_else(|| {
             EmbedError::NotFound(format!(
                 "model `{id}` is not in the Hugging Face cache ({}) and HF_HUB_OFFLINE is set; \
                  unset it to download, or give --model a local folder",
@@ -517,7 +564,7 @@ fn hub_snapshot(id: &str) -> Result<PathBuf, EmbedError> {
         .map_err(|e| EmbedError::NotFound(format!("cannot set up the hub client: {e}")))?;
     let repo = api.model(id.to_string());
     let unreachable = |file: &str, e: hf_hub::api::sync::ApiError| -> Result<PathBuf, EmbedError> {
-        if let Some(dir) = from_cache() {
+        if let Some(dir) = cached_snapshot(&cached) {
             return Ok(dir);
         }
         Err(EmbedError::NotFound(format!(
@@ -528,14 +575,14 @@ fn hub_snapshot(id: &str) -> Result<PathBuf, EmbedError> {
     };
     let mut dir = None;
     let mut sharded = false;
-    for file in FILES {
+    for file in HUB_FILES {
         match repo.get(file) {
             Ok(path) => {
                 if dir.is_none() {
                     dir = path.parent().map(Path::to_path_buf);
                 }
             }
-            Err(_) if OPTIONAL.contains(file) => {}
+            Err(_) if HUB_OPTIONAL.contains(file) => {}
             // A large model is split into shards that an index names.
             Err(_) if *file == "model.safetensors" => sharded = true,
             Err(e) => return unreachable(file, e),
@@ -553,6 +600,12 @@ fn hub_snapshot(id: &str) -> Result<PathBuf, EmbedError> {
         }
     }
     dir.ok_or_else(|| EmbedError::NotFound(format!("model `{id}`: no files")))
+}
+
+/// The folder of a hub model's snapshot in the local cache, when its config.json is there.
+fn cached_snapshot(cached: &hf_hub::CacheRepo) -> Option<PathBuf> {
+    let config = cached.get("config.json")?;
+    Some(config.parent()?.to_path_buf())
 }
 
 #[cfg(test)]

@@ -150,6 +150,82 @@ impl Head {
     }
 }
 
+/// config.json's bytes and its model type, which must be one the candle encoders run.
+fn read_model_type(files: &ModelFiles) -> Result<(Vec<u8>, String), EmbedError> {
+    let raw = std::fs::read(&files.config).map_err(|e| EmbedError::ModelFile {
+        path: files.config.clone(),
+        reason: e.to_string(),
+    })?;
+    let probe: ArchProbe = serde_json::from_slice(&raw).map_err(|e| EmbedError::ModelFile {
+        path: files.config.clone(),
+        reason: format!("not the expected JSON: {e}"),
+    })?;
+    let model_type = probe.model_type.unwrap_or_else(|| "(none)".into());
+    if !SUPPORTED_MODEL_TYPES.contains(&model_type.as_str())
+        && !ROTARY_MODEL_TYPES.contains(&model_type.as_str())
+    {
+        let mut all: Vec<&str> = SUPPORTED_MODEL_TYPES
+            .iter()
+            .chain(ROTARY_MODEL_TYPES)
+            .copied()
+            .collect();
+        all.sort_unstable();
+        return Err(EmbedError::Unsupported(format!(
+            "{}: model_type `{model_type}` is not supported; supported: {}",
+            files.config.display(),
+            all.join(", ")
+        )));
+    }
+    Ok((raw, model_type))
+}
+
+/// The candle encoder of `model_type` (rotary or BERT-like), configured by `raw` (config.json)
+/// with the weights in `vb`.
+fn load_candle_encoder(
+    files: &ModelFiles,
+    raw: &[u8],
+    model_type: &str,
+    vb: VarBuilder,
+) -> Result<Encoder, EmbedError> {
+    let misfit = |e: candle_core::Error| EmbedError::ModelFile {
+        path: files.weights_named.clone(),
+        reason: format!("does not fit config.json: {e}"),
+    };
+    Ok(match Arch::from_model_type(model_type) {
+        Some(arch) => {
+            let config = RotaryConfig::from_json(raw, arch).map_err(|e| EmbedError::ModelFile {
+                path: files.config.clone(),
+                reason: e.to_string(),
+            })?;
+            Encoder::Rotary(Box::new(RotaryModel::load(vb, config).map_err(misfit)?))
+        }
+        None => {
+            let config: BertConfig =
+                serde_json::from_slice(raw).map_err(|e| EmbedError::ModelFile {
+                    path: files.config.clone(),
+                    reason: format!("not a BERT config: {e}"),
+                })?;
+            Encoder::Candle(Bert::load(vb, &config).map_err(misfit)?)
+        }
+    })
+}
+
+/// The first Dense layer must take the `hidden` values the encoder gives.
+fn check_dense_input(files: &ModelFiles, hidden: usize) -> Result<(), EmbedError> {
+    if let Some(first) = files.dense.first() {
+        if first.in_features != hidden {
+            return Err(EmbedError::ModelFile {
+                path: first.weights.clone(),
+                reason: format!(
+                    "the Dense layer takes {} inputs, the model gives {hidden}",
+                    first.in_features
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl EmbeddingModel {
     /// Load the model's weights onto `device` in `dtype` (on the CPU in f32: the fused
     /// encoder on the kernels `RAGLINE_CPU_KERNELS` names, or the best the CPU has).
@@ -210,30 +286,7 @@ impl EmbeddingModel {
         device: &Device,
         dtype: DType,
     ) -> Result<Self, EmbedError> {
-        let raw = std::fs::read(&files.config).map_err(|e| EmbedError::ModelFile {
-            path: files.config.clone(),
-            reason: e.to_string(),
-        })?;
-        let probe: ArchProbe = serde_json::from_slice(&raw).map_err(|e| EmbedError::ModelFile {
-            path: files.config.clone(),
-            reason: format!("not the expected JSON: {e}"),
-        })?;
-        let model_type = probe.model_type.unwrap_or_else(|| "(none)".into());
-        if !SUPPORTED_MODEL_TYPES.contains(&model_type.as_str())
-            && !ROTARY_MODEL_TYPES.contains(&model_type.as_str())
-        {
-            let mut all: Vec<&str> = SUPPORTED_MODEL_TYPES
-                .iter()
-                .chain(ROTARY_MODEL_TYPES)
-                .copied()
-                .collect();
-            all.sort_unstable();
-            return Err(EmbedError::Unsupported(format!(
-                "{}: model_type `{model_type}` is not supported; supported: {}",
-                files.config.display(),
-                all.join(", ")
-            )));
-        }
+        let (raw, model_type) = read_model_type(files)?;
         // SAFETY: the weights file is memory-mapped read-only; ragline does not modify it
         // while running, and a file truncated under us is the user's to avoid.
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files.weights, dtype, device) }
@@ -241,28 +294,7 @@ impl EmbeddingModel {
                 path: files.weights_named.clone(),
                 reason: e.to_string(),
             })?;
-        let misfit = |e: candle_core::Error| EmbedError::ModelFile {
-            path: files.weights_named.clone(),
-            reason: format!("does not fit config.json: {e}"),
-        };
-        let encoder = match Arch::from_model_type(&model_type) {
-            Some(arch) => {
-                let config =
-                    RotaryConfig::from_json(&raw, arch).map_err(|e| EmbedError::ModelFile {
-                        path: files.config.clone(),
-                        reason: e.to_string(),
-                    })?;
-                Encoder::Rotary(Box::new(RotaryModel::load(vb, config).map_err(misfit)?))
-            }
-            None => {
-                let config: BertConfig =
-                    serde_json::from_slice(&raw).map_err(|e| EmbedError::ModelFile {
-                        path: files.config.clone(),
-                        reason: format!("not a BERT config: {e}"),
-                    })?;
-                Encoder::Candle(Bert::load(vb, &config).map_err(misfit)?)
-            }
-        };
+        let encoder = load_candle_encoder(files, &raw, &model_type, vb)?;
         let (max_positions, hidden) = match &encoder {
             Encoder::Candle(b) => (b.max_positions(), b.hidden_size()),
             Encoder::Rotary(r) => (r.max_positions(), r.hidden_size()),
@@ -274,17 +306,7 @@ impl EmbeddingModel {
             .min(max_positions);
         let tokenizer = TextTokenizer::load(files, max_len)?;
         let head = Head::load(files)?;
-        if let Some(first) = files.dense.first() {
-            if first.in_features != hidden {
-                return Err(EmbedError::ModelFile {
-                    path: first.weights.clone(),
-                    reason: format!(
-                        "the Dense layer takes {} inputs, the model gives {hidden}",
-                        first.in_features
-                    ),
-                });
-            }
-        }
+        check_dense_input(files, hidden)?;
         Ok(EmbeddingModel {
             files: files.clone(),
             hidden,

@@ -58,93 +58,114 @@ impl RandomBert {
 
     /// Weights named as candle-transformers' BERT loads them, deterministic in `seed`.
     pub fn weights(&self) -> HashMap<String, Tensor> {
-        let dev = Device::Cpu;
-        let (h, i) = (self.hidden, self.intermediate);
-        let mut t = HashMap::new();
-        // xorshift: deterministic weights without a seeded RNG.
-        let mut state = self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut put = |name: &str, shape: &[usize], scale: f32, offset: f32| {
-            let count: usize = shape.iter().product();
-            let values: Vec<f32> = (0..count)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    offset
-                        + ((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
-                            * scale
-                            * 1.7
-                })
-                .collect();
-            t.insert(
-                name.to_string(),
-                Tensor::from_vec(values, shape, &dev).expect("shape and length agree"),
-            );
-        };
-        put(
+        let h = self.hidden;
+        let mut t = RandomTensors::new(self.seed);
+        t.put(
             "embeddings.word_embeddings.weight",
             &[self.vocab, h],
             1.0,
             0.0,
         );
-        put(
+        t.put(
             "embeddings.position_embeddings.weight",
             &[self.positions, h],
             0.5,
             0.0,
         );
-        put("embeddings.token_type_embeddings.weight", &[2, h], 0.5, 0.0);
+        t.put("embeddings.token_type_embeddings.weight", &[2, h], 0.5, 0.0);
         // LayerNorm weights near 1, as trained models have them.
-        put("embeddings.LayerNorm.weight", &[h], 0.1, 1.0);
-        put("embeddings.LayerNorm.bias", &[h], 0.1, 0.0);
+        t.put("embeddings.LayerNorm.weight", &[h], 0.1, 1.0);
+        t.put("embeddings.LayerNorm.bias", &[h], 0.1, 0.0);
         for l in 0..self.layers {
-            let pre = format!("encoder.layer.{l}");
-            for name in ["query", "key", "value"] {
-                put(
-                    &format!("{pre}.attention.self.{name}.weight"),
-                    &[h, h],
-                    0.3,
-                    0.0,
-                );
-                put(&format!("{pre}.attention.self.{name}.bias"), &[h], 0.1, 0.0);
-            }
-            put(
-                &format!("{pre}.attention.output.dense.weight"),
+            self.put_layer(&mut t, l);
+        }
+        t.tensors
+    }
+
+    /// Encoder layer `l`'s weights, named as candle-transformers' BERT loads them.
+    fn put_layer(&self, t: &mut RandomTensors, l: usize) {
+        let (h, i) = (self.hidden, self.intermediate);
+        let pre = format!("encoder.layer.{l}");
+        for name in ["query", "key", "value"] {
+            t.put(
+                &format!("{pre}.attention.self.{name}.weight"),
                 &[h, h],
                 0.3,
                 0.0,
             );
-            put(
-                &format!("{pre}.attention.output.dense.bias"),
-                &[h],
-                0.1,
-                0.0,
-            );
-            put(
-                &format!("{pre}.attention.output.LayerNorm.weight"),
-                &[h],
-                0.1,
-                1.0,
-            );
-            put(
-                &format!("{pre}.attention.output.LayerNorm.bias"),
-                &[h],
-                0.1,
-                0.0,
-            );
-            put(
-                &format!("{pre}.intermediate.dense.weight"),
-                &[i, h],
-                0.3,
-                0.0,
-            );
-            put(&format!("{pre}.intermediate.dense.bias"), &[i], 0.1, 0.0);
-            put(&format!("{pre}.output.dense.weight"), &[h, i], 0.3, 0.0);
-            put(&format!("{pre}.output.dense.bias"), &[h], 0.1, 0.0);
-            put(&format!("{pre}.output.LayerNorm.weight"), &[h], 0.1, 1.0);
-            put(&format!("{pre}.output.LayerNorm.bias"), &[h], 0.1, 0.0);
+            t.put(&format!("{pre}.attention.self.{name}.bias"), &[h], 0.1, 0.0);
         }
-        t
+        t.put(
+            &format!("{pre}.attention.output.dense.weight"),
+            &[h, h],
+            0.3,
+            0.0,
+        );
+        t.put(
+            &format!("{pre}.attention.output.dense.bias"),
+            &[h],
+            0.1,
+            0.0,
+        );
+        t.put(
+            &format!("{pre}.attention.output.LayerNorm.weight"),
+            &[h],
+            0.1,
+            1.0,
+        );
+        t.put(
+            &format!("{pre}.attention.output.LayerNorm.bias"),
+            &[h],
+            0.1,
+            0.0,
+        );
+        t.put(
+            &format!("{pre}.intermediate.dense.weight"),
+            &[i, h],
+            0.3,
+            0.0,
+        );
+        t.put(&format!("{pre}.intermediate.dense.bias"), &[i], 0.1, 0.0);
+        t.put(&format!("{pre}.output.dense.weight"), &[h, i], 0.3, 0.0);
+        t.put(&format!("{pre}.output.dense.bias"), &[h], 0.1, 0.0);
+        t.put(&format!("{pre}.output.LayerNorm.weight"), &[h], 0.1, 1.0);
+        t.put(&format!("{pre}.output.LayerNorm.bias"), &[h], 0.1, 0.0);
+    }
+}
+
+/// Named tensors of deterministic pseudo-random values, drawn in the order they are put.
+struct RandomTensors {
+    /// xorshift: deterministic weights without a seeded RNG.
+    state: u64,
+    tensors: HashMap<String, Tensor>,
+}
+
+impl RandomTensors {
+    /// An empty set whose values follow from `seed`.
+    fn new(seed: u64) -> Self {
+        RandomTensors {
+            state: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            tensors: HashMap::new(),
+        }
+    }
+
+    /// Add `name` of `shape`, its values within `offset` ± 1.7 × `scale`.
+    fn put(&mut self, name: &str, shape: &[usize], scale: f32, offset: f32) {
+        let count: usize = shape.iter().product();
+        let state = &mut self.state;
+        let values: Vec<f32> = (0..count)
+            .map(|_| {
+                *state ^= *state << 13;
+                *state ^= *state >> 7;
+                *state ^= *state << 17;
+                offset
+                    + ((*state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32 * scale * 1.7
+            })
+            .collect();
+        self.tensors.insert(
+            name.to_string(),
+            Tensor::from_vec(values, shape, &Device::Cpu).expect("shape and length agree"),
+        );
     }
 }
 
@@ -394,7 +415,37 @@ fn write_rotary(
     .max(options.max_seq_length.unwrap_or(0));
     let (config, weights) = random_rotary(family, rotary, shape.vocab, max_positions, seed);
     let h = rotary.hidden;
-    let (pooling, prompts) = match family {
+    let (pooling, prompts) = rotary_pooling_and_prompts(family);
+    folder.json(
+        "1_Pooling/config.json",
+        &serde_json::json!({"embedding_dimension": h, "pooling_mode": pooling,
+                            "include_prompt": true}),
+    )?;
+    folder.json(
+        "config_sentence_transformers.json",
+        &serde_json::json!({"prompts": prompts, "default_prompt_name": null,
+                            "similarity_fn_name": "cosine"}),
+    )?;
+    let mut modules = vec![
+        module(0, "", "Transformer"),
+        module(1, "1_Pooling", "Pooling"),
+    ];
+    if family == "gemma3" {
+        gemma_dense(folder, shape, h, &mut modules)?;
+    }
+    let n = modules.len();
+    modules.push(module(n, &format!("{n}_Normalize"), "Normalize"));
+    folder.json("modules.json", &serde_json::Value::Array(modules))?;
+    if family == "qwen3" {
+        decoder_tokenizer(folder.out)?;
+    }
+    folder.json("config.json", &config)?;
+    folder.tensors("model.safetensors", &weights)
+}
+
+/// The pooling mode and the prompts of a rotary family.
+fn rotary_pooling_and_prompts(family: &str) -> (&'static str, serde_json::Value) {
+    match family {
         "modernbert" => (
             "mean",
             serde_json::json!({"query": "search_query: ", "document": "search_document: "}),
@@ -411,53 +462,40 @@ fn write_rotary(
                                "document": "title: none | text: ",
                                "Clustering": "task: clustering | query: "}),
         ),
-    };
-    folder.json(
-        "1_Pooling/config.json",
-        &serde_json::json!({"embedding_dimension": h, "pooling_mode": pooling,
-                            "include_prompt": true}),
-    )?;
-    folder.json(
-        "config_sentence_transformers.json",
-        &serde_json::json!({"prompts": prompts, "default_prompt_name": null,
-                            "similarity_fn_name": "cosine"}),
-    )?;
-    let mut modules = vec![
-        module(0, "", "Transformer"),
-        module(1, "1_Pooling", "Pooling"),
-    ];
-    if family == "gemma3" {
-        for (i, (inputs, outputs)) in [(h, 2 * h), (2 * h, h)].into_iter().enumerate() {
-            let name = format!("{}_Dense", i + 2);
-            folder.dir(&name)?;
-            folder.json(
-                &format!("{name}/config.json"),
-                &serde_json::json!({"in_features": inputs, "out_features": outputs,
-                                    "bias": false,
-                                    "activation_function":
-                                        "torch.nn.modules.linear.Identity"}),
-            )?;
-            let (w, _) = RandomBert {
-                seed: seed ^ (0xDE45E + i as u64),
-                ..*shape
-            }
-            .matrix(outputs, inputs);
-            let w = (w * (1.0 / (inputs as f64).sqrt()))?;
-            folder.tensors(
-                &format!("{name}/model.safetensors"),
-                &HashMap::from([("linear.weight".to_string(), w)]),
-            )?;
-            modules.push(module(i + 2, &name, "Dense"));
+    }
+}
+
+/// EmbeddingGemma's two Dense layers after pooling (`h` to 2h, then back to `h`), appended
+/// to `modules`.
+fn gemma_dense(
+    folder: &Folder<'_>,
+    shape: &RandomBert,
+    h: usize,
+    modules: &mut Vec<serde_json::Value>,
+) -> Result<(), EmbedError> {
+    for (i, (inputs, outputs)) in [(h, 2 * h), (2 * h, h)].into_iter().enumerate() {
+        let name = format!("{}_Dense", i + 2);
+        folder.dir(&name)?;
+        folder.json(
+            &format!("{name}/config.json"),
+            &serde_json::json!({"in_features": inputs, "out_features": outputs,
+                                "bias": false,
+                                "activation_function":
+                                    "torch.nn.modules.linear.Identity"}),
+        )?;
+        let (w, _) = RandomBert {
+            seed: shape.seed ^ (0xDE45E + i as u64),
+            ..*shape
         }
+        .matrix(outputs, inputs);
+        let w = (w * (1.0 / (inputs as f64).sqrt()))?;
+        folder.tensors(
+            &format!("{name}/model.safetensors"),
+            &HashMap::from([("linear.weight".to_string(), w)]),
+        )?;
+        modules.push(module(i + 2, &name, "Dense"));
     }
-    let n = modules.len();
-    modules.push(module(n, &format!("{n}_Normalize"), "Normalize"));
-    folder.json("modules.json", &serde_json::Value::Array(modules))?;
-    if family == "qwen3" {
-        decoder_tokenizer(folder.out)?;
-    }
-    folder.json("config.json", &config)?;
-    folder.tensors("model.safetensors", &weights)
+    Ok(())
 }
 
 /// A BERT-like family's folder: BERT's weights under the family's names, its config, and the
@@ -467,95 +505,120 @@ fn write_bert_like(
     family: &str,
     shape: &RandomBert,
 ) -> Result<(), EmbedError> {
-    let (hidden, layers, seed) = (shape.hidden, shape.layers, shape.seed);
+    let (hidden, layers) = (shape.hidden, shape.layers);
     let mut weights = shape.weights();
     let mut config = shape.config();
     match family {
         "bert" => folder.json("1_Pooling/config.json", &old_pooling(hidden, "mean"))?,
-        "xlm-roberta" => {
-            config["model_type"] = "xlm-roberta".into();
-            config["architectures"] = serde_json::json!(["XLMRobertaModel"]);
-            config["type_vocab_size"] = 1.into();
-            config["layer_norm_eps"] = 1e-5.into();
-            config["pad_token_id"] = 1.into();
-            let types = weights["embeddings.token_type_embeddings.weight"]
-                .narrow(0, 0, 1)
-                .expect("two token types");
-            weights.insert("embeddings.token_type_embeddings.weight".into(), types);
-            folder.json(
-                "1_Pooling/config.json",
-                &serde_json::json!({"embedding_dimension": hidden, "pooling_mode": "mean",
-                                    "include_prompt": true}),
-            )?;
-            folder.json(
-                "modules.json",
-                &serde_json::json!([
-                    module(0, "", "Transformer"),
-                    module(1, "1_Pooling", "Pooling"),
-                    module(2, "2_Normalize", "Normalize")
-                ]),
-            )?;
-            folder.json(
-                "config_sentence_transformers.json",
-                &serde_json::json!({"prompts": {"query": "query: ", "document": "passage: "},
-                                    "default_prompt_name": null,
-                                    "similarity_fn_name": "cosine"}),
-            )?;
-        }
+        "xlm-roberta" => xlm_roberta(folder, hidden, &mut config, &mut weights)?,
         "distilbert" => {
-            config = serde_json::json!({
-                "architectures": ["DistilBertModel"], "model_type": "distilbert",
-                "vocab_size": shape.vocab, "dim": hidden, "n_layers": layers,
-                "n_heads": shape.heads, "hidden_dim": shape.intermediate,
-                "activation": "gelu", "max_position_embeddings": shape.positions,
-                "pad_token_id": 0, "sinusoidal_pos_embds": false, "dropout": 0.1,
-                "attention_dropout": 0.1, "initializer_range": 0.02,
-                "tie_weights_": true
-            });
+            config = distilbert_config(shape);
             weights = rename_weights(weights, family, layers);
             distilbert_head(folder, shape)?;
         }
         "mpnet" => {
-            config["model_type"] = "mpnet".into();
-            config["architectures"] = serde_json::json!(["MPNetModel"]);
-            config["layer_norm_eps"] = 1e-5.into();
-            config["relative_attention_num_buckets"] = 32.into();
-            config["pad_token_id"] = 1.into();
-            if let Some(c) = config.as_object_mut() {
-                c.remove("type_vocab_size");
-            }
             weights = rename_weights(weights, family, layers);
-            let bias = RandomBert {
-                seed: seed ^ 0xB1A5,
-                ..*shape
-            }
-            .matrix(32, shape.heads);
-            weights.insert("encoder.relative_attention_bias.weight".into(), bias.0);
-            folder.json(
-                "1_Pooling/config.json",
-                &serde_json::json!({"embedding_dimension": hidden, "pooling_mode": "mean",
-                                    "include_prompt": false}),
-            )?;
-            folder.json(
-                "modules.json",
-                &serde_json::json!([
-                    module(0, "", "Transformer"),
-                    module(1, "1_Pooling", "Pooling")
-                ]),
-            )?;
-            folder.json(
-                "config_sentence_transformers.json",
-                &serde_json::json!({"prompts": {"query": "search_query: ",
-                                                "document": "search_document: ",
-                                                "classification": "classification: "},
-                                    "default_prompt_name": "classification",
-                                    "similarity_fn_name": "cosine"}),
-            )?;
+            mpnet(folder, shape, &mut config, &mut weights)?;
         }
         _ => unreachable!("checked by save_random_family_with"),
     }
     folder.json("config.json", &config)?;
     folder.tensors("model.safetensors", &weights)
+}
+
+/// XLM-RoBERTa: BERT's config and weights with one token type, mean pooling, Normalize and
+/// e5's prompts.
+fn xlm_roberta(
+    folder: &Folder<'_>,
+    hidden: usize,
+    config: &mut serde_json::Value,
+    weights: &mut HashMap<String, Tensor>,
+) -> Result<(), EmbedError> {
+    config["model_type"] = "xlm-roberta".into();
+    config["architectures"] = serde_json::json!(["XLMRobertaModel"]);
+    config["type_vocab_size"] = 1.into();
+    config["layer_norm_eps"] = 1e-5.into();
+    config["pad_token_id"] = 1.into();
+    let types = weights["embeddings.token_type_embeddings.weight"]
+        .narrow(0, 0, 1)
+        .expect("two token types");
+    weights.insert("embeddings.token_type_embeddings.weight".into(), types);
+    folder.json(
+        "1_Pooling/config.json",
+        &serde_json::json!({"embedding_dimension": hidden, "pooling_mode": "mean",
+                            "include_prompt": true}),
+    )?;
+    folder.json(
+        "modules.json",
+        &serde_json::json!([
+            module(0, "", "Transformer"),
+            module(1, "1_Pooling", "Pooling"),
+            module(2, "2_Normalize", "Normalize")
+        ]),
+    )?;
+    folder.json(
+        "config_sentence_transformers.json",
+        &serde_json::json!({"prompts": {"query": "query: ", "document": "passage: "},
+                            "default_prompt_name": null,
+                            "similarity_fn_name": "cosine"}),
+    )
+}
+
+/// DistilBERT's config.json, under its own field names.
+fn distilbert_config(shape: &RandomBert) -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["DistilBertModel"], "model_type": "distilbert",
+        "vocab_size": shape.vocab, "dim": shape.hidden, "n_layers": shape.layers,
+        "n_heads": shape.heads, "hidden_dim": shape.intermediate,
+        "activation": "gelu", "max_position_embeddings": shape.positions,
+        "pad_token_id": 0, "sinusoidal_pos_embds": false, "dropout": 0.1,
+        "attention_dropout": 0.1, "initializer_range": 0.02,
+        "tie_weights_": true
+    })
+}
+
+/// MPNet: BERT's config without token types, a relative attention bias, mean pooling without
+/// the prompt, and prompts with a default one.
+fn mpnet(
+    folder: &Folder<'_>,
+    shape: &RandomBert,
+    config: &mut serde_json::Value,
+    weights: &mut HashMap<String, Tensor>,
+) -> Result<(), EmbedError> {
+    config["model_type"] = "mpnet".into();
+    config["architectures"] = serde_json::json!(["MPNetModel"]);
+    config["layer_norm_eps"] = 1e-5.into();
+    config["relative_attention_num_buckets"] = 32.into();
+    config["pad_token_id"] = 1.into();
+    if let Some(c) = config.as_object_mut() {
+        c.remove("type_vocab_size");
+    }
+    let bias = RandomBert {
+        seed: shape.seed ^ 0xB1A5,
+        ..*shape
+    }
+    .matrix(32, shape.heads);
+    weights.insert("encoder.relative_attention_bias.weight".into(), bias.0);
+    folder.json(
+        "1_Pooling/config.json",
+        &serde_json::json!({"embedding_dimension": shape.hidden, "pooling_mode": "mean",
+                            "include_prompt": false}),
+    )?;
+    folder.json(
+        "modules.json",
+        &serde_json::json!([
+            module(0, "", "Transformer"),
+            module(1, "1_Pooling", "Pooling")
+        ]),
+    )?;
+    folder.json(
+        "config_sentence_transformers.json",
+        &serde_json::json!({"prompts": {"query": "search_query: ",
+                                        "document": "search_document: ",
+                                        "classification": "classification: "},
+                            "default_prompt_name": "classification",
+                            "similarity_fn_name": "cosine"}),
+    )
 }
 
 /// DistilBERT's sentence-transformers head: CLS pooling, a Dense layer (tanh, to 3/4 of the

@@ -119,21 +119,36 @@ fn activation(name: &str) -> Result<Activation> {
     })
 }
 
-impl RotaryConfig {
-    /// Read config.json for `arch`; what ragline cannot run exactly (rope scaling, logit
-    /// soft-capping, Qwen3's sliding window) is refused, naming the field.
-    pub fn from_json(raw: &[u8], arch: Arch) -> Result<Self> {
-        let c: RawConfig = serde_json::from_slice(raw)
-            .map_err(|e| candle_core::Error::Msg(format!("not a {arch:?} config: {e}")))?;
-        if c.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+/// The per-family part of [`RotaryConfig`], before it is spread over the layers.
+struct FamilyParams<'a> {
+    activation: &'a str,
+    eps: f64,
+    causal: bool,
+    /// Per layer: whether it attends through a window.
+    sliding: Vec<bool>,
+    window: usize,
+    global_theta: f64,
+    local_theta: f64,
+    query_scale: f64,
+}
+
+impl RawConfig {
+    /// Refuse what ragline cannot run exactly: rope scaling and logit soft-capping.
+    fn check_supported(&self) -> Result<()> {
+        if self.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
             candle_core::bail!("rope_scaling is not supported");
         }
-        if c.attn_logit_softcapping.is_some() {
+        if self.attn_logit_softcapping.is_some() {
             candle_core::bail!("attn_logit_softcapping is not supported");
         }
-        let heads = c.num_attention_heads;
-        let head_dim = c.head_dim.unwrap_or(c.hidden_size / heads.max(1));
-        let kv_heads = c.num_key_value_heads.unwrap_or(heads);
+        Ok(())
+    }
+
+    /// The attention heads, key/value heads and head size, checked to fit together.
+    fn head_shape(&self) -> Result<(usize, usize, usize)> {
+        let heads = self.num_attention_heads;
+        let head_dim = self.head_dim.unwrap_or(self.hidden_size / heads.max(1));
+        let kv_heads = self.num_key_value_heads.unwrap_or(heads);
         if heads == 0
             || kv_heads == 0
             || !heads.is_multiple_of(kv_heads)
@@ -144,77 +159,105 @@ impl RotaryConfig {
                  do not fit together"
             );
         }
+        Ok((heads, kv_heads, head_dim))
+    }
+
+    /// The RoPE base of the `kind` layers: `rope_parameters` first, then the legacy field,
+    /// then the family's default; a rope_type other than "default" is refused.
+    fn theta(&self, kind: &str, legacy: Option<f64>, default: f64) -> Result<f64> {
+        let params = self.rope_parameters.as_ref();
+        let own = params.and_then(|p| p.get(kind)).or(params);
+        if let Some(t) = own.and_then(|p| p.get("rope_type")).and_then(Value::as_str) {
+            if t != "default" {
+                candle_core::bail!("rope_type `{t}` is not supported");
+            }
+        }
+        Ok(own
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(Value::as_f64)
+            .or(legacy)
+            .unwrap_or(default))
+    }
+
+    /// Per layer, whether it slides: from `layer_types`, else the family's `default` pattern.
+    fn sliding_layers(&self, default: &dyn Fn(usize) -> bool) -> Vec<bool> {
+        match &self.layer_types {
+            Some(t) => t.iter().map(|s| s == "sliding_attention").collect(),
+            None => (0..self.num_hidden_layers).map(default).collect(),
+        }
+    }
+
+    /// ModernBERT: bidirectional, global attention every few layers, a local window elsewhere.
+    fn modernbert(&self, head_dim: usize) -> Result<FamilyParams<'_>> {
+        let every = self.global_attn_every_n_layers.unwrap_or(3).max(1);
+        Ok(FamilyParams {
+            activation: self.hidden_activation.as_deref().unwrap_or("gelu"),
+            eps: self.norm_eps.unwrap_or(1e-5),
+            causal: false,
+            sliding: self.sliding_layers(&|i| i % every != 0),
+            window: self.local_attention.unwrap_or(128) / 2,
+            global_theta: self.theta("full_attention", self.global_rope_theta, 160_000.0)?,
+            local_theta: self.theta("sliding_attention", self.local_rope_theta, 10_000.0)?,
+            query_scale: (head_dim as f64).powf(-0.5),
+        })
+    }
+
+    /// Qwen3: causal, global attention in every layer (its sliding window is refused).
+    fn qwen3(&self, head_dim: usize) -> Result<FamilyParams<'_>> {
+        if self.use_sliding_window {
+            candle_core::bail!("use_sliding_window is not supported for qwen3");
+        }
+        let t = self.theta("full_attention", self.rope_theta, 10_000.0)?;
+        Ok(FamilyParams {
+            activation: self.hidden_act.as_deref().unwrap_or("silu"),
+            eps: self.rms_norm_eps.unwrap_or(1e-6),
+            causal: true,
+            sliding: vec![false; self.num_hidden_layers],
+            window: 0,
+            global_theta: t,
+            local_theta: t,
+            query_scale: (head_dim as f64).powf(-0.5),
+        })
+    }
+
+    /// Gemma3: causal or bidirectional, a sliding window in all but every `pattern`-th layer.
+    fn gemma3(&self) -> Result<FamilyParams<'_>> {
+        let pattern = self.sliding_window_pattern.unwrap_or(6).max(1);
+        let w = self.sliding_window.unwrap_or(4096).max(1);
+        let bidirectional = self.use_bidirectional_attention;
+        Ok(FamilyParams {
+            activation: self
+                .hidden_activation
+                .as_deref()
+                .unwrap_or("gelu_pytorch_tanh"),
+            eps: self.rms_norm_eps.unwrap_or(1e-6),
+            causal: !bidirectional,
+            sliding: self.sliding_layers(&|i| !(i + 1).is_multiple_of(pattern)),
+            // transformers: |i - j| <= w/2 both ways when bidirectional, else
+            // j > i - w.
+            window: if bidirectional { w / 2 } else { w - 1 },
+            global_theta: self.theta("full_attention", self.rope_theta, 1_000_000.0)?,
+            local_theta: self.theta("sliding_attention", self.rope_local_base_freq, 10_000.0)?,
+            query_scale: self.query_pre_attn_scalar.unwrap_or(256.0).powf(-0.5),
+        })
+    }
+}
+
+impl RotaryConfig {
+    /// Read config.json for `arch`; what ragline cannot run exactly (rope scaling, logit
+    /// soft-capping, Qwen3's sliding window) is refused, naming the field.
+    pub fn from_json(raw: &[u8], arch: Arch) -> Result<Self> {
+        let c: RawConfig = serde_json::from_slice(raw)
+            .map_err(|e| candle_core::Error::Msg(format!("not a {arch:?} config: {e}")))?;
+        c.check_supported()?;
+        let (heads, kv_heads, head_dim) = c.head_shape()?;
         let layers = c.num_hidden_layers;
-        let theta = |kind: &str, legacy: Option<f64>, default: f64| -> Result<f64> {
-            let params = c.rope_parameters.as_ref();
-            let own = params.and_then(|p| p.get(kind)).or(params);
-            if let Some(t) = own.and_then(|p| p.get("rope_type")).and_then(Value::as_str) {
-                if t != "default" {
-                    candle_core::bail!("rope_type `{t}` is not supported");
-                }
-            }
-            Ok(own
-                .and_then(|p| p.get("rope_theta"))
-                .and_then(Value::as_f64)
-                .or(legacy)
-                .unwrap_or(default))
+        let family = match arch {
+            Arch::ModernBert => c.modernbert(head_dim)?,
+            Arch::Qwen3 => c.qwen3(head_dim)?,
+            Arch::Gemma3 => c.gemma3()?,
         };
-        let types = |default: &dyn Fn(usize) -> bool| -> Vec<bool> {
-            match &c.layer_types {
-                Some(t) => t.iter().map(|s| s == "sliding_attention").collect(),
-                None => (0..layers).map(default).collect(),
-            }
-        };
-        let (act, eps, causal, sliding, window, global_theta, local_theta, scale) = match arch {
-            Arch::ModernBert => {
-                let every = c.global_attn_every_n_layers.unwrap_or(3).max(1);
-                (
-                    c.hidden_activation.as_deref().unwrap_or("gelu"),
-                    c.norm_eps.unwrap_or(1e-5),
-                    false,
-                    types(&|i| i % every != 0),
-                    c.local_attention.unwrap_or(128) / 2,
-                    theta("full_attention", c.global_rope_theta, 160_000.0)?,
-                    theta("sliding_attention", c.local_rope_theta, 10_000.0)?,
-                    (head_dim as f64).powf(-0.5),
-                )
-            }
-            Arch::Qwen3 => {
-                if c.use_sliding_window {
-                    candle_core::bail!("use_sliding_window is not supported for qwen3");
-                }
-                let t = theta("full_attention", c.rope_theta, 10_000.0)?;
-                (
-                    c.hidden_act.as_deref().unwrap_or("silu"),
-                    c.rms_norm_eps.unwrap_or(1e-6),
-                    true,
-                    vec![false; layers],
-                    0,
-                    t,
-                    t,
-                    (head_dim as f64).powf(-0.5),
-                )
-            }
-            Arch::Gemma3 => {
-                let pattern = c.sliding_window_pattern.unwrap_or(6).max(1);
-                let w = c.sliding_window.unwrap_or(4096).max(1);
-                let bidirectional = c.use_bidirectional_attention;
-                (
-                    c.hidden_activation
-                        .as_deref()
-                        .unwrap_or("gelu_pytorch_tanh"),
-                    c.rms_norm_eps.unwrap_or(1e-6),
-                    !bidirectional,
-                    types(&|i| !(i + 1).is_multiple_of(pattern)),
-                    // transformers: |i - j| <= w/2 both ways when bidirectional, else
-                    // j > i - w.
-                    if bidirectional { w / 2 } else { w - 1 },
-                    theta("full_attention", c.rope_theta, 1_000_000.0)?,
-                    theta("sliding_attention", c.rope_local_base_freq, 10_000.0)?,
-                    c.query_pre_attn_scalar.unwrap_or(256.0).powf(-0.5),
-                )
-            }
-        };
+        let sliding = &family.sliding;
         if sliding.len() != layers {
             candle_core::bail!(
                 "layer_types names {} layers, the model has {layers}",
@@ -230,16 +273,25 @@ impl RotaryConfig {
             kv_heads,
             head_dim,
             intermediate: c.intermediate_size,
-            activation: activation(act)?,
-            eps,
+            activation: activation(family.activation)?,
+            eps: family.eps,
             max_positions: c.max_position_embeddings,
-            causal,
-            windows: sliding.iter().map(|&s| s.then_some(window)).collect(),
+            causal: family.causal,
+            windows: sliding
+                .iter()
+                .map(|&s| s.then_some(family.window))
+                .collect(),
             thetas: sliding
                 .iter()
-                .map(|&s| if s { local_theta } else { global_theta })
+                .map(|&s| {
+                    if s {
+                        family.local_theta
+                    } else {
+                        family.global_theta
+                    }
+                })
                 .collect(),
-            query_scale: scale,
+            query_scale: family.query_scale,
         })
     }
 }

@@ -45,96 +45,156 @@ pub fn embed_window<E: Encoder + ?Sized>(
 ) -> bool {
     let prompt = encoder.passage_prompt_ids().to_vec();
     let room = encoder.max_content_len().saturating_sub(prompt.len());
-    let mut todo: Vec<bool> = vec![true; items.len()];
-    // A chunk over the model's limit cannot be embedded: fail it, with the fix.
-    for (i, item) in items.iter().enumerate() {
-        let n = item.ids.len();
-        if n > room {
-            todo[i] = false;
-            let reason = format!(
-                "chunk of {n} tokens exceeds the model's limit of {room}; lower \
-                 --chunk-tokens (this is a chunker bug if it produced the chunk)"
+    let mut window = Window {
+        encoder,
+        items,
+        stats,
+        label,
+        sink,
+        todo: vec![true; items.len()],
+        copies: Vec::new(),
+    };
+    let mut originals = Originals::new();
+    window.fail_oversized(room)
+        && window.reuse_known(recent)
+        && window.embed_rest(&prompt, budget, recent, &mut originals)
+        && window.send_copies(&originals)
+}
+
+/// The outcomes of the inputs that copies in the window take, by input key.
+type Originals = HashMap<InputKey, Result<Vec<f32>, String>>;
+
+/// One window on its way through [`embed_window`]; each step returns false as soon as the
+/// sink does.
+struct Window<'w, 'a, E: ?Sized> {
+    encoder: &'w E,
+    items: &'w [WindowItem<'a>],
+    stats: &'w RunStats,
+    label: &'w str,
+    sink: &'w mut dyn FnMut(usize, Outcome) -> bool,
+    /// Per item: whether its outcome is still to be found.
+    todo: Vec<bool>,
+    /// Items that copy an identical input of the window, with its key.
+    copies: Vec<(usize, InputKey)>,
+}
+
+impl<E: Encoder + ?Sized> Window<'_, '_, E> {
+    /// Fail the chunks over the model's limit of `room` content tokens.
+    fn fail_oversized(&mut self, room: usize) -> bool {
+        // A chunk over the model's limit cannot be embedded: fail it, with the fix.
+        for (i, item) in self.items.iter().enumerate() {
+            let n = item.ids.len();
+            if n > room {
+                self.todo[i] = false;
+                let reason = format!(
+                    "chunk of {n} tokens exceeds the model's limit of {room}; lower \
+                     --chunk-tokens (this is a chunker bug if it produced the chunk)"
+                );
+                if !(self.sink)(i, Outcome::Failed(reason)) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Give remembered inputs their vector, and set aside the copies of inputs met earlier in
+    /// the window.
+    fn reuse_known(&mut self, recent: &mut Recent) -> bool {
+        // Identical inputs are embedded once: one embedded shortly before takes the vector
+        // remembered; of several in this window, the first is embedded and the others copy it.
+        let mut seen: HashSet<InputKey> = HashSet::new();
+        for (i, item) in self.items.iter().enumerate() {
+            let Some(key) = item.key.filter(|_| self.todo[i]) else {
+                continue;
+            };
+            if let Some(vector) = recent.get(&key) {
+                self.todo[i] = false;
+                self.stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
+                if !(self.sink)(i, Outcome::Reused(vector.to_vec())) {
+                    return false;
+                }
+            } else if !seen.insert(key) {
+                self.todo[i] = false;
+                self.copies.push((i, key));
+            }
+        }
+        true
+    }
+
+    /// Embed what is left, in the encoder's batches of at most `budget` tokens, remembering
+    /// the vectors in `recent` and the outcomes the copies take in `originals`.
+    fn embed_rest(
+        &mut self,
+        prompt: &[u32],
+        budget: usize,
+        recent: &mut Recent,
+        originals: &mut Originals,
+    ) -> bool {
+        let (encoder, items) = (self.encoder, self.items);
+        // What the copies take, kept here rather than in `recent`, which may forget a vector
+        // before the window ends when a window holds more than its capacity.
+        let copied: HashSet<InputKey> = self.copies.iter().map(|(_, k)| *k).collect();
+        let lengths: Vec<usize> = items
+            .iter()
+            .enumerate()
+            .map(|(i, it)| {
+                if self.todo[i] {
+                    it.ids.len() + prompt.len() + 2
+                } else {
+                    0
+                }
+            })
+            .collect();
+        for plan in encoder.plan_batches(&lengths, budget) {
+            let plan: Vec<usize> = plan.into_iter().filter(|&i| self.todo[i]).collect();
+            if plan.is_empty() {
+                continue;
+            }
+            let outcomes = run_batch(
+                encoder, items, &plan, prompt, &lengths, self.stats, self.label,
             );
-            if !sink(i, Outcome::Failed(reason)) {
-                return false;
-            }
-        }
-    }
-    // Identical inputs are embedded once: one embedded shortly before takes the vector
-    // remembered; of several in this window, the first is embedded and the others copy it.
-    let mut seen: HashSet<InputKey> = HashSet::new();
-    let mut copies: Vec<(usize, InputKey)> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let Some(key) = item.key.filter(|_| todo[i]) else {
-            continue;
-        };
-        if let Some(vector) = recent.get(&key) {
-            todo[i] = false;
-            stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
-            if !sink(i, Outcome::Reused(vector.to_vec())) {
-                return false;
-            }
-        } else if !seen.insert(key) {
-            todo[i] = false;
-            copies.push((i, key));
-        }
-    }
-    // What the copies take, kept here rather than in `recent`, which may forget a vector
-    // before the window ends when a window holds more than its capacity.
-    let copied: HashSet<InputKey> = copies.iter().map(|(_, k)| *k).collect();
-    let mut originals: HashMap<InputKey, Result<Vec<f32>, String>> = HashMap::new();
-    let lengths: Vec<usize> = items
-        .iter()
-        .enumerate()
-        .map(|(i, it)| {
-            if todo[i] {
-                it.ids.len() + prompt.len() + 2
-            } else {
-                0
-            }
-        })
-        .collect();
-    for plan in encoder.plan_batches(&lengths, budget) {
-        let plan: Vec<usize> = plan.into_iter().filter(|&i| todo[i]).collect();
-        if plan.is_empty() {
-            continue;
-        }
-        let outcomes = run_batch(encoder, items, &plan, &prompt, &lengths, stats, label);
-        for (&i, outcome) in plan.iter().zip(outcomes) {
-            todo[i] = false;
-            if let Some(key) = items[i].key {
-                if let Outcome::Embedded(v) = &outcome {
-                    recent.insert(key, v);
+            for (&i, outcome) in plan.iter().zip(outcomes) {
+                self.todo[i] = false;
+                if let Some(key) = items[i].key {
+                    if let Outcome::Embedded(v) = &outcome {
+                        recent.insert(key, v);
+                    }
+                    if copied.contains(&key) {
+                        originals.insert(
+                            key,
+                            match &outcome {
+                                Outcome::Embedded(v) | Outcome::Reused(v) => Ok(v.clone()),
+                                Outcome::Failed(r) => Err(r.clone()),
+                            },
+                        );
+                    }
                 }
-                if copied.contains(&key) {
-                    originals.insert(
-                        key,
-                        match &outcome {
-                            Outcome::Embedded(v) | Outcome::Reused(v) => Ok(v.clone()),
-                            Outcome::Failed(r) => Err(r.clone()),
-                        },
-                    );
+                if !(self.sink)(i, outcome) {
+                    return false;
                 }
             }
-            if !sink(i, outcome) {
+        }
+        true
+    }
+
+    /// Give each copy the outcome of its original.
+    fn send_copies(&mut self, originals: &Originals) -> bool {
+        for (i, key) in std::mem::take(&mut self.copies) {
+            let outcome = match originals.get(&key) {
+                Some(Ok(vector)) => {
+                    self.stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
+                    Outcome::Reused(vector.clone())
+                }
+                Some(Err(reason)) => Outcome::Failed(reason.clone()),
+                None => unreachable!("every copy's original was embedded or failed: a bug"),
+            };
+            if !(self.sink)(i, outcome) {
                 return false;
             }
         }
+        true
     }
-    for (i, key) in copies {
-        let outcome = match originals.get(&key) {
-            Some(Ok(vector)) => {
-                stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
-                Outcome::Reused(vector.clone())
-            }
-            Some(Err(reason)) => Outcome::Failed(reason.clone()),
-            None => unreachable!("every copy's original was embedded or failed: a bug"),
-        };
-        if !sink(i, outcome) {
-            return false;
-        }
-    }
-    true
 }
 
 /// One planned batch through the encoder: an outcome per item of `plan`, in its order (a

@@ -339,24 +339,7 @@ impl Endpoint {
         let body = serde_json::to_vec(body).expect("a JSON value serialises");
         let mut attempts = 0u32;
         loop {
-            // An open circuit: wait for the probe's turn; attempts are not spent meanwhile.
-            loop {
-                match self.circuit.permit(Instant::now()) {
-                    Permit::Go | Permit::Probe => break,
-                    Permit::Wait(d) => tokio::time::sleep(d).await,
-                }
-            }
-            let waited = Instant::now();
-            loop {
-                match self.limiter.try_acquire(tokens, Instant::now()) {
-                    Ok(()) => break,
-                    Err(d) => tokio::time::sleep(d).await,
-                }
-            }
-            add(
-                &self.stats.throttle_wait_ms,
-                waited.elapsed().as_millis() as u64,
-            );
+            self.wait_turn(tokens).await;
             attempts += 1;
             add(&self.stats.requests, 1);
             add(&self.stats.tokens_sent, tokens);
@@ -381,39 +364,74 @@ impl Endpoint {
                     after,
                     endpoint,
                 } => {
-                    if endpoint {
-                        self.changed(self.circuit.failure(&reason, Instant::now()));
-                    } else {
-                        self.changed(self.circuit.success());
-                    }
-                    if let Some(after) = after {
-                        self.limiter.pause_until(Instant::now() + after);
-                    }
-                    let open = matches!(self.circuit.state(), CircuitState::Open { .. });
-                    if open {
-                        // The outage is the endpoint's, not this request's: wait it out.
-                        attempts = attempts.saturating_sub(1);
-                    } else if attempts >= self.settings.retries.max(1) {
-                        return Err(CallError::GaveUp {
-                            attempts,
-                            last: reason,
-                        });
-                    }
-                    add(&self.stats.retries, 1);
-                    let delay = after.unwrap_or_else(|| {
-                        retry_delay(
-                            attempts.max(1),
-                            self.settings.backoff,
-                            self.settings.max_backoff,
-                            jitter_unit(&reason),
-                        )
-                    });
+                    let delay = self.retry_after_failure(reason, after, endpoint, &mut attempts)?;
                     tokio::time::sleep(delay).await;
                 }
             }
         }
     }
 
+    /// Wait until the circuit and the rate limits let a request costing `tokens` go.
+    async fn wait_turn(&self, tokens: u64) {
+        // An open circuit: wait for the probe's turn; attempts are not spent meanwhile.
+        loop {
+            match self.circuit.permit(Instant::now()) {
+                Permit::Go | Permit::Probe => break,
+                Permit::Wait(d) => tokio::time::sleep(d).await,
+            }
+        }
+        let waited = Instant::now();
+        loop {
+            match self.limiter.try_acquire(tokens, Instant::now()) {
+                Ok(()) => break,
+                Err(d) => tokio::time::sleep(d).await,
+            }
+        }
+        add(
+            &self.stats.throttle_wait_ms,
+            waited.elapsed().as_millis() as u64,
+        );
+    }
+
+    /// Record a retryable failure with the circuit and the limits, and say how long to wait
+    /// before the next attempt, or give up once `attempts` reach the retries allowed.
+    fn retry_after_failure(
+        &self,
+        reason: String,
+        after: Option<Duration>,
+        endpoint: bool,
+        attempts: &mut u32,
+    ) -> Result<Duration, CallError> {
+        if endpoint {
+            self.changed(self.circuit.failure(&reason, Instant::now()));
+        } else {
+            self.changed(self.circuit.success());
+        }
+        if let Some(after) = after {
+            self.limiter.pause_until(Instant::now() + after);
+        }
+        let open = matches!(self.circuit.state(), CircuitState::Open { .. });
+        if open {
+            // The outage is the endpoint's, not this request's: wait it out.
+            *attempts = attempts.saturating_sub(1);
+        } else if *attempts >= self.settings.retries.max(1) {
+            return Err(CallError::GaveUp {
+                attempts: *attempts,
+                last: reason,
+            });
+        }
+        add(&self.stats.retries, 1);
+        Ok(after.unwrap_or_else(|| {
+            retry_delay(
+                (*attempts).max(1),
+                self.settings.backoff,
+                self.settings.max_backoff,
+                jitter_unit(&reason),
+            )
+        }))
+    }
+
+    /// One request: send it, read the answer within bounds, and judge it.
     async fn attempt<T>(
         &self,
         url: &str,
@@ -442,42 +460,56 @@ impl Endpoint {
         let status = resp.status().as_u16();
         let after = retry_after(resp.headers(), SystemTime::now());
         if (300..400).contains(&status) {
-            let to = resp
-                .headers()
-                .get(reqwest::header::LOCATION)
-                .and_then(|l| l.to_str().ok())
-                .map(crate::secret::redact_url)
-                .unwrap_or_else(|| "nowhere said".into());
-            return Verdict::Stop(CallError::Fatal(format!(
-                "{} answered with a redirect (HTTP {status} to {to}); ragline does not follow \
-                 redirects with document text: set the URL to the address it points to",
-                crate::secret::redact_url(url)
-            )));
+            return Verdict::Stop(redirected(url, status, &resp));
         }
-        let bytes = match read_bounded(resp, MAX_ANSWER_BYTES).await {
+        let bytes = match self.read_answer(resp, status).await {
             Ok(b) => b,
+            Err(stop) => return stop,
+        };
+        self.judge(url, status, after, &bytes, parse)
+    }
+
+    /// The answer's body, at most [`MAX_ANSWER_BYTES`]; too large stops, cut off retries.
+    async fn read_answer<T>(
+        &self,
+        resp: reqwest::Response,
+        status: u16,
+    ) -> Result<Vec<u8>, Verdict<T>> {
+        match read_bounded(resp, MAX_ANSWER_BYTES).await {
+            Ok(b) => Ok(b),
             Err(Body::TooLarge(n)) => {
                 add(&self.stats.malformed, 1);
-                return Verdict::Stop(CallError::Rejected {
+                Err(Verdict::Stop(CallError::Rejected {
                     status,
                     message: format!(
                         "the answer is over {} MiB ({n} bytes read): send fewer inputs per \
                          request",
                         MAX_ANSWER_BYTES >> 20
                     ),
-                });
+                }))
             }
             Err(Body::Failed(e)) => {
                 add(&self.stats.transport_errors, 1);
-                return Verdict::Retry {
+                Err(Verdict::Retry {
                     reason: format!("answer cut off: {}", transport_reason(&e)),
                     after: None,
                     endpoint: true,
-                };
+                })
             }
-        };
+        }
+    }
+
+    /// What an answer with `status` and body `bytes` means: parsed, retried or stopped.
+    fn judge<T>(
+        &self,
+        url: &str,
+        status: u16,
+        after: Option<Duration>,
+        bytes: &[u8],
+        parse: &impl Fn(&[u8]) -> Result<T, String>,
+    ) -> Verdict<T> {
         match status {
-            200..=299 => match parse(&bytes) {
+            200..=299 => match parse(bytes) {
                 Ok(v) => Verdict::Done(v),
                 Err(e) => {
                     add(&self.stats.malformed, 1);
@@ -507,28 +539,50 @@ impl Endpoint {
             408 | 500..=599 => {
                 add(&self.stats.server_errors, 1);
                 Verdict::Retry {
-                    reason: format!("HTTP {status}: {}", error_message(&bytes)),
+                    reason: format!("HTTP {status}: {}", error_message(bytes)),
                     after,
                     endpoint: true,
                 }
             }
-            401 | 403 => Verdict::Stop(CallError::Fatal(format!(
-                "{} refused the request (HTTP {status}: {}): it needs an API key: name the \
-                 variable holding it with `api_key_env` (--embed-api-key-env), and check the \
-                 key",
-                crate::secret::redact_url(url),
-                error_message(&bytes)
-            ))),
-            404 | 405 => Verdict::Stop(CallError::Fatal(format!(
-                "{} has no such API (HTTP {status}): check the URL and the API kind \
-                 (--embed-api openai serves POST /v1/embeddings, tei POST /embed)",
-                crate::secret::redact_url(url)
-            ))),
-            _ => Verdict::Stop(CallError::Rejected {
-                status,
-                message: error_message(&bytes),
-            }),
+            _ => Verdict::Stop(refused(url, status, bytes)),
         }
+    }
+}
+
+/// Why a redirect stops the request: ragline does not follow one with document text.
+fn redirected(url: &str, status: u16, resp: &reqwest::Response) -> CallError {
+    let to = resp
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .and_then(|l| l.to_str().ok())
+        .map(crate::secret::redact_url)
+        .unwrap_or_else(|| "nowhere said".into());
+    CallError::Fatal(format!(
+        "{} answered with a redirect (HTTP {status} to {to}); ragline does not follow \
+         redirects with document text: set the URL to the address it points to",
+        crate::secret::redact_url(url)
+    ))
+}
+
+/// The error for a 4xx that no retry can help: a key or URL to fix, or a rejected input.
+fn refused(url: &str, status: u16, bytes: &[u8]) -> CallError {
+    match status {
+        401 | 403 => CallError::Fatal(format!(
+            "{} refused the request (HTTP {status}: {}): it needs an API key: name the \
+             variable holding it with `api_key_env` (--embed-api-key-env), and check the \
+             key",
+            crate::secret::redact_url(url),
+            error_message(bytes)
+        )),
+        404 | 405 => CallError::Fatal(format!(
+            "{} has no such API (HTTP {status}): check the URL and the API kind \
+             (--embed-api openai serves POST /v1/embeddings, tei POST /embed)",
+            crate::secret::redact_url(url)
+        )),
+        _ => CallError::Rejected {
+            status,
+            message: error_message(bytes),
+        },
     }
 }
 

@@ -61,40 +61,20 @@ pub fn enrich(
             m.endpoint(&l.name, l.client.endpoint());
         }
     }
-    // A service embeds (the config names one, or the index was embedded by one): --model
-    // names the tokenizer that counts its tokens.
     let service = if embeds {
-        let mut c = config.clone();
-        if let Some(name) = &request.model_override {
-            c.model.name = name.clone();
-        }
-        remote_set(&c, &sets)?
+        embed_service(config, request, &sets)?
     } else {
         None
     };
-    if service.is_none() && embeds {
-        check_override(config, request, &sets)?;
-    }
-    if let (Some(m), Some(s)) = (&request.metrics, &service) {
-        m.endpoint(EMBED, s.embedder.endpoint());
-    }
     let devices = devices(&config.model)?;
     let settings = config.stages.embed.settings();
-    let workers = settings.concurrency.max(1);
-    let mut list = Vec::with_capacity(workers);
-    for i in 0..workers {
-        let device = devices[i % devices.len()].clone();
-        list.push(EnrichWorker {
-            store: lifecycle_store(config)?,
-            loader: set_loader(
-                uri.clone(),
-                config.model.clone(),
-                device,
-                request.model_override.clone(),
-                service.clone(),
-            ),
-        });
-    }
+    let list = workers(
+        config,
+        request,
+        &devices,
+        &service,
+        settings.concurrency.max(1),
+    )?;
     let announced = queue_llm_work(config, &llm)? + if embeds { embed_work(&status) } else { 0 };
     let claim_tokens = match &service {
         Some(s) => s.batch_tokens,
@@ -125,18 +105,79 @@ pub fn enrich(
     };
     observer.finish();
     let mut summary = result?;
-    if let Some(s) = &service {
+    settle_services(&mut summary, service.as_ref(), &llm, uri);
+    summary.notes.extend(lifecycle_store(config)?.finish_run()?);
+    Ok(summary)
+}
+
+/// The service that embeds, when one does (the config names one, or the index was embedded
+/// by one); else the model override is checked against the index's.
+fn embed_service(
+    config: &PipelineConfig,
+    request: &EnrichRequest,
+    sets: &[VectorSet],
+) -> Result<Option<RemoteSet>, JobError> {
+    // A service embeds (the config names one, or the index was embedded by one): --model
+    // names the tokenizer that counts its tokens.
+    let mut c = config.clone();
+    if let Some(name) = &request.model_override {
+        c.model.name = name.clone();
+    }
+    let service = remote_set(&c, sets)?;
+    if service.is_none() {
+        check_override(config, request, sets)?;
+    }
+    if let (Some(m), Some(s)) = (&request.metrics, &service) {
+        m.endpoint(EMBED, s.embedder.endpoint());
+    }
+    Ok(service)
+}
+
+/// `count` workers, each with its own store connection and a model loader on its device
+/// (the devices taken in turn).
+fn workers(
+    config: &PipelineConfig,
+    request: &EnrichRequest,
+    devices: &[SelectedDevice],
+    service: &Option<RemoteSet>,
+    count: usize,
+) -> Result<Vec<EnrichWorker<Box<dyn IndexStore>>>, JobError> {
+    let uri = &config.index.uri.value;
+    let mut list = Vec::with_capacity(count);
+    for i in 0..count {
+        let device = devices[i % devices.len()].clone();
+        list.push(EnrichWorker {
+            store: lifecycle_store(config)?,
+            loader: set_loader(
+                uri.clone(),
+                config.model.clone(),
+                device,
+                request.model_override.clone(),
+                service.clone(),
+            ),
+        });
+    }
+    Ok(list)
+}
+
+/// After the run: the embedding service's counts in the summary, each service's circuit
+/// settled, and a note of each LLM stage's calls.
+fn settle_services(
+    summary: &mut RunSummary,
+    service: Option<&RemoteSet>,
+    llm: &[Arc<LlmStage>],
+    uri: &IndexUri,
+) {
+    if let Some(s) = service {
         summary.remote = Some(s.embedder.endpoint().stats().snapshot());
         service_embedder::settle_circuit(s.embedder.endpoint(), uri, EMBED);
     }
-    for l in &llm {
+    for l in llm {
         service_embedder::settle_circuit(l.client.endpoint(), uri, &l.name);
         summary
             .notes
             .extend(calls_note(&l.name, l.client.endpoint()));
     }
-    summary.notes.extend(lifecycle_store(config)?.finish_run()?);
-    Ok(summary)
 }
 
 /// The stages an enrich works: those asked for, else every stage there is (embedding, when

@@ -12,7 +12,7 @@ use super::distributed;
 use super::{ingest_from, lifecycle_store, JobError, PipelineConfig, Scope};
 use crate::connectors::requeue::{RequeueConnector, Requeued};
 use crate::connectors::Connector;
-use crate::indexers::{Burial, StoredCopy};
+use crate::indexers::{Burial, IndexStore, StoredCopy};
 use crate::lifecycle::{Status, CHUNK};
 use crate::run::progress::Observer;
 use crate::run::RunSummary;
@@ -55,75 +55,91 @@ pub fn run_buried(
     }
     for (settings, copies) in groups {
         let run_config = settings_for(config, settings.as_deref())?;
-        let documents: Vec<Requeued> = copies
-            .iter()
-            .map(|c| Requeued {
-                id: c.document_id.clone(),
-                payload: c.payload.clone(),
-                source: c.source.clone(),
-            })
-            .collect();
-        let connectors: Vec<Box<dyn Connector>> = vec![Box::new(RequeueConnector::new(
-            documents,
-            run_config.source.max_file_bytes,
-        ))];
-        let summary = match queue {
-            #[cfg(feature = "nats")]
-            Some(url) => distributed::ingest_from(
-                &run_config,
-                connectors,
-                Scope::SomeDocuments,
-                url,
-                observer,
-            )?,
-            #[cfg(not(feature = "nats"))]
-            Some(_) => {
-                return Err(JobError::NotBuilt {
-                    what: "a requeue through a broker (--queue)".into(),
-                    feature: "nats",
-                })
-            }
-            None => ingest_from(&run_config, connectors, Scope::SomeDocuments, observer)?,
-        };
-        // What the index says now decides, not the run's counts: a document is out of the
-        // queue only when its chunks are all there.
-        let mut again = Vec::new();
-        for copy in copies {
-            let id = &copy.document_id;
-            let chunk = store
-                .document_lifecycle(id)?
-                .and_then(|d| d.stages.into_iter().find(|s| s.stage == CHUNK));
-            match chunk.as_ref().map(|s| s.status.as_str()) {
-                Some(s) if s == Status::Done.as_str() => out.recovered.push(id.clone()),
-                // Buried again already (the broker gave up on it once more).
-                Some(s) if s == Status::Dead.as_str() => out.failed_again.push(id.clone()),
-                _ => {
-                    let reason = summary
-                        .failures
-                        .iter()
-                        .chain(&summary.dropped)
-                        .find(|f| &f.id == id || f.parent_id.as_ref() == Some(id))
-                        .map_or_else(
-                            || "the requeue run did not index it".to_string(),
-                            |f| format!("[{}] {}", f.stage, f.reason),
-                        );
-                    out.failed_again.push(id.clone());
-                    again.push(Burial {
-                        document_id: id.clone(),
-                        stage: CHUNK.to_string(),
-                        attempts: 1,
-                        worker: "requeue".to_string(),
-                        error: reason,
-                        copy: Some(copy),
-                    });
-                }
-            }
-        }
+        let summary = ingest_copies(&run_config, &copies, queue, observer)?;
+        let again = sort_out(store.as_mut(), copies, &summary, &mut out)?;
         store.bury(&again)?;
         out.summaries.push(summary);
     }
     store.unbury(&out.recovered)?;
     Ok(out)
+}
+
+/// Ingest the stored `copies` with `run_config`, on the broker at `queue` when given.
+fn ingest_copies(
+    run_config: &PipelineConfig,
+    copies: &[StoredCopy],
+    queue: Option<&str>,
+    observer: &mut dyn Observer,
+) -> Result<RunSummary, JobError> {
+    let documents: Vec<Requeued> = copies
+        .iter()
+        .map(|c| Requeued {
+            id: c.document_id.clone(),
+            payload: c.payload.clone(),
+            source: c.source.clone(),
+        })
+        .collect();
+    let connectors: Vec<Box<dyn Connector>> = vec![Box::new(RequeueConnector::new(
+        documents,
+        run_config.source.max_file_bytes,
+    ))];
+    match queue {
+        #[cfg(feature = "nats")]
+        Some(url) => {
+            distributed::ingest_from(run_config, connectors, Scope::SomeDocuments, url, observer)
+        }
+        #[cfg(not(feature = "nats"))]
+        Some(_) => Err(JobError::NotBuilt {
+            what: "a requeue through a broker (--queue)".into(),
+            feature: "nats",
+        }),
+        None => ingest_from(run_config, connectors, Scope::SomeDocuments, observer),
+    }
+}
+
+/// After the ingest that `summary` tells of: note each copy as recovered or failed again in
+/// `out`, and return the burials of those to bury again.
+fn sort_out(
+    store: &mut dyn IndexStore,
+    copies: Vec<StoredCopy>,
+    summary: &RunSummary,
+    out: &mut RequeueRuns,
+) -> Result<Vec<Burial>, JobError> {
+    // What the index says now decides, not the run's counts: a document is out of the
+    // queue only when its chunks are all there.
+    let mut again = Vec::new();
+    for copy in copies {
+        let id = &copy.document_id;
+        let chunk = store
+            .document_lifecycle(id)?
+            .and_then(|d| d.stages.into_iter().find(|s| s.stage == CHUNK));
+        match chunk.as_ref().map(|s| s.status.as_str()) {
+            Some(s) if s == Status::Done.as_str() => out.recovered.push(id.clone()),
+            // Buried again already (the broker gave up on it once more).
+            Some(s) if s == Status::Dead.as_str() => out.failed_again.push(id.clone()),
+            _ => {
+                let reason = summary
+                    .failures
+                    .iter()
+                    .chain(&summary.dropped)
+                    .find(|f| &f.id == id || f.parent_id.as_ref() == Some(id))
+                    .map_or_else(
+                        || "the requeue run did not index it".to_string(),
+                        |f| format!("[{}] {}", f.stage, f.reason),
+                    );
+                out.failed_again.push(id.clone());
+                again.push(Burial {
+                    document_id: id.clone(),
+                    stage: CHUNK.to_string(),
+                    attempts: 1,
+                    worker: "requeue".to_string(),
+                    error: reason,
+                    copy: Some(copy),
+                });
+            }
+        }
+    }
+    Ok(again)
 }
 
 /// The settings a buried document's run had (`ragline.toml` form), with this command's index

@@ -15,6 +15,7 @@ pub mod worker;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::thread::Scope;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
@@ -23,12 +24,12 @@ use crate::connectors::Connector;
 use crate::document::{Document, RunId};
 use crate::embed::pool::{EmbedQueues, EmbedderPool};
 use crate::event::Event;
-use crate::indexers::{BackendError, BackendFactory, BatchConfig, Indexer};
+use crate::indexers::{Backend, BackendError, BackendFactory, BatchConfig, Indexer};
 use crate::publisher::Publisher;
 use crate::queue::memory::MemoryQueue;
 use crate::queue::Queue;
 use crate::signal::RunSignal;
-use crate::stages::{PipelineFactory, StageError};
+use crate::stages::{Pipeline, PipelineFactory, StageError};
 pub use crate::stats::RunStats;
 pub use progress::{Observer, Snapshot};
 pub use summary::RunSummary;
@@ -117,18 +118,12 @@ pub fn execute(
 ) -> Result<RunSummary, RunError> {
     let started = Instant::now();
     let run_id = RunId::generate();
-    let signal = Arc::new(RunSignal::new());
-    let stats = Arc::new(RunStats::default());
-    let work: Arc<dyn Queue<Document>> = Arc::new(MemoryQueue::new("work", options.work_queue));
-    let index: Arc<dyn Queue<Document>> = Arc::new(MemoryQueue::new("index", options.index_queue));
-    let events: Arc<dyn Queue<Event>> = Arc::new(MemoryQueue::new("events", options.event_queue));
-    let embed: Option<Arc<dyn Queue<Document>>> = parts.embedder.as_ref().map(|_| {
-        Arc::new(MemoryQueue::new("embed", options.embed_queue)) as Arc<dyn Queue<Document>>
-    });
+    let wiring = Wiring::new(options, parts.embedder.is_some());
+    let (signal, stats) = (&wiring.signal, &wiring.stats);
     let publisher = Publisher::new(
         run_id,
-        Arc::clone(&work),
-        Arc::clone(&signal),
+        Arc::clone(&wiring.work),
+        Arc::clone(signal),
         options.track_ids,
     );
 
@@ -139,68 +134,21 @@ pub fn execute(
     let backends = (0..options.indexers.max(1))
         .map(|_| parts.backend.connect())
         .collect::<Result<Vec<_>, _>>()?;
-    let routes = Routes {
-        index: Arc::clone(&index),
-        embed: embed.clone(),
-        events: Arc::clone(&events),
-        stats: Arc::clone(&stats),
-    };
 
     let complete = std::thread::scope(|scope| {
-        let mut connectors = parts.connectors;
-        let p = publisher.clone();
-        spawn_guarded(scope, "connector", &signal, move || {
-            for connector in connectors.iter_mut() {
-                if let Err(err) = connector.run(&p) {
-                    if !p.signal().is_stopped() {
-                        p.signal()
-                            .abort(format!("connector {}: {err}", connector.name()));
-                    }
-                    return;
-                }
-            }
-            p.connectors_stopped();
-        });
-        for (i, pipeline) in pipelines.into_iter().enumerate() {
-            let (input, routes, sig) = (Arc::clone(&work), routes.clone(), Arc::clone(&signal));
-            spawn_guarded(scope, &format!("worker-{i}"), &signal, move || {
-                worker::work(pipeline, input, routes, sig)
-            });
-        }
-        if let (Some(pool), Some(embed)) = (parts.embedder, &embed) {
-            for (i, embedder) in pool.into_embedders().into_iter().enumerate() {
-                let queues = EmbedQueues {
-                    input: Arc::clone(embed),
-                    output: Arc::clone(&index),
-                    events: Arc::clone(&events),
-                };
-                let (sig, stats) = (Arc::clone(&signal), Arc::clone(&stats));
-                spawn_guarded(scope, &format!("embedder-{i}"), &signal, move || {
-                    embedder.run(queues, sig, stats)
-                });
-            }
-        }
-        for (i, backend) in backends.into_iter().enumerate() {
-            let indexer = Indexer {
-                backend,
-                config: options.batch.clone(),
-                input: Arc::clone(&index),
-                events: Arc::clone(&events),
-                signal: Arc::clone(&signal),
-            };
-            spawn_guarded(scope, &format!("indexer-{i}"), &signal, move || {
-                indexer.run()
-            });
-        }
+        wiring.spawn_connectors(scope, parts.connectors, publisher.clone());
+        wiring.spawn_workers(scope, pipelines);
+        wiring.spawn_embedders(scope, parts.embedder);
+        wiring.spawn_indexers(scope, backends, &options.batch);
 
         let announced = || publisher.announced();
-        let complete = publisher.follow_events(&events, options.tick, &mut |tracker| {
+        let complete = publisher.follow_events(&wiring.events, options.tick, &mut |tracker| {
             observer.tick(&Snapshot {
                 counts: tracker.counts(),
                 pending: tracker.pending(),
                 announced: announced(),
                 elapsed: started.elapsed(),
-                stats: &stats,
+                stats,
             });
         });
         signal.stop();
@@ -219,17 +167,135 @@ pub fn execute(
         tracker.counts().clone(),
         tracker.failures().to_vec(),
         tracker.drops().to_vec(),
-        &stats,
+        stats,
     );
     drop(tracker);
     summary.published_ids = publisher.published_ids();
     Ok(summary)
 }
 
+/// The bounded queues between a run's threads, with the run's stop signal and counters.
+struct Wiring {
+    work: Arc<dyn Queue<Document>>,
+    index: Arc<dyn Queue<Document>>,
+    events: Arc<dyn Queue<Event>>,
+    /// Only when the run embeds chunks.
+    embed: Option<Arc<dyn Queue<Document>>>,
+    signal: Arc<RunSignal>,
+    stats: Arc<RunStats>,
+}
+
+impl Wiring {
+    /// The queues sized by `options`, with an embed queue when the run `embeds`.
+    fn new(options: &RunOptions, embeds: bool) -> Self {
+        let signal = Arc::new(RunSignal::new());
+        let stats = Arc::new(RunStats::default());
+        let work: Arc<dyn Queue<Document>> = Arc::new(MemoryQueue::new("work", options.work_queue));
+        let index: Arc<dyn Queue<Document>> =
+            Arc::new(MemoryQueue::new("index", options.index_queue));
+        let events: Arc<dyn Queue<Event>> =
+            Arc::new(MemoryQueue::new("events", options.event_queue));
+        let embed: Option<Arc<dyn Queue<Document>>> = embeds.then(|| {
+            Arc::new(MemoryQueue::new("embed", options.embed_queue)) as Arc<dyn Queue<Document>>
+        });
+        Wiring {
+            work,
+            index,
+            events,
+            embed,
+            signal,
+            stats,
+        }
+    }
+
+    /// Start the thread that runs the connectors one after another, then says they stopped.
+    fn spawn_connectors<'scope>(
+        &self,
+        scope: &'scope Scope<'scope, '_>,
+        mut connectors: Vec<Box<dyn Connector>>,
+        p: Publisher,
+    ) {
+        spawn_guarded(scope, "connector", &self.signal, move || {
+            for connector in connectors.iter_mut() {
+                if let Err(err) = connector.run(&p) {
+                    if !p.signal().is_stopped() {
+                        p.signal()
+                            .abort(format!("connector {}: {err}", connector.name()));
+                    }
+                    return;
+                }
+            }
+            p.connectors_stopped();
+        });
+    }
+
+    /// Start one worker thread per pipeline, reading the work queue.
+    fn spawn_workers<'scope>(&self, scope: &'scope Scope<'scope, '_>, pipelines: Vec<Pipeline>) {
+        let routes = Routes {
+            index: Arc::clone(&self.index),
+            embed: self.embed.clone(),
+            events: Arc::clone(&self.events),
+            stats: Arc::clone(&self.stats),
+        };
+        for (i, pipeline) in pipelines.into_iter().enumerate() {
+            let (input, routes, sig) = (
+                Arc::clone(&self.work),
+                routes.clone(),
+                Arc::clone(&self.signal),
+            );
+            spawn_guarded(scope, &format!("worker-{i}"), &self.signal, move || {
+                worker::work(pipeline, input, routes, sig)
+            });
+        }
+    }
+
+    /// Start one thread per embedder of the pool, from the embed queue to the index queue.
+    fn spawn_embedders<'scope>(
+        &self,
+        scope: &'scope Scope<'scope, '_>,
+        embedder: Option<EmbedderPool>,
+    ) {
+        if let (Some(pool), Some(embed)) = (embedder, &self.embed) {
+            for (i, embedder) in pool.into_embedders().into_iter().enumerate() {
+                let queues = EmbedQueues {
+                    input: Arc::clone(embed),
+                    output: Arc::clone(&self.index),
+                    events: Arc::clone(&self.events),
+                };
+                let (sig, stats) = (Arc::clone(&self.signal), Arc::clone(&self.stats));
+                spawn_guarded(scope, &format!("embedder-{i}"), &self.signal, move || {
+                    embedder.run(queues, sig, stats)
+                });
+            }
+        }
+    }
+
+    /// Start one indexer thread per backend connection, reading the index queue.
+    fn spawn_indexers<'scope>(
+        &self,
+        scope: &'scope Scope<'scope, '_>,
+        backends: Vec<Box<dyn Backend>>,
+        batch: &BatchConfig,
+    ) {
+        for (i, backend) in backends.into_iter().enumerate() {
+            let indexer = Indexer {
+                backend,
+                config: batch.clone(),
+                input: Arc::clone(&self.index),
+                events: Arc::clone(&self.events),
+                signal: Arc::clone(&self.signal),
+            };
+            spawn_guarded(scope, &format!("indexer-{i}"), &self.signal, move || {
+                indexer.run()
+            });
+        }
+    }
+}
+
 /// Spawn a thread of the run; if it panics, the run aborts with the panic's message instead of
 /// waiting forever for documents the thread held.
 fn spawn_guarded<'scope, F>(
-    scope: &'scope std::thread::Scope<'scope, '_>,
+    scope: &'scope Scope<'scope, '_>,
     name: &str,
     signal: &Arc<RunSignal>,
     body: F,

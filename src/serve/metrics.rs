@@ -77,70 +77,82 @@ impl ServeMetrics {
             queue_requests: Gauge::default(),
             in_flight: Gauge::default(),
         };
+        m.register_requests(&mut r);
+        m.register_batching(&mut r);
+        *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = r;
+        m
+    }
+
+    /// Register in `r` what is counted per request: requests, inputs, tokens, errors and
+    /// their durations.
+    fn register_requests(&self, r: &mut Registry) {
         r.register(
             "requests",
             "HTTP requests by endpoint and status code",
-            m.requests.clone(),
+            self.requests.clone(),
         );
-        r.register("inputs", "Texts embedded, by endpoint", m.inputs.clone());
+        r.register("inputs", "Texts embedded, by endpoint", self.inputs.clone());
         r.register(
             "tokens",
             "Tokens embedded (special tokens included), by endpoint",
-            m.tokens.clone(),
+            self.tokens.clone(),
         );
         r.register(
             "errors",
             "Requests answered with an error, by kind (bad_request, overloaded, too_long, \
              model, shutting_down)",
-            m.errors.clone(),
+            self.errors.clone(),
         );
         r.register(
             "request_duration_seconds",
             "Time from a request's arrival to its answer",
-            m.request_seconds.clone(),
+            self.request_seconds.clone(),
         );
+    }
+
+    /// Register in `r` how requests wait and are batched: queue and window durations and
+    /// sizes, and what waits or is in flight.
+    fn register_batching(&self, r: &mut Registry) {
         r.register(
             "queue_duration_seconds",
             "Time a request waited for a model thread",
-            m.queue_seconds.clone(),
+            self.queue_seconds.clone(),
         );
         r.register(
             "window_duration_seconds",
             "Time a model thread spent on one window of requests",
-            m.compute_seconds.clone(),
+            self.compute_seconds.clone(),
         );
         r.register(
             "batch_inputs",
             "Inputs per forward pass",
-            m.batch_inputs.clone(),
+            self.batch_inputs.clone(),
         );
         r.register(
             "window_tokens",
             "Tokens per window (the requests embedded together)",
-            m.batch_tokens.clone(),
+            self.batch_tokens.clone(),
         );
         r.register(
             "window_requests",
             "Requests embedded together in one window",
-            m.window_requests.clone(),
+            self.window_requests.clone(),
         );
         r.register(
             "queue_tokens",
             "Tokens waiting for a model thread",
-            m.queue_tokens.clone(),
+            self.queue_tokens.clone(),
         );
         r.register(
             "queue_requests",
             "Requests waiting for a model thread",
-            m.queue_requests.clone(),
+            self.queue_requests.clone(),
         );
         r.register(
             "in_flight_requests",
             "Requests being handled",
-            m.in_flight.clone(),
+            self.in_flight.clone(),
         );
-        *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = r;
-        m
     }
 
     pub fn encode(&self) -> String {

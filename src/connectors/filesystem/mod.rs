@@ -42,6 +42,38 @@ struct Found {
     problem: Option<(&'static str, String, bool)>,
 }
 
+/// What is wrong with the symbolic link `path` under `root` (dangling, or pointing outside
+/// it), if anything; `None` for a link to a folder inside the root, not followed.
+fn link_problem(
+    path: &Path,
+    root: &Path,
+    canonical_root: &Path,
+) -> Option<Option<(&'static str, String, bool)>> {
+    match fs::canonicalize(path) {
+        Err(e) => Some(Some((
+            "read",
+            format!(
+                "dangling symbolic link to `{}` ({e}); fix or remove the link",
+                fs::read_link(path)
+                    .map(|t| t.display().to_string())
+                    .unwrap_or_default()
+            ),
+            true,
+        ))),
+        Ok(target) if !target.starts_with(canonical_root) => Some(Some((
+            "read",
+            format!(
+                "symbolic link to `{}`, outside the root `{}`; not followed",
+                target.display(),
+                root.display()
+            ),
+            false,
+        ))),
+        Ok(target) if target.is_dir() => None,
+        Ok(_) => Some(None),
+    }
+}
+
 impl FilesystemConnector {
     pub fn new(config: ValidFilesystemConfig) -> Self {
         FilesystemConnector { config }
@@ -64,82 +96,69 @@ impl FilesystemConnector {
                 });
                 continue;
             }
-            // Roots were checked to exist; canonicalize succeeds unless they vanished since.
-            let canonical_root = fs::canonicalize(root).unwrap_or_else(|_| root.clone());
-            let walker = WalkDir::new(root)
-                .follow_links(false)
-                .sort_by_file_name()
-                .into_iter()
-                .filter_entry(|e| e.depth() == 0 || !is_hidden(e.file_name()));
-            for entry in walker {
-                let entry = match entry {
-                    Ok(entry) => entry,
-                    Err(err) => {
-                        let path = err
-                            .path()
-                            .map(Path::to_path_buf)
-                            .unwrap_or_else(|| root.clone());
-                        found.push(Found {
-                            id: relative_id(root, &path),
-                            path,
-                            root: None,
-                            problem: Some(("read", format!("cannot list: {err}"), true)),
-                        });
-                        continue;
-                    }
-                };
-                let path = entry.path();
-                let rel = relative_id(root, path);
-                let file_type = entry.file_type();
-                if file_type.is_dir() {
-                    continue;
-                }
-                if !self.config.selects(&rel) {
-                    continue;
-                }
-                let problem = if file_type.is_symlink() {
-                    match fs::canonicalize(path) {
-                        Err(e) => Some((
-                            "read",
-                            format!(
-                                "dangling symbolic link to `{}` ({e}); fix or remove the link",
-                                fs::read_link(path)
-                                    .map(|t| t.display().to_string())
-                                    .unwrap_or_default()
-                            ),
-                            true,
-                        )),
-                        Ok(target) if !target.starts_with(&canonical_root) => Some((
-                            "read",
-                            format!(
-                                "symbolic link to `{}`, outside the root `{}`; not followed",
-                                target.display(),
-                                root.display()
-                            ),
-                            false,
-                        )),
-                        // A link to a folder inside the root: its files are walked there.
-                        Ok(target) if target.is_dir() => continue,
-                        Ok(_) => None,
-                    }
-                } else if !file_type.is_file() {
-                    Some((
-                        "read",
-                        "not a regular file (socket, device or FIFO)".into(),
-                        false,
-                    ))
-                } else {
-                    None
-                };
-                found.push(Found {
-                    path: path.to_path_buf(),
-                    id: rel,
-                    root: Some(canonical_root.clone()),
-                    problem,
-                });
-            }
+            self.walk_dir(root, &mut found);
         }
         found
+    }
+
+    /// Walk the folder `root`, adding the files it selects (and what cannot be read) to
+    /// `found`.
+    fn walk_dir(&self, root: &Path, found: &mut Vec<Found>) {
+        // Roots were checked to exist; canonicalize succeeds unless they vanished since.
+        let canonical_root = fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+        let walker = WalkDir::new(root)
+            .follow_links(false)
+            .sort_by_file_name()
+            .into_iter()
+            .filter_entry(|e| e.depth() == 0 || !is_hidden(e.file_name()));
+        for entry in walker {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(err) => {
+                    let path = err
+                        .path()
+                        .map(Path::to_path_buf)
+                        .unwrap_or_else(|| root.to_path_buf());
+                    found.push(Found {
+                        id: relative_id(root, &path),
+                        path,
+                        root: None,
+                        problem: Some(("read", format!("cannot list: {err}"), true)),
+                    });
+                    continue;
+                }
+            };
+            let path = entry.path();
+            let rel = relative_id(root, path);
+            let file_type = entry.file_type();
+            if file_type.is_dir() {
+                continue;
+            }
+            if !self.config.selects(&rel) {
+                continue;
+            }
+            let problem = if file_type.is_symlink() {
+                match link_problem(path, root, &canonical_root) {
+                    Some(problem) => problem,
+                    // A link to a folder inside the root: its files are walked there.
+                    None => continue,
+                }
+            } else if !file_type.is_file() {
+                Some((
+                    "read",
+                    "not a regular file (socket, device or FIFO)".into(),
+                    false,
+                ))
+            } else {
+                None
+            };
+            found.push(Found {
+                path: path.to_path_buf(),
+                id: rel,
+                root: Some(canonical_root.clone()),
+                problem,
+            });
+        }
     }
 
     fn publish_file(&self, found: Found, publisher: &Publisher) -> Result<(), ConnectorError> {

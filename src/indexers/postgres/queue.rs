@@ -590,83 +590,9 @@ impl EnrichStore for PgStore {
         let ty = self.vector_type;
         self.write(|tx, s, now| {
             let all = sets::all(tx, s)?;
-            let set = all
-                .iter()
-                .find(|x| x.id == vector_set)
-                .cloned()
-                .ok_or_else(|| {
-                    TxError::invalid(format!("the index has no vector set {vector_set}"))
-                })?;
-            if let Some(v) = vectors.iter().find(|v| v.vector.len() != set.dimension) {
-                return Err(TxError::invalid(format!(
-                    "a vector of {} dimensions for vector set {} of {}: this is a bug",
-                    v.vector.len(),
-                    set.id,
-                    set.dimension
-                )));
-            }
-            let rowids: Vec<i64> = vectors.iter().map(|v| v.rowid).collect();
-            let guards: Vec<Option<&[u8]>> = vectors
-                .iter()
-                .map(|v| v.guard.as_ref().map(|k| k.as_slice()))
-                .collect();
-            let values: Vec<pgvector::Vector> = vectors
-                .iter()
-                .map(|v| pgvector::Vector::from(v.vector.clone()))
-                .collect();
-            let cast = match ty {
-                VectorType::Halfvec => format!("::halfvec({})", set.dimension),
-                VectorType::Vector => String::new(),
-            };
-            // Only for chunks that still have the input the vector was computed from (not
-            // replaced by other text meanwhile).
-            let written: Vec<(i64, String, String)> = tx
-                .query(
-                    &format!(
-                        "WITH w AS (
-                             INSERT INTO {s}.{table} (rowid, embedding)
-                             SELECT c.rowid, x.embedding{cast}
-                             FROM unnest($1::bigint[], $2::vector[], $3::bytea[])
-                                  AS x(rowid, embedding, guard)
-                             JOIN {s}.chunks c ON c.rowid = x.rowid
-                             WHERE c.replaced_by IS NULL
-                               AND c.input_key IS NOT DISTINCT FROM x.guard
-                             ORDER BY c.rowid
-                             ON CONFLICT (rowid) DO UPDATE SET embedding = excluded.embedding
-                             RETURNING rowid)
-                         SELECT c.rowid, c.document_id, c.id
-                         FROM w JOIN {s}.chunks c ON c.rowid = w.rowid",
-                        table = set.vec_table
-                    ),
-                    &[&rowids, &values, &guards],
-                )?
-                .iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2)))
-                .collect();
-            let done: Vec<i64> = written.iter().map(|w| w.0).collect();
-            // Token ids go once every live set has the chunk's vector (this one counts: its
-            // rows are visible to the next statement).
-            tx.execute(
-                &format!(
-                    "DELETE FROM {s}.chunk_tokens t USING {s}.chunks c
-                     WHERE t.rowid = c.rowid AND c.rowid = ANY($1::bigint[]) AND {}",
-                    sets::in_every_live_set(s, &all)
-                ),
-                &[&done],
-            )?;
-            if set.state == SetState::Active && !written.is_empty() {
-                let docs: Vec<&str> = written.iter().map(|w| w.1.as_str()).collect();
-                let ids: Vec<&str> = written.iter().map(|w| w.2.as_str()).collect();
-                tx.query_one(
-                    &sets::delete_chunks(
-                        s,
-                        &all,
-                        "unnest($1::text[], $2::text[]) AS w(document_id, id)",
-                        "c.document_id = w.document_id AND c.replaced_by = w.id",
-                    ),
-                    &[&docs, &ids],
-                )?;
-            }
+            let set = checked_set(&all, vector_set, vectors)?;
+            let written = insert_vectors(tx, s, &set, ty, vectors)?;
+            forget_embedded(tx, s, &all, &set, &written)?;
             // Every document a vector lands in is settled: its work left shrinks, and it is
             // done when its last chunk has a vector.
             let touched: BTreeSet<String> = documents
@@ -693,6 +619,113 @@ impl EnrichStore for PgStore {
     ) -> Result<bool, StoreError> {
         self.write_stage_output(owner, key, output, keyword)
     }
+}
+
+/// The vector set `vector_set` of `all`, which every one of `vectors` must fit.
+fn checked_set(
+    all: &[VectorSet],
+    vector_set: i64,
+    vectors: &[ChunkVector],
+) -> Result<VectorSet, TxError> {
+    let set = all
+        .iter()
+        .find(|x| x.id == vector_set)
+        .cloned()
+        .ok_or_else(|| TxError::invalid(format!("the index has no vector set {vector_set}")))?;
+    if let Some(v) = vectors.iter().find(|v| v.vector.len() != set.dimension) {
+        return Err(TxError::invalid(format!(
+            "a vector of {} dimensions for vector set {} of {}: this is a bug",
+            v.vector.len(),
+            set.id,
+            set.dimension
+        )));
+    }
+    Ok(set)
+}
+
+/// Store `vectors` in `set`'s table (as `ty`), and return the chunks written: rowid,
+/// document id, chunk id.
+fn insert_vectors(
+    tx: &mut Transaction<'_>,
+    s: &str,
+    set: &VectorSet,
+    ty: VectorType,
+    vectors: &[ChunkVector],
+) -> Result<Vec<(i64, String, String)>, TxError> {
+    let rowids: Vec<i64> = vectors.iter().map(|v| v.rowid).collect();
+    let guards: Vec<Option<&[u8]>> = vectors
+        .iter()
+        .map(|v| v.guard.as_ref().map(|k| k.as_slice()))
+        .collect();
+    let values: Vec<pgvector::Vector> = vectors
+        .iter()
+        .map(|v| pgvector::Vector::from(v.vector.clone()))
+        .collect();
+    let cast = match ty {
+        VectorType::Halfvec => format!("::halfvec({})", set.dimension),
+        VectorType::Vector => String::new(),
+    };
+    // Only for chunks that still have the input the vector was computed from (not
+    // replaced by other text meanwhile).
+    Ok(tx
+        .query(
+            &format!(
+                "WITH w AS (
+                     INSERT INTO {s}.{table} (rowid, embedding)
+                     SELECT c.rowid, x.embedding{cast}
+                     FROM unnest($1::bigint[], $2::vector[], $3::bytea[])
+                          AS x(rowid, embedding, guard)
+                     JOIN {s}.chunks c ON c.rowid = x.rowid
+                     WHERE c.replaced_by IS NULL
+                       AND c.input_key IS NOT DISTINCT FROM x.guard
+                     ORDER BY c.rowid
+                     ON CONFLICT (rowid) DO UPDATE SET embedding = excluded.embedding
+                     RETURNING rowid)
+                 SELECT c.rowid, c.document_id, c.id
+                 FROM w JOIN {s}.chunks c ON c.rowid = w.rowid",
+                table = set.vec_table
+            ),
+            &[&rowids, &values, &guards],
+        )?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
+}
+
+/// After `written` landed in `set`: drop the token ids no live set needs any more, and, when
+/// `set` is active, the chunks the written ones replace.
+fn forget_embedded(
+    tx: &mut Transaction<'_>,
+    s: &str,
+    all: &[VectorSet],
+    set: &VectorSet,
+    written: &[(i64, String, String)],
+) -> Result<(), TxError> {
+    let done: Vec<i64> = written.iter().map(|w| w.0).collect();
+    // Token ids go once every live set has the chunk's vector (this one counts: its
+    // rows are visible to the next statement).
+    tx.execute(
+        &format!(
+            "DELETE FROM {s}.chunk_tokens t USING {s}.chunks c
+             WHERE t.rowid = c.rowid AND c.rowid = ANY($1::bigint[]) AND {}",
+            sets::in_every_live_set(s, all)
+        ),
+        &[&done],
+    )?;
+    if set.state == SetState::Active && !written.is_empty() {
+        let docs: Vec<&str> = written.iter().map(|w| w.1.as_str()).collect();
+        let ids: Vec<&str> = written.iter().map(|w| w.2.as_str()).collect();
+        tx.query_one(
+            &sets::delete_chunks(
+                s,
+                all,
+                "unnest($1::text[], $2::text[]) AS w(document_id, id)",
+                "c.document_id = w.document_id AND c.replaced_by = w.id",
+            ),
+            &[&docs, &ids],
+        )?;
+    }
+    Ok(())
 }
 
 /// A backfill's statements on Postgres: the schema lock first (two workers never switch at

@@ -8,6 +8,7 @@
 //! out, whether it was in the userinfo or in `?password=`.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use postgres::error::SqlState;
@@ -75,9 +76,22 @@ pub struct PgTarget {
     pub tls: TlsSettings,
 }
 
+/// The error for a malformed index URI, saying `why`.
+fn bad_uri(why: String) -> BackendError {
+    BackendError::Invalid(format!("bad index URI: {why}"))
+}
+
+/// The whole number `value` of option `key`, within `lo..=hi`.
+fn number(key: &str, value: &str, lo: u32, hi: u32) -> Result<u32, BackendError> {
+    value
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (lo..=hi).contains(n))
+        .ok_or_else(|| bad_uri(format!("`{key}={value}`: give a whole number {lo}..={hi}")))
+}
+
 impl PgTarget {
     pub fn parse(uri: &str) -> Result<Self, BackendError> {
-        let bad = |why: String| BackendError::Invalid(format!("bad index URI: {why}"));
         let (base, query) = match uri.split_once('?') {
             Some((b, q)) => (b, q),
             None => (uri, ""),
@@ -92,74 +106,20 @@ impl PgTarget {
             reconnect: DEFAULT_RECONNECT,
             tls: TlsSettings::default(),
         };
-        let (mut ssl_cert, mut ssl_key) = (None, None);
-        let number = |key: &str, value: &str, lo: u32, hi: u32| -> Result<u32, BackendError> {
-            value
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (lo..=hi).contains(n))
-                .ok_or_else(|| bad(format!("`{key}={value}`: give a whole number {lo}..={hi}")))
-        };
+        let mut client = (None, None);
         let mut passed = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            match key {
-                "schema" => {
-                    let ok = !value.is_empty()
-                        && value.len() <= 63
-                        && value.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
-                        && value
-                            .chars()
-                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-                    if !ok {
-                        return Err(bad(format!(
-                            "`schema={value}`: use lower-case letters, digits and _"
-                        )));
-                    }
-                    target.schema = value.to_string();
-                }
-                "vector" => {
-                    target.vector_type = match value {
-                        "vector" => VectorType::Vector,
-                        "halfvec" => VectorType::Halfvec,
-                        _ => return Err(bad(format!("`vector={value}`: use vector or halfvec"))),
-                    }
-                }
-                "m" => target.hnsw_m = number(key, value, 2, 100)?,
-                "ef_construction" => target.ef_construction = number(key, value, 4, 1000)?,
-                "ef_search" => target.ef_search = number(key, value, 1, 1000)?,
-                "reconnect_seconds" => {
-                    target.reconnect = Duration::from_secs(number(key, value, 0, 3600)?.into())
-                }
-                "sslmode" => {
-                    target.tls.mode = SslMode::parse(value).ok_or_else(|| {
-                        bad(format!(
-                            "`sslmode={value}`: use disable, allow, prefer, require, verify-ca \
-                             or verify-full"
-                        ))
-                    })?
-                }
-                "sslrootcert" if !value.is_empty() => {
-                    target.tls.root_cert = Some(if value == "system" {
-                        RootCert::System
-                    } else {
-                        RootCert::File(value.into())
-                    })
-                }
-                "sslcert" if !value.is_empty() => ssl_cert = Some(value.into()),
-                "sslkey" if !value.is_empty() => ssl_key = Some(value.into()),
-                "sslrootcert" | "sslcert" | "sslkey" => {
-                    return Err(bad(format!("`{key}=` needs a file's path")))
-                }
-                _ => passed.push(pair),
+            if !target.set_option(key, value, &mut client)? {
+                passed.push(pair);
             }
         }
-        target.tls.client = match (ssl_cert, ssl_key) {
+        target.tls.client = match client {
             (Some(c), Some(k)) => Some((c, k)),
             (None, None) => None,
             _ => {
-                return Err(bad(
-                    "a client certificate needs both sslcert= and sslkey=".into()
+                return Err(bad_uri(
+                    "a client certificate needs both sslcert= and sslkey=".into(),
                 ))
             }
         };
@@ -171,8 +131,69 @@ impl PgTarget {
         // Parse now, so a malformed URL (or TLS files that are not there) is refused before
         // anything runs.
         target.config()?;
-        target.tls.client_config().map_err(bad)?;
+        target.tls.client_config().map_err(bad_uri)?;
         Ok(target)
+    }
+
+    /// Apply the URI's option `key=value` when it is ragline's (false when it is not: it
+    /// goes to the server); `client` collects `sslcert=` and `sslkey=`.
+    fn set_option(
+        &mut self,
+        key: &str,
+        value: &str,
+        client: &mut (Option<PathBuf>, Option<PathBuf>),
+    ) -> Result<bool, BackendError> {
+        match key {
+            "schema" => {
+                let ok = !value.is_empty()
+                    && value.len() <= 63
+                    && value.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                    && value
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+                if !ok {
+                    return Err(bad_uri(format!(
+                        "`schema={value}`: use lower-case letters, digits and _"
+                    )));
+                }
+                self.schema = value.to_string();
+            }
+            "vector" => {
+                self.vector_type = match value {
+                    "vector" => VectorType::Vector,
+                    "halfvec" => VectorType::Halfvec,
+                    _ => return Err(bad_uri(format!("`vector={value}`: use vector or halfvec"))),
+                }
+            }
+            "m" => self.hnsw_m = number(key, value, 2, 100)?,
+            "ef_construction" => self.ef_construction = number(key, value, 4, 1000)?,
+            "ef_search" => self.ef_search = number(key, value, 1, 1000)?,
+            "reconnect_seconds" => {
+                self.reconnect = Duration::from_secs(number(key, value, 0, 3600)?.into())
+            }
+            "sslmode" => {
+                self.tls.mode = SslMode::parse(value).ok_or_else(|| {
+                    bad_uri(format!(
+                        "`sslmode={value}`: use disable, allow, prefer, require, verify-ca \
+                         or verify-full"
+                    ))
+                })?
+            }
+            "sslrootcert" if !value.is_empty() => {
+                self.tls.root_cert = Some(if value == "system" {
+                    RootCert::System
+                } else {
+                    RootCert::File(value.into())
+                })
+            }
+            "sslcert" if !value.is_empty() => client.0 = Some(value.into()),
+            "sslkey" if !value.is_empty() => client.1 = Some(value.into()),
+            "sslrootcert" | "sslcert" | "sslkey" => {
+                return Err(bad_uri(format!("`{key}=` needs a file's path")))
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
     }
 
     /// The client's configuration, with the password from the URL, else `PGPASSWORD`, else

@@ -499,6 +499,30 @@ fn write_chunks(
     active: &VectorSet,
     ty: VectorType,
 ) -> Result<(), postgres::Error> {
+    set_aside_changed(tx, s, all, active)?;
+    upsert_staged(tx, s, all, active, ty)?;
+    // A chunk that has its vector now: its old versions kept for search go.
+    tx.query_one(
+        &sets::delete_chunks(
+            s,
+            all,
+            "rl_stage_chunks st",
+            "c.document_id = st.document_id AND c.replaced_by = st.id \
+             AND st.embedding IS NOT NULL",
+        ),
+        &[],
+    )?;
+    Ok(())
+}
+
+/// Before the staged chunks land: keep the old versions of chunks whose input changed and
+/// that have no new vector, and drop the vectors that no longer describe their chunk.
+fn set_aside_changed(
+    tx: &mut Transaction<'_>,
+    s: &str,
+    all: &[VectorSet],
+    active: &VectorSet,
+) -> Result<(), postgres::Error> {
     let current = "c.id = st.id AND c.replaced_by IS NULL";
     // A chunk without a vector whose text (input) changed keeps its old version, with its
     // vector, for search.
@@ -526,6 +550,18 @@ fn write_chunks(
             &[],
         )?;
     }
+    Ok(())
+}
+
+/// Insert or update the staged chunks, with their vectors in `active` (as `ty`) and their
+/// token ids while a live set still lacks their vector.
+fn upsert_staged(
+    tx: &mut Transaction<'_>,
+    s: &str,
+    all: &[VectorSet],
+    active: &VectorSet,
+    ty: VectorType,
+) -> Result<(), postgres::Error> {
     let updates = CHUNK_COLUMNS
         .split(", ")
         .filter(|c| *c != "id")
@@ -557,17 +593,6 @@ fn write_chunks(
              ON CONFLICT (rowid) DO UPDATE SET token_ids = excluded.token_ids",
             table = active.vec_table,
             everywhere = format!("({})", sets::in_every_live_set(s, all)),
-        ),
-        &[],
-    )?;
-    // A chunk that has its vector now: its old versions kept for search go.
-    tx.query_one(
-        &sets::delete_chunks(
-            s,
-            all,
-            "rl_stage_chunks st",
-            "c.document_id = st.document_id AND c.replaced_by = st.id \
-             AND st.embedding IS NOT NULL",
         ),
         &[],
     )?;

@@ -99,6 +99,7 @@ struct Row<'a> {
     now: i64,
 }
 
+/// Record `r`: a new row, fresh work for another version, or the same work settled.
 fn upsert(conn: &Connection, r: &Row<'_>) -> rusqlite::Result<()> {
     let existing: Option<(i64, String, String, i64)> = conn
         .prepare_cached(
@@ -109,12 +110,29 @@ fn upsert(conn: &Connection, r: &Row<'_>) -> rusqlite::Result<()> {
             Ok((x.get(0)?, x.get(1)?, x.get(2)?, x.get(3)?))
         })
         .optional()?;
-    let status = if r.done {
-        Status::Done
-    } else {
-        Status::Pending
-    };
     let Some((id, old_status, old_version, old_priority)) = existing else {
+        return r.insert(conn);
+    };
+    if old_version != r.version {
+        return r.renew(conn, id, old_priority);
+    }
+    let old: Status = old_status.parse().unwrap_or(Status::Pending);
+    r.update(conn, id, old)
+}
+
+impl Row<'_> {
+    /// Done when nothing is left to do, else pending.
+    fn status(&self) -> Status {
+        if self.done {
+            Status::Done
+        } else {
+            Status::Pending
+        }
+    }
+
+    /// The first row of this document's work for the stage and vector set.
+    fn insert(&self, conn: &Connection) -> rusqlite::Result<()> {
+        let r = self;
         let seq = next_in(conn, "enrichment_seq")?;
         conn.prepare_cached(
             "INSERT INTO enrichment(document_id, stage, vector_set, status, priority, seq,
@@ -126,7 +144,7 @@ fn upsert(conn: &Connection, r: &Row<'_>) -> rusqlite::Result<()> {
             r.document,
             r.stage,
             r.vector_set,
-            status.as_str(),
+            self.status().as_str(),
             r.priority.level(),
             seq,
             r.fingerprint,
@@ -136,9 +154,13 @@ fn upsert(conn: &Connection, r: &Row<'_>) -> rusqlite::Result<()> {
             r.now,
             r.done.then_some(r.now),
         ])?;
-        return Ok(());
-    };
-    if old_version != r.version {
+        Ok(())
+    }
+
+    /// Row `id` held another version of the document: its work starts afresh, at the higher
+    /// of the two priorities.
+    fn renew(&self, conn: &Connection, id: i64, old_priority: i64) -> rusqlite::Result<()> {
+        let r = self;
         // Another version of the document: fresh work, whatever state the old one was in.
         let seq = next_in(conn, "enrichment_seq")?;
         conn.prepare_cached(
@@ -150,7 +172,7 @@ fn upsert(conn: &Connection, r: &Row<'_>) -> rusqlite::Result<()> {
         )?
         .execute(params![
             id,
-            status.as_str(),
+            self.status().as_str(),
             r.priority.level().max(old_priority),
             seq,
             r.fingerprint,
@@ -160,41 +182,46 @@ fn upsert(conn: &Connection, r: &Row<'_>) -> rusqlite::Result<()> {
             r.now,
             r.done.then_some(r.now),
         ])?;
-        return Ok(());
+        Ok(())
     }
-    let old: Status = old_status.parse().unwrap_or(Status::Pending);
-    match (r.done, old) {
-        (true, Status::Done)
-        | (false, Status::Pending | Status::InProgress | Status::Failed | Status::Dead) => {
-            // Still where it was (a dead document stays dead for the same content: `dlq
-            // requeue` brings it back); only the work left may have changed.
-            conn.prepare_cached(
-                "UPDATE enrichment SET todo_chunks = ?2, todo_tokens = ?3 WHERE id = ?1",
-            )?
-            .execute(params![id, r.todo.0, r.todo.1])?;
+
+    /// Row `id` (status `old`) holds this version: mark it done, queue it again, or update
+    /// the work left.
+    fn update(&self, conn: &Connection, id: i64, old: Status) -> rusqlite::Result<()> {
+        let r = self;
+        match (r.done, old) {
+            (true, Status::Done)
+            | (false, Status::Pending | Status::InProgress | Status::Failed | Status::Dead) => {
+                // Still where it was (a dead document stays dead for the same content: `dlq
+                // requeue` brings it back); only the work left may have changed.
+                conn.prepare_cached(
+                    "UPDATE enrichment SET todo_chunks = ?2, todo_tokens = ?3 WHERE id = ?1",
+                )?
+                .execute(params![id, r.todo.0, r.todo.1])?;
+            }
+            (true, _) => {
+                conn.prepare_cached(
+                    "UPDATE enrichment SET status = 'done', lease_owner = NULL,
+                         lease_expires = NULL, not_before = 0, fingerprint = ?2, todo_chunks = 0,
+                         todo_tokens = 0, done_at = ?3, updated_at = ?3
+                     WHERE id = ?1",
+                )?
+                .execute(params![id, r.fingerprint, r.now])?;
+            }
+            (false, Status::Done) => {
+                // Done, but a chunk lost its vector (rewritten): queued again.
+                let seq = next_in(conn, "enrichment_seq")?;
+                conn.prepare_cached(
+                    "UPDATE enrichment SET status = 'pending', seq = ?2, attempts = 0,
+                         not_before = 0, todo_chunks = ?3, todo_tokens = ?4, enqueued_at = ?5,
+                         done_at = NULL, updated_at = ?5
+                     WHERE id = ?1",
+                )?
+                .execute(params![id, seq, r.todo.0, r.todo.1, r.now])?;
+            }
         }
-        (true, _) => {
-            conn.prepare_cached(
-                "UPDATE enrichment SET status = 'done', lease_owner = NULL,
-                     lease_expires = NULL, not_before = 0, fingerprint = ?2, todo_chunks = 0,
-                     todo_tokens = 0, done_at = ?3, updated_at = ?3
-                 WHERE id = ?1",
-            )?
-            .execute(params![id, r.fingerprint, r.now])?;
-        }
-        (false, Status::Done) => {
-            // Done, but a chunk lost its vector (rewritten): queued again.
-            let seq = next_in(conn, "enrichment_seq")?;
-            conn.prepare_cached(
-                "UPDATE enrichment SET status = 'pending', seq = ?2, attempts = 0,
-                     not_before = 0, todo_chunks = ?3, todo_tokens = ?4, enqueued_at = ?5,
-                     done_at = NULL, updated_at = ?5
-                 WHERE id = ?1",
-            )?
-            .execute(params![id, seq, r.todo.0, r.todo.1, r.now])?;
-        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Delete the chunks of older versions kept for search while the new ones were embedded.

@@ -15,7 +15,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use super::sets::{self, VectorSet};
 use super::settle::settle;
 use super::{index_error, is_busy, item_error};
-use crate::document::Document;
+use crate::document::{Chunk, Document};
 use crate::indexers::{Backend, BackendError, ItemError};
 use crate::lifecycle::Priority;
 use crate::tokens::ids_to_bytes;
@@ -155,60 +155,59 @@ fn write_one(tx: &Transaction<'_>, doc: &Document, ctx: &Ctx<'_>) -> rusqlite::R
         return Ok(());
     }
     let version = super::version(doc.content_hash.as_deref(), ctx.fingerprint);
-    let Some(chunk) = doc.chunk.as_deref() else {
-        let metadata = serde_json::to_string(&doc.fields.metadata).unwrap_or_else(|_| "{}".into());
-        tx.prepare_cached(
-            "INSERT INTO documents(id, source, title, metadata, content_hash, fingerprint,
-                                   version, chunk_count, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, unixepoch())
-             ON CONFLICT(id) DO UPDATE SET
-                 source = excluded.source, title = excluded.title,
-                 metadata = excluded.metadata, content_hash = excluded.content_hash,
-                 fingerprint = excluded.fingerprint, version = excluded.version,
-                 chunk_count = excluded.chunk_count, updated_at = excluded.updated_at",
-        )?
-        .execute(params![
-            doc.id,
-            doc.fields.source,
-            doc.fields.title,
-            metadata,
-            doc.content_hash.as_deref().unwrap_or(""),
-            ctx.fingerprint,
-            version,
-            doc.children,
-        ])?;
-        // Chunks past the new count belong to an older version of the document: those with
-        // a vector stay for vector search until the new version is embedded.
-        retire_chunks_from(tx, &doc.id, doc.children, ctx)?;
-        return Ok(());
-    };
+    match doc.chunk.as_deref() {
+        Some(chunk) => write_chunk(tx, doc, chunk, &version, ctx),
+        None => write_document(tx, doc, &version, ctx),
+    }
+}
+
+/// Write a document's row, retiring its chunks past the new count.
+fn write_document(
+    tx: &Transaction<'_>,
+    doc: &Document,
+    version: &str,
+    ctx: &Ctx<'_>,
+) -> rusqlite::Result<()> {
+    let metadata = serde_json::to_string(&doc.fields.metadata).unwrap_or_else(|_| "{}".into());
+    tx.prepare_cached(
+        "INSERT INTO documents(id, source, title, metadata, content_hash, fingerprint,
+                               version, chunk_count, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, unixepoch())
+         ON CONFLICT(id) DO UPDATE SET
+             source = excluded.source, title = excluded.title,
+             metadata = excluded.metadata, content_hash = excluded.content_hash,
+             fingerprint = excluded.fingerprint, version = excluded.version,
+             chunk_count = excluded.chunk_count, updated_at = excluded.updated_at",
+    )?
+    .execute(params![
+        doc.id,
+        doc.fields.source,
+        doc.fields.title,
+        metadata,
+        doc.content_hash.as_deref().unwrap_or(""),
+        ctx.fingerprint,
+        version,
+        doc.children,
+    ])?;
+    // Chunks past the new count belong to an older version of the document: those with
+    // a vector stay for vector search until the new version is embedded.
+    retire_chunks_from(tx, &doc.id, doc.children, ctx)?;
+    Ok(())
+}
+
+/// Write a chunk's row, its full-text entry and (when it has one) its vector.
+fn write_chunk(
+    tx: &Transaction<'_>,
+    doc: &Document,
+    chunk: &Chunk,
+    version: &str,
+    ctx: &Ctx<'_>,
+) -> rusqlite::Result<()> {
     let parent = doc.parent_id.as_deref().unwrap_or("");
     let heading_path = chunk.heading_path.join(" > ");
     let active_bit = ctx.active.as_ref().map_or(0, VectorSet::bit);
     let key = chunk.input_key.as_ref().map(|k| k.as_slice().to_vec());
-    // An existing chunk is replaced under its rowid (so its vector and full-text entries are
-    // replaced too); a new one gets the next rowid. (Folding the lookup into the insert with
-    // `ON CONFLICT DO NOTHING RETURNING rowid` measured 45% slower.)
-    let existing: Option<(i64, i64, Option<Vec<u8>>)> = tx
-        .prepare_cached(
-            "SELECT rowid, embedded, input_key FROM chunks WHERE id = ?1 AND replaced_by IS NULL",
-        )?
-        .query_row([&doc.id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?;
-    let mut rowid = None;
-    if let Some((old, embedded, old_key)) = existing {
-        let keep_old = chunk.vector.is_none() && embedded & active_bit != 0 && old_key != key;
-        if keep_old {
-            unindex_text(tx, old)?;
-            tx.prepare_cached(
-                "UPDATE chunks SET replaced_by = ?2, token_ids = NULL WHERE rowid = ?1",
-            )?
-            .execute(params![old, doc.id])?;
-        } else {
-            delete_chunk_row(tx, old, embedded, true, &ctx.sets)?;
-            rowid = Some(old);
-        }
-    }
+    let rowid = replace_existing(tx, doc, chunk, key.as_deref(), active_bit, ctx)?;
     let (embedded, token_ids) = match &chunk.vector {
         Some(_) => (active_bit, None),
         None => (0, Some(ids_to_bytes(&chunk.token_ids))),
@@ -244,6 +243,43 @@ fn write_one(tx: &Transaction<'_>, doc: &Document, ctx: &Ctx<'_>) -> rusqlite::R
         drop_replaced(tx, parent, &doc.id, &ctx.sets)?;
     }
     Ok(())
+}
+
+/// Make room for the chunk's new row: the rowid to reuse, or `None` for a new one (an old
+/// row with a vector the new one lacks stays for search, marked replaced).
+fn replace_existing(
+    tx: &Transaction<'_>,
+    doc: &Document,
+    chunk: &Chunk,
+    key: Option<&[u8]>,
+    active_bit: i64,
+    ctx: &Ctx<'_>,
+) -> rusqlite::Result<Option<i64>> {
+    // An existing chunk is replaced under its rowid (so its vector and full-text entries are
+    // replaced too); a new one gets the next rowid. (Folding the lookup into the insert with
+    // `ON CONFLICT DO NOTHING RETURNING rowid` measured 45% slower.)
+    let existing: Option<(i64, i64, Option<Vec<u8>>)> = tx
+        .prepare_cached(
+            "SELECT rowid, embedded, input_key FROM chunks WHERE id = ?1 AND replaced_by IS NULL",
+        )?
+        .query_row([&doc.id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    let mut rowid = None;
+    if let Some((old, embedded, old_key)) = existing {
+        let keep_old =
+            chunk.vector.is_none() && embedded & active_bit != 0 && old_key.as_deref() != key;
+        if keep_old {
+            unindex_text(tx, old)?;
+            tx.prepare_cached(
+                "UPDATE chunks SET replaced_by = ?2, token_ids = NULL WHERE rowid = ?1",
+            )?
+            .execute(params![old, doc.id])?;
+        } else {
+            delete_chunk_row(tx, old, embedded, true, &ctx.sets)?;
+            rowid = Some(old);
+        }
+    }
+    Ok(rowid)
 }
 
 /// Insert a chunk's vector into a set's table.

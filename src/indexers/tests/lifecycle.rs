@@ -184,21 +184,7 @@ fn failures_back_off_then_go_dead_with_every_error_and_requeue_resets_attempts()
         let mut req = request("W");
         req.max_items = 1;
         for attempt in 1..=3u32 {
-            // Claim until `a` comes up (b may come first).
-            let got = loop {
-                match store.claim(&req).unwrap() {
-                    Claim::Items(i) if i[0].key == key => break i,
-                    Claim::Items(i) => {
-                        let v = vectors_for(store.as_mut(), &i[0].key);
-                        store.write_vectors(1, &v, &["b".into()]).unwrap();
-                    }
-                    Claim::Idle { next_due, .. } => {
-                        let due = next_due.expect("a retry is waiting");
-                        assert!(due > crate::lifecycle::now_ms() - 1000);
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                }
-            };
+            let got = claim_until(store.as_mut(), &req, &key);
             assert_eq!(got[0].attempts, attempt);
             let status = store
                 .fail("W", &[(key.clone(), format!("boom {attempt}"))], &settings)
@@ -222,17 +208,10 @@ fn failures_back_off_then_go_dead_with_every_error_and_requeue_resets_attempts()
         assert_eq!(dead[0].document_id, "a");
         assert_eq!(dead[0].attempts, 3);
         assert_eq!(dead[0].last_error.as_deref(), Some("boom 3"));
-        let doc = store.document_lifecycle("a").unwrap().unwrap();
-        let errors: Vec<&str> = doc
-            .stages
-            .iter()
-            .find(|s| s.stage == "embed")
-            .unwrap()
-            .errors
-            .iter()
-            .map(|e| e.message.as_str())
-            .collect();
-        assert_eq!(errors, ["boom 1", "boom 2", "boom 3"]);
+        assert_eq!(
+            embed_errors(store.as_mut(), "a"),
+            ["boom 1", "boom 2", "boom 3"]
+        );
         // Dead is not claimable.
         assert!(matches!(store.claim(&req).unwrap(), Claim::Idle { .. }));
         assert_eq!(store.requeue(None, Some(&["other".into()])).unwrap(), 0);
@@ -240,18 +219,41 @@ fn failures_back_off_then_go_dead_with_every_error_and_requeue_resets_attempts()
         let got = items(store.claim(&req).unwrap());
         assert_eq!(got[0].key, key);
         assert_eq!(got[0].attempts, 1, "attempts start again");
-        let doc = store.document_lifecycle("a").unwrap().unwrap();
-        assert_eq!(
-            doc.stages
-                .iter()
-                .find(|s| s.stage == "embed")
-                .unwrap()
-                .errors
-                .len(),
-            3,
-            "history kept"
-        );
+        assert_eq!(embed_errors(store.as_mut(), "a").len(), 3, "history kept");
     }
+}
+
+/// Claim one item at a time with `req` until the work of `key` comes up: the work of
+/// document `b` met first is embedded, and a wait for a retry is slept out.
+fn claim_until(store: &mut dyn IndexStore, req: &ClaimRequest, key: &WorkKey) -> Vec<WorkItem> {
+    // Claim until `a` comes up (b may come first).
+    loop {
+        match store.claim(req).unwrap() {
+            Claim::Items(i) if i[0].key == *key => break i,
+            Claim::Items(i) => {
+                let v = vectors_for(store, &i[0].key);
+                store.write_vectors(1, &v, &["b".into()]).unwrap();
+            }
+            Claim::Idle { next_due, .. } => {
+                let due = next_due.expect("a retry is waiting");
+                assert!(due > crate::lifecycle::now_ms() - 1000);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// The messages of the errors the embed stage of document `id` recorded, oldest first.
+fn embed_errors(store: &mut dyn IndexStore, id: &str) -> Vec<String> {
+    let doc = store.document_lifecycle(id).unwrap().unwrap();
+    doc.stages
+        .iter()
+        .find(|s| s.stage == "embed")
+        .unwrap()
+        .errors
+        .iter()
+        .map(|e| e.message.clone())
+        .collect()
 }
 
 /// Work a broker carries (`enrich --queue`): a failed delivery keeps the work held by the
@@ -526,13 +528,7 @@ fn a_backfill_fills_a_second_set_at_backfill_priority_and_switches_when_complete
             all_ok(b.write(&[p.clone(), chunk(&p, 0, &format!("{d} text"), unit(0, 4))]));
         }
         let mut store = ix.store();
-        let new_model = ModelIdentity {
-            name: "model-b".into(),
-            dir: "/nowhere".into(),
-            fingerprint: "b".into(),
-            dimension: 3,
-            tokenizer: Some("tok".into()),
-        };
+        let new_model = model_b();
         let set = store.start_backfill(&new_model).unwrap();
         assert_eq!((set.id, set.dimension), (2, 3));
         assert_eq!(store.start_backfill(&new_model).unwrap().id, 2, "resumes");
@@ -575,19 +571,7 @@ fn a_backfill_fills_a_second_set_at_backfill_priority_and_switches_when_complete
         }
         assert_eq!(keys.len(), 3);
         for key in &keys {
-            let v: Vec<ChunkVector> = store
-                .pending_chunks(key)
-                .unwrap()
-                .into_iter()
-                .map(|c| ChunkVector {
-                    rowid: c.rowid,
-                    guard: c.input_key,
-                    vector: vec![0.0, 1.0, 0.0],
-                })
-                .collect();
-            store
-                .write_vectors(2, &v, std::slice::from_ref(&key.document_id))
-                .unwrap();
+            embed_in_set_2(store.as_mut(), key);
         }
         assert_eq!(
             store.maintain().unwrap(),
@@ -596,25 +580,59 @@ fn a_backfill_fills_a_second_set_at_backfill_priority_and_switches_when_complete
                 model: "model-b".into()
             }
         );
-        let r = ix.reader();
-        assert_eq!(r.meta().dimension, Some(3));
-        assert_eq!(r.meta().model.as_deref(), Some("model-b"));
-        assert_eq!(r.nearest(&[0.0, 1.0, 0.0], 5).unwrap().len(), 3);
-        let status = store.status().unwrap();
-        assert!(status.backfill.is_none());
-        assert_eq!(
-            status
-                .vector_sets
-                .iter()
-                .map(|s| (s.id, s.active, s.embedded))
-                .collect::<Vec<_>>(),
-            [(1, false, 3), (2, true, 3)]
-        );
+        assert_searches_set_2(&ix, store.as_mut());
         assert_eq!(store.drop_retired().unwrap(), ["test-model"]);
         assert_eq!(store.sets().unwrap().len(), 1);
         // The index now takes the new model's runs, and refuses the old one's.
         assert!(ix.try_open(identity("a", 4)).is_err());
     }
+}
+
+/// The model a backfill moves the index to: fingerprint `b`, 3 dimensions.
+fn model_b() -> ModelIdentity {
+    ModelIdentity {
+        name: "model-b".into(),
+        dir: "/nowhere".into(),
+        fingerprint: "b".into(),
+        dimension: 3,
+        tokenizer: Some("tok".into()),
+    }
+}
+
+/// Write the vector [0, 1, 0] of set 2 for each chunk of `key`'s work.
+fn embed_in_set_2(store: &mut dyn IndexStore, key: &WorkKey) {
+    let v: Vec<ChunkVector> = store
+        .pending_chunks(key)
+        .unwrap()
+        .into_iter()
+        .map(|c| ChunkVector {
+            rowid: c.rowid,
+            guard: c.input_key,
+            vector: vec![0.0, 1.0, 0.0],
+        })
+        .collect();
+    store
+        .write_vectors(2, &v, std::slice::from_ref(&key.document_id))
+        .unwrap();
+}
+
+/// After the switch: search uses set 2 (model-b, 3 dimensions, every chunk), and both sets
+/// hold all three vectors with only set 2 active.
+fn assert_searches_set_2(ix: &TestIndex, store: &mut dyn IndexStore) {
+    let r = ix.reader();
+    assert_eq!(r.meta().dimension, Some(3));
+    assert_eq!(r.meta().model.as_deref(), Some("model-b"));
+    assert_eq!(r.nearest(&[0.0, 1.0, 0.0], 5).unwrap().len(), 3);
+    let status = store.status().unwrap();
+    assert!(status.backfill.is_none());
+    assert_eq!(
+        status
+            .vector_sets
+            .iter()
+            .map(|s| (s.id, s.active, s.embedded))
+            .collect::<Vec<_>>(),
+        [(1, false, 3), (2, true, 3)]
+    );
 }
 
 #[test]

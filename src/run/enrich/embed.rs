@@ -193,30 +193,15 @@ fn gather<S: EnrichStore>(
             continue;
         }
         for mut chunk in chunks {
-            let (mut chunk_ids, key) = match chunk.token_ids.take() {
-                Some(stored) => (stored, chunk.input_key),
-                None => match model.encoder.content_ids(&chunk.text) {
-                    Ok(fresh) => {
-                        let key = Chunk::input_key_of(&fresh);
-                        (fresh, Some(key))
-                    }
-                    Err(e) => {
-                        let failed = Outcome::Failed(format!("tokenizer: {e}"));
-                        g.outcomes.push((g.rows.len(), failed));
-                        g.rows.push((d, chunk));
-                        g.ids.push(Vec::new());
-                        g.keys.push(None);
-                        continue;
-                    }
-                },
-            };
-            let key = if chunk_ids.len() > room {
-                // A chunk cut for a model with a longer limit than this one's.
-                chunk_ids.truncate(room);
-                truncated += 1;
-                Some(Chunk::input_key_of(&chunk_ids))
-            } else {
-                key
+            let (chunk_ids, key) = match chunk_input(model, &mut chunk, room, &mut truncated) {
+                Ok(input) => input,
+                Err(failed) => {
+                    g.outcomes.push((g.rows.len(), failed));
+                    g.rows.push((d, chunk));
+                    g.ids.push(Vec::new());
+                    g.keys.push(None);
+                    continue;
+                }
             };
             if let Some(k) = &key {
                 if let Some(v) = w.store.vector_for(set, k)? {
@@ -246,6 +231,36 @@ fn gather<S: EnrichStore>(
     }
     t.counts.children_created += g.rows.len() as u64;
     Ok(g)
+}
+
+/// A chunk's token ids and input key for the set's model: the stored ids, or its text
+/// tokenized (a tokenizer error is the chunk's failed outcome); ids over the model's `room`
+/// are cut, counted in `truncated`, and keyed anew.
+fn chunk_input(
+    model: &SetModel,
+    chunk: &mut PendingChunk,
+    room: usize,
+    truncated: &mut u64,
+) -> Result<(Vec<u32>, Option<InputKey>), Outcome> {
+    let (mut chunk_ids, key) = match chunk.token_ids.take() {
+        Some(stored) => (stored, chunk.input_key),
+        None => match model.encoder.content_ids(&chunk.text) {
+            Ok(fresh) => {
+                let key = Chunk::input_key_of(&fresh);
+                (fresh, Some(key))
+            }
+            Err(e) => return Err(Outcome::Failed(format!("tokenizer: {e}"))),
+        },
+    };
+    let key = if chunk_ids.len() > room {
+        // A chunk cut for a model with a longer limit than this one's.
+        chunk_ids.truncate(room);
+        *truncated += 1;
+        Some(Chunk::input_key_of(&chunk_ids))
+    } else {
+        key
+    };
+    Ok((chunk_ids, key))
 }
 
 /// The batch of results not yet written.

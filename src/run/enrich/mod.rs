@@ -206,6 +206,8 @@ type Feeder<'r, S> = (
     crossbeam_channel::Receiver<(WorkItem, u32)>,
 );
 
+/// Run the workers (and the feeder, for a queued run) to the end, ticking `observer`, and
+/// sum up what they did.
 fn run_workers<S: EnrichStore + 'static>(
     workers: Vec<EnrichWorker<S>>,
     feeder: Option<Feeder<'_, S>>,
@@ -230,72 +232,83 @@ fn run_workers<S: EnrichStore + 'static>(
     };
     std::thread::scope(|scope| {
         for (i, worker) in workers.into_iter().enumerate() {
-            let (shared, running) = (&shared, &running);
-            let spawned = std::thread::Builder::new()
-                .name(format!("enrich-{i}"))
-                .spawn_scoped(scope, move || {
-                    let result =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match queued {
-                            Some(run) => queued::work(worker, shared, run),
-                            None => work(worker, shared),
-                        }));
-                    match result {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => shared.signal.abort(format!("enrich worker {i}: {e}")),
-                        Err(_) => shared.signal.abort(format!("enrich worker {i} panicked")),
-                    }
-                    running.fetch_sub(1, Ordering::AcqRel);
-                });
-            if let Err(e) = spawned {
-                signal.abort(format!("cannot start a thread: {e}"));
-                running.fetch_sub(1, Ordering::AcqRel);
-            }
+            let shared = &shared;
+            let body = move || match queued {
+                Some(run) => queued::work(worker, shared, run),
+                None => work(worker, shared),
+            };
+            let (name, who) = (format!("enrich-{i}"), format!("enrich worker {i}"));
+            spawn_counted(scope, name, who, shared, &running, body);
         }
         if let Some((store, run, dead)) = feeder {
-            let (shared, running) = (&shared, &running);
-            let spawned = std::thread::Builder::new()
-                .name("enrich-feeder".into())
-                .spawn_scoped(scope, move || {
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        queued::feed(store, shared, run, dead)
-                    }));
-                    match result {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => shared.signal.abort(format!("enrich feeder: {e}")),
-                        Err(_) => shared.signal.abort("enrich feeder panicked"),
-                    }
-                    running.fetch_sub(1, Ordering::AcqRel);
-                });
-            if let Err(e) = spawned {
-                signal.abort(format!("cannot start a thread: {e}"));
-                running.fetch_sub(1, Ordering::AcqRel);
-            }
+            let shared = &shared;
+            let body = move || queued::feed(store, shared, run, dead);
+            let (name, who) = ("enrich-feeder".into(), "enrich feeder".into());
+            spawn_counted(scope, name, who, shared, &running, body);
         }
-        loop {
-            let done = running.load(Ordering::Acquire) == 0;
-            {
-                let t = shared.tally();
-                let counts = t.counts.clone();
-                drop(t);
-                let finished = counts.indexed + counts.failed;
-                observer.tick(&Snapshot {
-                    counts: &counts,
-                    pending: counts.published.saturating_sub(finished),
-                    announced: options.announced,
-                    elapsed: started.elapsed(),
-                    stats: &stats,
-                });
-            }
-            if done {
-                break;
-            }
-            std::thread::sleep(options.tick.min(Duration::from_millis(100)));
-        }
+        watch(&running, &shared, started, observer);
     });
     if let Some(reason) = signal.abort_reason() {
         return Err(RunError::Aborted(reason));
     }
     let tally = tally.into_inner().unwrap_or_else(|e| e.into_inner());
+    Ok(summarize(tally, index, started, &stats))
+}
+
+/// Start the thread `name`; an error or a panic in `body` aborts the run, naming `who`, and
+/// `running` counts down when it ends (or when it cannot start).
+fn spawn_counted<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    name: String,
+    who: String,
+    shared: &'scope Shared<'_>,
+    running: &'scope AtomicU64,
+    body: impl FnOnce() -> Result<(), StoreError> + Send + 'scope,
+) {
+    let spawned = std::thread::Builder::new()
+        .name(name)
+        .spawn_scoped(scope, move || {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+            match result {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => shared.signal.abort(format!("{who}: {e}")),
+                Err(_) => shared.signal.abort(format!("{who} panicked")),
+            }
+            running.fetch_sub(1, Ordering::AcqRel);
+        });
+    if let Err(e) = spawned {
+        shared.signal.abort(format!("cannot start a thread: {e}"));
+        running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Tick `observer` with the tally until no thread is `running`, and once more after.
+fn watch(running: &AtomicU64, shared: &Shared<'_>, started: Instant, observer: &mut dyn Observer) {
+    let options = shared.options;
+    loop {
+        let done = running.load(Ordering::Acquire) == 0;
+        {
+            let t = shared.tally();
+            let counts = t.counts.clone();
+            drop(t);
+            let finished = counts.indexed + counts.failed;
+            observer.tick(&Snapshot {
+                counts: &counts,
+                pending: counts.published.saturating_sub(finished),
+                announced: options.announced,
+                elapsed: started.elapsed(),
+                stats: shared.stats,
+            });
+        }
+        if done {
+            break;
+        }
+        std::thread::sleep(options.tick.min(Duration::from_millis(100)));
+    }
+}
+
+/// The run's summary from the workers' final tally.
+fn summarize(tally: Tally, index: String, started: Instant, stats: &RunStats) -> RunSummary {
     let mut failures: Vec<Outcome> = tally.last.into_values().flatten().collect();
     failures.sort_by(|a, b| a.id.cmp(&b.id));
     let mut summary = RunSummary::new(
@@ -305,7 +318,7 @@ fn run_workers<S: EnrichStore + 'static>(
         tally.counts,
         failures,
         Vec::new(),
-        &stats,
+        stats,
     );
     summary.notes = tally.notes;
     summary.held_by_others = tally.held_by_others;
@@ -315,7 +328,7 @@ fn run_workers<S: EnrichStore + 'static>(
             tally.retries
         ));
     }
-    Ok(summary)
+    summary
 }
 
 /// Do claimed work (one stage; for embed, one vector set) and record the results.

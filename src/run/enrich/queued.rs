@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 
 use super::{
-    claim_next, claim_requests, dispatch, housekeep, note_paused, EnrichWorker, SetModel, Shared,
+    claim_next, claim_requests, dispatch, housekeep, note_paused, EnrichOptions, EnrichWorker,
+    SetModel, Shared,
 };
 use crate::document::InputKey;
 use crate::embed::window::Recent;
@@ -122,27 +123,8 @@ pub(super) fn feed<S: EnrichStore>(
     let mut empty_since: Option<Instant> = None;
     let me = Owner::this_process("enrich-feeder");
     let mut last_warning: Option<Instant> = None;
-    let broker = |e: BrokerError| StoreError::Io(format!("broker: {e}"));
     while !run.stopping(shared) {
-        while let Ok((item, deliveries)) = dead.try_recv() {
-            let reason = format!(
-                "delivered {deliveries} times (the stage's retry limit) without an answer: its \
-                 worker was killed or stalled every time"
-            );
-            let failure = DeliveryFailure {
-                key: item.key.clone(),
-                attempt: deliveries,
-                message: reason.clone(),
-                dead: true,
-                worker: me.to_string(),
-            };
-            let status = store.fail_deliveries(run.owner.as_str(), &[failure], run.lease)?;
-            if status.first() == Some(&Status::Dead) {
-                let mut t = shared.tally();
-                t.claimed(std::slice::from_ref(&item));
-                t.failed(&item.key, &reason, Status::Dead);
-            }
-        }
+        bury_given_up(&mut store, shared, run, &dead, &me)?;
         let (waiting, held) = match run.queue.depth() {
             Ok(depth) => depth,
             Err(e) => {
@@ -157,9 +139,7 @@ pub(super) fn feed<S: EnrichStore>(
         match claim_next(&mut store, &requests, &mut turn)? {
             Claim::Items(items) => {
                 said_paused = false;
-                run.queue.publish(&items).map_err(broker)?;
-                run.published
-                    .fetch_add(items.len() as u64, Ordering::Relaxed);
+                publish(run, &items)?;
             }
             Claim::Idle { paused, next_due } => {
                 if housekeep(&mut store, shared, &mut last_sync)? {
@@ -174,26 +154,9 @@ pub(super) fn feed<S: EnrichStore>(
                 if !options.follow && (paused || waiting_retry.is_none()) && broker_empty {
                     // Nothing runnable and nothing in the broker: look once more (work may
                     // have settled between the two reads), then say the run is over.
-                    let over = match (run.queue.depth(), run.queue.stored()) {
-                        (Ok((w, h)), Ok(stored)) => {
-                            // Work the server gave up on stays stored until its advisory is
-                            // handled (by this process or another): give that a moment, not
-                            // for ever (an advisory no process heard is lost; the store's
-                            // lease then expires).
-                            let settled = stored == 0
-                                || empty_since.get_or_insert_with(Instant::now).elapsed() > SETTLE;
-                            w == 0 && h == 0 && dead.is_empty() && settled
-                        }
-                        (Err(e), _) | (_, Err(e)) => {
-                            unreachable_broker(&mut last_warning, &e);
-                            false
-                        }
-                    };
-                    if over {
+                    if broker_settled(run, &dead, &mut empty_since, &mut last_warning) {
                         if let Claim::Items(items) = claim_next(&mut store, &requests, &mut turn)? {
-                            run.queue.publish(&items).map_err(broker)?;
-                            run.published
-                                .fetch_add(items.len() as u64, Ordering::Relaxed);
+                            publish(run, &items)?;
                             continue;
                         }
                         run.drained.store(true, Ordering::Release);
@@ -211,6 +174,72 @@ pub(super) fn feed<S: EnrichStore>(
         }
     }
     Ok(())
+}
+
+/// Dead-letter in the store the work the broker gave up on (its advisories on `dead`),
+/// counting what this settles as failed.
+fn bury_given_up<S: EnrichStore>(
+    store: &mut S,
+    shared: &Shared<'_>,
+    run: &QueuedRun,
+    dead: &Receiver<(WorkItem, u32)>,
+    me: &Owner,
+) -> Result<(), StoreError> {
+    while let Ok((item, deliveries)) = dead.try_recv() {
+        let reason = format!(
+            "delivered {deliveries} times (the stage's retry limit) without an answer: its \
+             worker was killed or stalled every time"
+        );
+        let failure = DeliveryFailure {
+            key: item.key.clone(),
+            attempt: deliveries,
+            message: reason.clone(),
+            dead: true,
+            worker: me.to_string(),
+        };
+        let status = store.fail_deliveries(run.owner.as_str(), &[failure], run.lease)?;
+        if status.first() == Some(&Status::Dead) {
+            let mut t = shared.tally();
+            t.claimed(std::slice::from_ref(&item));
+            t.failed(&item.key, &reason, Status::Dead);
+        }
+    }
+    Ok(())
+}
+
+/// Publish claimed `items` to the broker and count them.
+fn publish(run: &QueuedRun, items: &[WorkItem]) -> Result<(), StoreError> {
+    run.queue
+        .publish(items)
+        .map_err(|e| StoreError::Io(format!("broker: {e}")))?;
+    run.published
+        .fetch_add(items.len() as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Whether the broker, seen empty, still is and holds nothing stored or given up on (what it
+/// gave up on is waited for [`SETTLE`] at most, timed from `empty_since`).
+fn broker_settled(
+    run: &QueuedRun,
+    dead: &Receiver<(WorkItem, u32)>,
+    empty_since: &mut Option<Instant>,
+    last_warning: &mut Option<Instant>,
+) -> bool {
+    match (run.queue.depth(), run.queue.stored()) {
+        (Ok((w, h)), Ok(stored)) => {
+            // Work the server gave up on stays stored until its advisory is
+            // handled (by this process or another): give that a moment, not
+            // for ever (an advisory no process heard is lost; the store's
+            // lease then expires).
+            let settled =
+                stored == 0 || empty_since.get_or_insert_with(Instant::now).elapsed() > SETTLE;
+            w == 0 && h == 0 && dead.is_empty() && settled
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            unreachable_broker(last_warning, &e);
+            false
+        }
+    }
 }
 
 /// The broker did not answer: say so (every 10 s at most) and wait a moment; the client
@@ -246,19 +275,7 @@ pub(super) fn work<S: EnrichStore>(
     let mut cost_per_doc: Option<u64> = None;
     let mut last_warning: Option<Instant> = None;
     while !run.stopping(shared) {
-        let size = |stage: &str| -> usize {
-            if stage == EMBED {
-                match cost_per_doc {
-                    Some(c) => (options.claim_cost / c.max(1)).clamp(1, options.claim_items as u64)
-                        as usize,
-                    None => 8,
-                }
-            } else if let Some(l) = options.llm.iter().find(|l| l.name == stage) {
-                l.settings.concurrency.max(1) * 4
-            } else {
-                options.claim_items
-            }
-        };
+        let size = |stage: &str| fetch_size(options, cost_per_doc, stage);
         let batch = match run.queue.fetch(size) {
             Ok(batch) => lose_for_tests(batch),
             Err(e) => {
@@ -276,44 +293,80 @@ pub(super) fn work<S: EnrichStore>(
         }
         let again = batch.iter().filter(|d| d.item.attempts > 1).count();
         run.redelivered.fetch_add(again as u64, Ordering::Relaxed);
-        // One stage per fetch; embed work of several vector sets is done set by set.
-        let mut groups: Vec<Vec<LifecycleDelivery>> = Vec::new();
-        for d in batch {
-            if d.item.key.stage == EMBED {
-                let c = d.item.cost.max(1);
-                cost_per_doc = Some(cost_per_doc.map_or(c, |old| (old * 7 + c) / 8));
-            }
-            match groups
-                .iter_mut()
-                .find(|g| g[0].item.key.vector_set == d.item.key.vector_set)
-            {
-                Some(g) => g.push(d),
-                None => groups.push(vec![d]),
-            }
-        }
-        for group in groups {
-            let items: Vec<WorkItem> = group.iter().map(|d| d.item.clone()).collect();
-            w.store.begin(group);
-            let owner = run.owner.clone();
-            let result = dispatch(&mut w, &mut models, &owner, items, shared);
-            let (deliveries, verdicts) = w.store.finish();
-            let answers: Vec<(&LifecycleDelivery, Verdict)> = deliveries
-                .iter()
-                .map(|d| {
-                    let v = match &result {
-                        // Not the work's fault (the store or the model cannot be used): give
-                        // it back at once for another worker.
-                        Err(_) => Verdict::Retry(Duration::ZERO),
-                        Ok(()) => verdicts.get(&d.item.key).copied().unwrap_or(Verdict::Ack),
-                    };
-                    (d, v)
-                })
-                .collect();
-            run.queue.settle(&answers);
-            result?;
+        for group in group_by_set(batch, &mut cost_per_doc) {
+            work_group(&mut w, &mut models, group, shared, run)?;
         }
     }
     Ok(())
+}
+
+/// Documents to fetch of `stage`: for embed, a claim's cost at `cost_per_doc` (8 before it is
+/// known); for an LLM stage, four per request in flight; else a claim's items.
+fn fetch_size(options: &EnrichOptions, cost_per_doc: Option<u64>, stage: &str) -> usize {
+    if stage == EMBED {
+        match cost_per_doc {
+            Some(c) => {
+                (options.claim_cost / c.max(1)).clamp(1, options.claim_items as u64) as usize
+            }
+            None => 8,
+        }
+    } else if let Some(l) = options.llm.iter().find(|l| l.name == stage) {
+        l.settings.concurrency.max(1) * 4
+    } else {
+        options.claim_items
+    }
+}
+
+/// Split a fetch by vector set, updating the running `cost_per_doc` of embed work.
+fn group_by_set(
+    batch: Vec<LifecycleDelivery>,
+    cost_per_doc: &mut Option<u64>,
+) -> Vec<Vec<LifecycleDelivery>> {
+    // One stage per fetch; embed work of several vector sets is done set by set.
+    let mut groups: Vec<Vec<LifecycleDelivery>> = Vec::new();
+    for d in batch {
+        if d.item.key.stage == EMBED {
+            let c = d.item.cost.max(1);
+            *cost_per_doc = Some(cost_per_doc.map_or(c, |old| (old * 7 + c) / 8));
+        }
+        match groups
+            .iter_mut()
+            .find(|g| g[0].item.key.vector_set == d.item.key.vector_set)
+        {
+            Some(g) => g.push(d),
+            None => groups.push(vec![d]),
+        }
+    }
+    groups
+}
+
+/// Do one group's work with the stage's code, then answer each of its messages.
+fn work_group<S: EnrichStore>(
+    w: &mut EnrichWorker<QueueStore<'_, S>>,
+    models: &mut HashMap<i64, (SetModel, Recent)>,
+    group: Vec<LifecycleDelivery>,
+    shared: &Shared<'_>,
+    run: &QueuedRun,
+) -> Result<(), StoreError> {
+    let items: Vec<WorkItem> = group.iter().map(|d| d.item.clone()).collect();
+    w.store.begin(group);
+    let owner = run.owner.clone();
+    let result = dispatch(w, models, &owner, items, shared);
+    let (deliveries, verdicts) = w.store.finish();
+    let answers: Vec<(&LifecycleDelivery, Verdict)> = deliveries
+        .iter()
+        .map(|d| {
+            let v = match &result {
+                // Not the work's fault (the store or the model cannot be used): give
+                // it back at once for another worker.
+                Err(_) => Verdict::Retry(Duration::ZERO),
+                Ok(()) => verdicts.get(&d.item.key).copied().unwrap_or(Verdict::Ack),
+            };
+            (d, v)
+        })
+        .collect();
+    run.queue.settle(&answers);
+    result
 }
 
 /// Fault injection for tests (feature `failpoints`): with `FAILPOINTS='enrich::lose=return(M)'`

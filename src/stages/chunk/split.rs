@@ -49,16 +49,51 @@ pub fn split(text: &str, blocks: &[Block], offsets: &[(usize, usize)], sizes: Si
     if n == 0 {
         return Vec::new();
     }
-    let token_at = |byte: usize| offsets.partition_point(|o| o.0 < byte);
+    let sections = sections(blocks, offsets);
+    let (class, protected) = boundary_classes(text, blocks, offsets, sizes.limit);
+    let starts_clean = clean_starts(text, offsets);
 
+    let mut spans = Vec::new();
+    let sentences = |lo: usize, hi: usize| sentence_starts(text, offsets, lo, hi);
+    let cut = Cut {
+        class: &class,
+        starts_clean: &starts_clean,
+        protected: &protected,
+        sizes,
+        sentences: &sentences,
+    };
+    for (index, (s, e, p)) in sections.into_iter().enumerate() {
+        cut_section(s, e, &cut, &mut |a, b| {
+            spans.push(Span {
+                tokens: (a, b),
+                bytes: byte_range(text, offsets, a, b),
+                heading_path: p.clone(),
+                section: index,
+            })
+        });
+    }
+    spans
+}
+
+/// The first token that starts at or after `byte`.
+fn token_at(offsets: &[(usize, usize)], byte: usize) -> usize {
+    offsets.partition_point(|o| o.0 < byte)
+}
+
+/// The sections as token ranges with their heading paths.
+fn sections(blocks: &[Block], offsets: &[(usize, usize)]) -> Vec<(usize, usize, Vec<String>)> {
+    let n = offsets.len();
     // Sections: the preamble, then one per heading up to the next heading. A section that
     // holds nothing but its heading joins the next one.
     let headings: Vec<(usize, usize, u8, &str)> = blocks
         .iter()
         .filter_map(|b| match &b.kind {
-            BlockKind::Heading { level, text } => {
-                Some((token_at(b.start), token_at(b.end), *level, text.as_str()))
-            }
+            BlockKind::Heading { level, text } => Some((
+                token_at(offsets, b.start),
+                token_at(offsets, b.end),
+                *level,
+                text.as_str(),
+            )),
             _ => None,
         })
         .collect();
@@ -86,7 +121,18 @@ pub fn split(text: &str, blocks: &[Block], offsets: &[(usize, usize)], sizes: Si
         let names = path.iter().map(|(_, t)| t.to_string()).collect();
         sections.push((start, next, names));
     }
+    sections
+}
 
+/// Per token, how good a place it is to start a chunk, and the token ranges of the blocks
+/// kept whole (those of at most `limit` tokens).
+fn boundary_classes(
+    text: &str,
+    blocks: &[Block],
+    offsets: &[(usize, usize)],
+    limit: usize,
+) -> (Vec<u8>, Vec<(usize, usize)>) {
+    let n = offsets.len();
     // Boundary classes: how good a place token j is to start a chunk.
     let mut class = vec![0u8; n + 1];
     for j in 1..n {
@@ -96,18 +142,18 @@ pub fn split(text: &str, blocks: &[Block], offsets: &[(usize, usize)], sizes: Si
     }
     let mut protected: Vec<(usize, usize)> = Vec::new();
     for b in blocks {
-        let t0 = token_at(b.start);
-        let t1 = token_at(b.end);
+        let t0 = token_at(offsets, b.start);
+        let t1 = token_at(offsets, b.end);
         if t0 < n {
             class[t0] = BLOCK;
         }
         if b.keep_whole() && t1 > t0 {
-            if t1 - t0 <= sizes.limit {
+            if t1 - t0 <= limit {
                 protected.push((t0, t1));
             } else if b.kind == BlockKind::Code {
                 // Too long to keep whole: cut it at lines.
                 for (i, _) in text[b.start..b.end].match_indices('\n') {
-                    let t = token_at(b.start + i + 1);
+                    let t = token_at(offsets, b.start + i + 1);
                     if t > t0 && t < t1 {
                         class[t] = class[t].max(SENTENCE);
                     }
@@ -115,11 +161,16 @@ pub fn split(text: &str, blocks: &[Block], offsets: &[(usize, usize)], sizes: Si
             }
         }
     }
+    (class, protected)
+}
 
+/// Per token (and the end), whether a chunk may start there.
+fn clean_starts(text: &str, offsets: &[(usize, usize)]) -> Vec<bool> {
+    let n = offsets.len();
     // Where a chunk may start: not inside a word (between two pieces of one word, with no
     // space or punctuation between them).
     let word_char = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric());
-    let starts_clean: Vec<bool> = (0..=n)
+    (0..=n)
         .map(|j| {
             j == 0
                 || j == n
@@ -127,28 +178,7 @@ pub fn split(text: &str, blocks: &[Block], offsets: &[(usize, usize)], sizes: Si
                 || !word_char(text[..offsets[j].0].chars().next_back())
                 || !word_char(text[offsets[j].0..].chars().next())
         })
-        .collect();
-
-    let mut spans = Vec::new();
-    let sentences = |lo: usize, hi: usize| sentence_starts(text, offsets, lo, hi);
-    let cut = Cut {
-        class: &class,
-        starts_clean: &starts_clean,
-        protected: &protected,
-        sizes,
-        sentences: &sentences,
-    };
-    for (index, (s, e, p)) in sections.into_iter().enumerate() {
-        cut_section(s, e, &cut, &mut |a, b| {
-            spans.push(Span {
-                tokens: (a, b),
-                bytes: byte_range(text, offsets, a, b),
-                heading_path: p.clone(),
-                section: index,
-            })
-        });
-    }
-    spans
+        .collect()
 }
 
 /// Tokens in `lo..=hi` that start a sentence, last first. Segmentation starts a little

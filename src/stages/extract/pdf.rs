@@ -21,6 +21,49 @@ use super::{markdown, tidy, Extracted};
 
 /// Extract `bytes` as a PDF, checking `budget` between pages.
 pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, String> {
+    let doc = open(bytes)?;
+    let count = doc.page_count().map_err(|e| {
+        format!("cannot read the page tree ({e}); the file is damaged: repair or re-export it")
+    })?;
+    let ReadPages {
+        pages,
+        lines,
+        mut warnings,
+        failed_pages,
+    } = read_pages(&doc, count, bytes.len(), budget)?;
+    let pages = tidy::clean_pages(pages);
+    let pages = mark_headings(pages, &lines);
+    let mut no_text = Vec::new();
+    for (i, page) in pages.iter().enumerate() {
+        if page.trim().is_empty() && !failed_pages.contains(&(i + 1)) {
+            no_text.push(i + 1);
+        }
+    }
+    if no_text.len() + failed_pages.len() == count {
+        return nothing_readable(&doc, count, &failed_pages);
+    }
+    for page in &no_text {
+        warnings.push(format!("page {page} has no text layer: needs OCR"));
+    }
+    let (text, page_starts) = tidy::join_pages(&pages);
+    let blocks = markdown::blocks(&text);
+    let mut metadata = std::collections::BTreeMap::new();
+    metadata.insert("pages".into(), (count as u64).into());
+    let title = info_title(&doc);
+    Ok(Extracted {
+        text,
+        blocks,
+        title,
+        metadata,
+        page_starts,
+        warnings,
+        empty_because: None,
+    })
+}
+
+/// Open `bytes` as a PDF: refused when there is no `%PDF` header, the file is damaged, or it
+/// needs a password.
+fn open(bytes: &[u8]) -> Result<PdfDocument, String> {
     if !bytes.starts_with(b"%PDF")
         && !bytes[..bytes.len().min(1024)]
             .windows(4)
@@ -41,11 +84,27 @@ pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, String> {
                 .into(),
         );
     }
-    let count = doc.page_count().map_err(|e| {
-        format!("cannot read the page tree ({e}); the file is damaged: repair or re-export it")
-    })?;
+    Ok(doc)
+}
+
+/// Every page's text and layout lines, before cleaning; an unreadable page is empty.
+struct ReadPages {
+    pages: Vec<String>,
+    lines: Vec<Vec<Line>>,
+    warnings: Vec<String>,
+    /// 1-based numbers of the pages that could not be read.
+    failed_pages: Vec<usize>,
+}
+
+/// Read the `count` pages of `doc` (a file of `len` bytes), checking `budget` between pages.
+fn read_pages(
+    doc: &PdfDocument,
+    count: usize,
+    len: usize,
+    budget: &Budget,
+) -> Result<ReadPages, String> {
     // The count comes from the file: preallocate no more than its bytes could describe.
-    let room = count.min(bytes.len() / 64 + 1);
+    let room = count.min(len / 64 + 1);
     let mut pages = Vec::with_capacity(room);
     let mut lines: Vec<Vec<Line>> = Vec::with_capacity(room);
     let mut warnings = Vec::new();
@@ -76,59 +135,47 @@ pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, String> {
             }
         }
     }
-    let pages = tidy::clean_pages(pages);
-    let pages = mark_headings(pages, &lines);
-    let mut no_text = Vec::new();
-    for (i, page) in pages.iter().enumerate() {
-        if page.trim().is_empty() && !failed_pages.contains(&(i + 1)) {
-            no_text.push(i + 1);
-        }
-    }
-    if no_text.len() + failed_pages.len() == count {
-        if doc.is_encrypted() && count > 0 {
-            // Opened with the empty password, yet nothing reads: the decryption did not work.
-            return Err(
-                "encrypted: no text could be decrypted with the empty password (the \
-                        file needs a password, or uses an encryption this reader cannot \
-                        undo); decrypt it (e.g. `qpdf --decrypt --password=... in.pdf \
-                        out.pdf`) and ingest the copy"
-                    .into(),
-            );
-        }
-        return Ok(Extracted {
-            empty_because: Some(if count == 0 {
-                "the PDF has no pages".into()
-            } else if failed_pages.is_empty() {
-                format!(
-                    "no text layer on any of its {count} pages (a scan?): needs OCR before \
-                     it can be indexed"
-                )
-            } else {
-                format!(
-                    "no readable text on any of its {count} pages ({} could not be read; the \
-                     others have no text layer: a scan? needs OCR)",
-                    failed_pages.len()
-                )
-            }),
-            ..Extracted::default()
-        });
-    }
-    for page in &no_text {
-        warnings.push(format!("page {page} has no text layer: needs OCR"));
-    }
-    let (text, page_starts) = tidy::join_pages(&pages);
-    let blocks = markdown::blocks(&text);
-    let mut metadata = std::collections::BTreeMap::new();
-    metadata.insert("pages".into(), (count as u64).into());
-    let title = info_title(&doc);
-    Ok(Extracted {
-        text,
-        blocks,
-        title,
-        metadata,
-        page_starts,
+    Ok(ReadPages {
+        pages,
+        lines,
         warnings,
-        empty_because: None,
+        failed_pages,
+    })
+}
+
+/// The outcome when no page of the `count` has text: an encrypted file that did not decrypt
+/// fails, any other is empty with the reason.
+fn nothing_readable(
+    doc: &PdfDocument,
+    count: usize,
+    failed_pages: &[usize],
+) -> Result<Extracted, String> {
+    if doc.is_encrypted() && count > 0 {
+        // Opened with the empty password, yet nothing reads: the decryption did not work.
+        return Err(
+            "encrypted: no text could be decrypted with the empty password (the \
+                    file needs a password, or uses an encryption this reader cannot \
+                    undo); decrypt it (e.g. `qpdf --decrypt --password=... in.pdf \
+                    out.pdf`) and ingest the copy"
+                .into(),
+        );
+    }
+    Ok(Extracted {
+        empty_because: Some(if count == 0 {
+            "the PDF has no pages".into()
+        } else if failed_pages.is_empty() {
+            format!(
+                "no text layer on any of its {count} pages (a scan?): needs OCR before \
+                 it can be indexed"
+            )
+        } else {
+            format!(
+                "no readable text on any of its {count} pages ({} could not be read; the \
+                 others have no text layer: a scan? needs OCR)",
+                failed_pages.len()
+            )
+        }),
+        ..Extracted::default()
     })
 }
 

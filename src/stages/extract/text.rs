@@ -66,44 +66,25 @@ pub fn extract_rst(raw: &str) -> Extracted {
     while i < all.len() {
         let (at, line) = all[i];
         let trimmed = line.trim_end();
-        // Title: text line followed by an adornment line at least as long (optionally also
-        // preceded by one).
-        let over = adornment(trimmed);
-        let (title_idx, under_idx) =
-            if over.is_some() && i + 2 < all.len() && adornment(all[i + 2].1.trim_end()) == over {
-                (i + 1, i + 2)
-            } else {
-                (i, i + 1)
+        if let Some((title, under_idx, style)) = rst_title(&all, i).filter(|_| para.is_none()) {
+            let level = match styles.iter().position(|s| *s == style) {
+                Some(p) => p + 1,
+                None => {
+                    styles.push(style);
+                    styles.len()
+                }
             };
-        if under_idx < all.len() && title_idx < all.len() {
-            let title = all[title_idx].1.trim();
-            let under = adornment(all[under_idx].1.trim_end());
-            let is_title = !title.is_empty()
-                && adornment(title).is_none()
-                && under.is_some_and(|(_, n)| n >= title.chars().count())
-                && (title_idx == i || over.map(|o| o.0) == under.map(|u| u.0));
-            if is_title && para.is_none() {
-                let (ch, _) = under.expect("checked");
-                let style = (ch, title_idx != i);
-                let level = match styles.iter().position(|s| *s == style) {
-                    Some(p) => p + 1,
-                    None => {
-                        styles.push(style);
-                        styles.len()
-                    }
-                };
-                let end_line = all[under_idx];
-                blocks.push(block(
-                    BlockKind::Heading {
-                        level: level.min(6) as u8,
-                        text: title.to_string(),
-                    },
-                    at,
-                    end_line.0 + end_line.1.trim_end().len(),
-                ));
-                i = under_idx + 1;
-                continue;
-            }
+            let end_line = all[under_idx];
+            blocks.push(block(
+                BlockKind::Heading {
+                    level: level.min(6) as u8,
+                    text: title.to_string(),
+                },
+                at,
+                end_line.0 + end_line.1.trim_end().len(),
+            ));
+            i = under_idx + 1;
+            continue;
         }
         if trimmed.trim().is_empty() {
             if let Some((s, e)) = para.take() {
@@ -143,6 +124,35 @@ pub fn extract_rst(raw: &str) -> Extracted {
         blocks,
         ..Extracted::default()
     }
+}
+
+/// A section title at line `i` of `all`: the title, the line of its underline, and its
+/// adornment style (the character, and whether the title is overlined too).
+fn rst_title<'a>(all: &[(usize, &'a str)], i: usize) -> Option<(&'a str, usize, (char, bool))> {
+    let trimmed = all[i].1.trim_end();
+    // Title: text line followed by an adornment line at least as long (optionally also
+    // preceded by one).
+    let over = adornment(trimmed);
+    let (title_idx, under_idx) =
+        if over.is_some() && i + 2 < all.len() && adornment(all[i + 2].1.trim_end()) == over {
+            (i + 1, i + 2)
+        } else {
+            (i, i + 1)
+        };
+    if under_idx >= all.len() || title_idx >= all.len() {
+        return None;
+    }
+    let title = all[title_idx].1.trim();
+    let under = adornment(all[under_idx].1.trim_end());
+    let is_title = !title.is_empty()
+        && adornment(title).is_none()
+        && under.is_some_and(|(_, n)| n >= title.chars().count())
+        && (title_idx == i || over.map(|o| o.0) == under.map(|u| u.0));
+    if !is_title {
+        return None;
+    }
+    let (ch, _) = under.expect("checked");
+    Some((title, under_idx, (ch, title_idx != i)))
 }
 
 /// `(char, length)` when the line is an RST adornment (one punctuation character repeated).
