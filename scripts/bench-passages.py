@@ -2,7 +2,9 @@
 """The benchmark passages: 2,000 paragraphs of 200-2,500 characters cut from ../shared/data
 (react-docs and MDN), shuffled with a fixed seed, as JSONL ({"text": ...}).
 
-    scripts/bench-passages.py OUT.jsonl
+    scripts/bench-passages.py OUT.jsonl [COUNT]
+
+COUNT (default 2,000) takes more: scripts/gpu-prepare.sh takes 10,000.
 
 Used by scripts/bench-peers.sh (ragline against sentence-transformers) and
 scripts/bench-serve.sh (ragline serve under load), so both measure the same texts.
@@ -29,5 +31,5 @@ if not paras:
     sys.exit(f"no passages under {data}: set RAGLINE_DATA_DIR")
 random.Random(7).shuffle(paras)
 with open(sys.argv[1], "w", encoding="utf-8") as f:
-    for p in paras[:2000]:
+    for p in paras[:int(sys.argv[2]) if len(sys.argv) > 2 else 2000]:
         f.write(json.dumps({"text": p}, ensure_ascii=False) + "\n")

@@ -6,8 +6,9 @@
 #
 # The toolkit comes from NVIDIA's PyPI wheels (scripts/cuda/setup-cuda13.sh, kept in
 # $RAGLINE_CUDA_DIR, default /var/tmp/ragline-cuda13) and the build uses its own target
-# folder (target/cuda) so the CPU build stays warm. A cold build takes about 45 minutes on 2
-# cores, 20 of them in candle-kernels' nvcc; later builds take seconds.
+# folder (target/cuda) so the CPU build stays warm. A cold build of the lean GPU-check binary
+# took 11m42s on 2 cores (2026-12-04, wheels included; an earlier note said 45 minutes on
+# busier cores); a change to ragline alone rebuilds in about 2 minutes.
 #
 # --check puts scripts/cuda/typecheck-nvcc first on PATH as `nvcc`: it writes empty kernels,
 # so `cargo check` sees all the cuda code without the toolkit. Never ship what it builds. It
@@ -37,7 +38,11 @@ fi
 # shellcheck disable=SC1091
 source "$CUDA_DIR/env.sh"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target/cuda}
-cargo build --release --features cuda --bin ragline
+# RAGLINE_CUDA_FEATURES: cargo's feature flags (default: the default features plus cuda).
+# scripts/gpu-prepare.sh builds the lean binary the GPU check needs (no Postgres, NATS, serve,
+# Parquet, PDF or DOCX, plus test-hooks for random-weight models), to fit the 64 MiB carry.
+# shellcheck disable=SC2086
+cargo build --release ${RAGLINE_CUDA_FEATURES:---features cuda} --bin ragline
 bin=$CARGO_TARGET_DIR/release/ragline
 # A stripped, gzipped copy to carry to a GPU machine (about 12 MB).
 strip -o "$CARGO_TARGET_DIR/ragline-cuda" "$bin"

@@ -20,6 +20,7 @@ use serde::Deserialize;
 use super::cpu::kernels::{KernelPath, Precision};
 use super::cpu::{Activation, CpuBert, LayerWeights};
 use super::gelu::bias_gelu;
+use super::profile::Parts;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -345,6 +346,9 @@ pub struct Bert {
     /// over six residual layers (cosine 0.998 against 0.99999 with f32 activations); the
     /// products' dtype otherwise.
     act_dtype: DType,
+    /// The cuBLASLt linear layers (f16 on CUDA; see [`super::lt`]).
+    #[cfg(feature = "cuda")]
+    lt: Option<super::lt::Lt>,
 }
 
 /// Refuse a config whose hidden size does not split into its heads, or whose position
@@ -513,6 +517,12 @@ impl Bert {
             device: vb.device().clone(),
             dtype: compute,
             act_dtype: act,
+            #[cfg(feature = "cuda")]
+            lt: if super::lt::applies(compute, act) {
+                super::lt::Lt::for_device(vb.device())?
+            } else {
+                None
+            },
         })
     }
 
@@ -590,6 +600,12 @@ impl Bert {
     /// `ids` [batch, len] (u32) and `mask` [batch, len] (1 for tokens, 0 for padding, in the
     /// activation dtype) -> hidden states [batch, len, hidden].
     pub fn forward(&self, ids: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let mut parts = Parts::start(ids.device())?;
+        self.forward_timed(ids, mask, &mut parts)
+    }
+
+    /// [`Bert::forward`], charging each part's time to `parts` (see [`super::profile`]).
+    pub fn forward_timed(&self, ids: &Tensor, mask: &Tensor, parts: &mut Parts) -> Result<Tensor> {
         let (b, len) = ids.dims2()?;
         if len > self.max_positions {
             candle_core::bail!(
@@ -603,6 +619,7 @@ impl Bert {
             .reshape((b, len, self.hidden))?
             .broadcast_add(&self.position_type.narrow(0, 0, len)?)?;
         let mut x = self.embedding_norm.forward(&x.reshape((n, self.hidden))?)?;
+        parts.mark("embeddings")?;
 
         // Additive mask [b, 1, 1, len]: 0 for tokens, a large negative number for padding.
         let negative = match self.act_dtype {
@@ -619,16 +636,28 @@ impl Bert {
                 .broadcast_add(&bias)?,
             None => bias,
         };
+        parts.mark("attention")?;
 
         for layer in &self.layers {
-            x = self.layer(layer, &x, &bias, b, len)?;
+            x = self.layer(layer, &x, &bias, b, len, parts)?;
         }
         x.reshape((b, len, self.hidden))
     }
 
-    fn layer(&self, l: &Layer, x: &Tensor, bias: &Tensor, b: usize, len: usize) -> Result<Tensor> {
+    fn layer(
+        &self,
+        l: &Layer,
+        x: &Tensor,
+        bias: &Tensor,
+        b: usize,
+        len: usize,
+        parts: &mut Parts,
+    ) -> Result<Tensor> {
         let (heads, hs, h) = (self.heads, self.head_size, self.hidden);
-        let qkv = l.qkv.forward(x)?.reshape((b, len, 3, heads, hs))?;
+        let qkv = self
+            .linear(&l.qkv, x, false, None)?
+            .reshape((b, len, 3, heads, hs))?;
+        parts.mark("qkv")?;
         // [b, heads, len, hs] each.
         let q = qkv
             .narrow(2, 0, 1)?
@@ -659,16 +688,54 @@ impl Bert {
             .transpose(1, 2)?
             .contiguous()?
             .reshape((b * len, h))?;
-        let attention = (l.attention_out.forward(&context)? + x)?;
+        parts.mark("attention")?;
+        let attention = self.linear(&l.attention_out, &context, false, Some(x))?;
+        parts.mark("attention_out")?;
         let attention = l.attention_norm.forward(&attention)?;
-        let inner = l.intermediate.matmul(&attention)?;
-        let inner = match self.act {
-            HiddenAct::Gelu => bias_gelu(&inner, &l.intermediate.bias)?,
-            HiddenAct::GeluApproximate => inner.broadcast_add(&l.intermediate.bias)?.gelu()?,
-            HiddenAct::Relu => inner.broadcast_add(&l.intermediate.bias)?.relu()?,
-        };
-        let out = (l.output.forward(&inner)? + attention)?;
-        l.output_norm.forward(&out)
+        parts.mark("norms")?;
+        let inner = self.intermediate(&l.intermediate, &attention)?;
+        let out = self.linear(&l.output, &inner, false, Some(&attention))?;
+        parts.mark("ffn")?;
+        let out = l.output_norm.forward(&out)?;
+        parts.mark("norms")?;
+        Ok(out)
+    }
+}
+
+impl Bert {
+    /// `x @ weight + bias` (`gelu`: then GELU), plus `residual`: one cuBLASLt call where it
+    /// applies, candle's product and elementwise kernels otherwise.
+    fn linear(
+        &self,
+        l: &Linear,
+        x: &Tensor,
+        gelu: bool,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Some(lt) = &self.lt {
+            return lt.linear(x, &l.weight_t, &l.bias, gelu, residual);
+        }
+        let y = l.forward(x)?;
+        let y = if gelu { y.gelu()? } else { y };
+        match residual {
+            Some(r) => y + r,
+            None => Ok(y),
+        }
+    }
+
+    /// The intermediate product with its bias and activation.
+    fn intermediate(&self, l: &Linear, x: &Tensor) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if self.lt.is_some() && self.act != HiddenAct::Relu {
+            return self.linear(l, x, true, None);
+        }
+        let inner = l.matmul(x)?;
+        match self.act {
+            HiddenAct::Gelu => bias_gelu(&inner, &l.bias),
+            HiddenAct::GeluApproximate => inner.broadcast_add(&l.bias)?.gelu(),
+            HiddenAct::Relu => inner.broadcast_add(&l.bias)?.relu(),
+        }
     }
 }
 

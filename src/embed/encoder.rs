@@ -21,6 +21,22 @@ pub trait Encoder: Send {
     /// One vector per sequence of content ids, each preceded by `prompt`.
     fn embed_ids(&self, seqs: &[&[u32]], prompt: &[u32]) -> Result<Vec<Vec<f32>>, EmbedError>;
 
+    /// [`Encoder::embed_ids`] of each of `batches` in order, each result handed to `each` with
+    /// the batch's index (false from it: stop). A GPU model overlaps one batch's device work
+    /// with the copy back of the one before.
+    fn embed_batches(
+        &self,
+        batches: &[Vec<&[u32]>],
+        prompt: &[u32],
+        each: &mut dyn FnMut(usize, Result<Vec<Vec<f32>>, EmbedError>) -> bool,
+    ) {
+        for (i, seqs) in batches.iter().enumerate() {
+            if !each(i, self.embed_ids(seqs, prompt)) {
+                return;
+            }
+        }
+    }
+
     /// The model's content ids of a text (no special tokens), for texts that come without
     /// the chunker's ids (a vector set of another model).
     fn content_ids(&self, text: &str) -> Result<Vec<u32>, EmbedError>;
@@ -62,6 +78,15 @@ impl Encoder for EmbeddingModel {
 
     fn embed_ids(&self, seqs: &[&[u32]], prompt: &[u32]) -> Result<Vec<Vec<f32>>, EmbedError> {
         EmbeddingModel::embed_ids(self, seqs, prompt)
+    }
+
+    fn embed_batches(
+        &self,
+        batches: &[Vec<&[u32]>],
+        prompt: &[u32],
+        each: &mut dyn FnMut(usize, Result<Vec<Vec<f32>>, EmbedError>) -> bool,
+    ) {
+        EmbeddingModel::embed_batches(self, batches, prompt, each)
     }
 
     fn content_ids(&self, text: &str) -> Result<Vec<u32>, EmbedError> {

@@ -8,10 +8,14 @@ pub mod device;
 pub mod encoder;
 pub mod files;
 pub mod gelu;
+#[cfg(feature = "cuda")]
+pub mod lt;
 pub mod model;
 pub mod npy;
 pub mod pool;
+pub mod profile;
 pub mod random;
+pub mod readback;
 pub mod rotary;
 pub mod service;
 pub mod texts;

@@ -8,6 +8,8 @@ use super::cpu::kernels::{KernelPath, Precision};
 use super::cpu::CpuBert;
 use super::device::DTypeChoice;
 use super::files::{DenseActivation, DenseSpec, ModelFiles, Pooling};
+use super::profile::Parts;
+use super::readback::{self, Launched};
 use super::rotary::{Arch, RotaryConfig, RotaryModel, ROTARY_MODEL_TYPES};
 use super::tokenizer::TextTokenizer;
 use super::EmbedError;
@@ -528,8 +530,54 @@ impl EmbeddingModel {
     /// `prompt` ids (a query or passage prompt, or nothing). Each sequence plus the prompt
     /// must fit in `tokenizer.max_content_len()`. Returns one vector per sequence.
     pub fn embed_ids(&self, seqs: &[&[u32]], prompt: &[u32]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let launched = self.launch_ids(seqs, prompt, false)?;
+        self.finish(launched)
+    }
+
+    /// Embed `batches` (as [`EmbeddingModel::embed_ids`] each), handing each batch's result to
+    /// `each` in order (false from it: stop). On a GPU with `RAGLINE_PIPELINE=1`, the next batch's work is enqueued
+    /// before the last one's vectors are waited for, so the device never idles while the
+    /// host copies results back and prepares the next batch.
+    pub fn embed_batches(
+        &self,
+        batches: &[Vec<&[u32]>],
+        prompt: &[u32],
+        mut each: impl FnMut(usize, Result<Vec<Vec<f32>>, EmbedError>) -> bool,
+    ) {
+        let overlap = !self.device.is_cpu() && readback::pipeline_enabled();
+        let mut pending: std::collections::VecDeque<(usize, Result<Launched, EmbedError>)> =
+            Default::default();
+        for (i, seqs) in batches.iter().enumerate() {
+            pending.push_back((i, self.launch_ids(seqs, prompt, overlap)));
+            if pending.len() > usize::from(overlap) {
+                let (j, launched) = pending.pop_front().expect("one is pending");
+                if !each(j, launched.and_then(|l| self.finish(l))) {
+                    return;
+                }
+            }
+        }
+        for (j, launched) in pending {
+            if !each(j, launched.and_then(|l| self.finish(l))) {
+                return;
+            }
+        }
+    }
+
+    /// Wait for a launched batch's pooled vectors and run the head over them.
+    fn finish(&self, launched: Launched) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.head.apply(launched.wait()?)
+    }
+
+    /// Enqueue one batch's work; with `early_copy`, its pooled vectors' copy back too (on a
+    /// GPU: into page-locked memory, without waiting).
+    fn launch_ids(
+        &self,
+        seqs: &[&[u32]],
+        prompt: &[u32],
+        early_copy: bool,
+    ) -> Result<Launched, EmbedError> {
         if seqs.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Launched::Ready(Vec::new()));
         }
         let (specials_before, suffix) = self.tokenizer.specials();
         let prefix: Vec<u32> = specials_before.iter().chain(prompt).copied().collect();
@@ -544,7 +592,9 @@ impl EmbeddingModel {
             )));
         }
         let bert = match &self.encoder {
-            Encoder::Cpu(cpu) => return self.embed_cpu(cpu, seqs, prefix, suffix),
+            Encoder::Cpu(cpu) => {
+                return Ok(Launched::Ready(self.embed_cpu(cpu, seqs, prefix, suffix)?))
+            }
             Encoder::Candle(bert) => Some(bert),
             Encoder::Rotary(_) => None,
         };
@@ -562,17 +612,20 @@ impl EmbeddingModel {
             mask[row * len..row * len + n].fill(1.0);
             lengths.push(n);
         }
+        let mut parts = Parts::start(&self.device)?;
         let (hidden, mask) = match (bert, &self.encoder) {
             (Some(bert), _) => {
                 let ids = Tensor::from_vec(ids, (b, len), &self.device)?;
                 let mask = Tensor::from_vec(mask, (b, len), &self.device)?
                     .to_dtype(bert.activation_dtype())?;
-                (bert.forward(&ids, &mask)?, mask)
+                parts.mark("embeddings")?;
+                (bert.forward_timed(&ids, &mask, &mut parts)?, mask)
             }
-            (None, Encoder::Rotary(r)) => (
-                r.forward(ids, &lengths)?,
-                Tensor::from_vec(mask, (b, len), &self.device)?,
-            ),
+            (None, Encoder::Rotary(r)) => {
+                let hidden = r.forward(ids, &lengths)?;
+                parts.mark("encoder")?;
+                (hidden, Tensor::from_vec(mask, (b, len), &self.device)?)
+            }
             (None, _) => unreachable!("the CPU encoder returned above"),
         };
         // Pooling leaves out the prompt where the model says so (sentence-transformers'
@@ -587,9 +640,18 @@ impl EmbeddingModel {
         } else {
             mask
         };
-        let pooled = pool(&hidden, &pool_mask, &lengths, self.pooling)?;
-        let pooled = pooled.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-        self.head.apply(pooled)
+        let pooled = pool(&hidden, &pool_mask, &lengths, self.pooling)?.to_dtype(DType::F32)?;
+        if early_copy {
+            #[cfg(feature = "cuda")]
+            if let Some(copy) = readback::start_copy(&pooled)? {
+                return Ok(Launched::Copying(copy));
+            }
+        }
+        parts.enqueued();
+        let pooled = pooled.to_vec2::<f32>()?;
+        parts.mark("pooling")?;
+        parts.finish(b, len, lengths.iter().sum());
+        Ok(Launched::Ready(pooled))
     }
 
     /// Leading tokens that pooling leaves out: the specials and the prompt, when the model's
@@ -632,7 +694,7 @@ impl EmbeddingModel {
             };
             pooled.push(pool_rows(rows, h, self.pooling));
         }
-        self.head.apply(pooled)
+        Ok(pooled)
     }
 }
 

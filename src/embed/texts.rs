@@ -68,14 +68,29 @@ pub fn embed_texts<S: AsRef<str> + Sync>(
                 .collect();
             let mut out: Vec<Option<Vec<f32>>> = vec![None; ids.len()];
             let started = Instant::now();
-            for plan in model.plan_batches(&lengths, batch_tokens) {
-                let seqs: Vec<&[u32]> = plan.iter().map(|&i| ids[i].as_slice()).collect();
-                let vectors = model.embed_ids(&seqs, prompt)?;
-                stats.batches += 1;
-                stats.padded_tokens += model.computed_tokens(&lengths, &plan);
-                for (&i, v) in plan.iter().zip(vectors) {
-                    out[i] = Some(v);
+            let plans = model.plan_batches(&lengths, batch_tokens);
+            let batches: Vec<Vec<&[u32]>> = plans
+                .iter()
+                .map(|plan| plan.iter().map(|&i| ids[i].as_slice()).collect())
+                .collect();
+            let mut failed = None;
+            model.embed_batches(&batches, prompt, |b, vectors| match vectors {
+                Ok(vectors) => {
+                    let plan = &plans[b];
+                    stats.batches += 1;
+                    stats.padded_tokens += model.computed_tokens(&lengths, plan);
+                    for (&i, v) in plan.iter().zip(vectors) {
+                        out[i] = Some(v);
+                    }
+                    true
                 }
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            });
+            if let Some(e) = failed {
+                return Err(e);
             }
             stats.model_time += started.elapsed();
             stats.tokens += lengths.iter().sum::<usize>();
@@ -86,5 +101,15 @@ pub fn embed_texts<S: AsRef<str> + Sync>(
         }
         Ok(())
     })?;
+    tracing::info!(
+        target: "ragline::embed::profile",
+        "texts={} tokens={} padded_tokens={} batches={} tokenize_s={:.3} model_s={:.3}",
+        stats.texts,
+        stats.tokens,
+        stats.padded_tokens,
+        stats.batches,
+        stats.tokenize_time.as_secs_f64(),
+        stats.model_time.as_secs_f64()
+    );
     Ok(stats)
 }

@@ -146,14 +146,19 @@ impl<E: Encoder + ?Sized> Window<'_, '_, E> {
                 }
             })
             .collect();
-        for plan in encoder.plan_batches(&lengths, budget) {
-            let plan: Vec<usize> = plan.into_iter().filter(|&i| self.todo[i]).collect();
-            if plan.is_empty() {
-                continue;
-            }
-            let outcomes = run_batch(
-                encoder, items, &plan, prompt, &lengths, self.stats, self.label,
-            );
+        let plans: Vec<Vec<usize>> = encoder
+            .plan_batches(&lengths, budget)
+            .into_iter()
+            .map(|plan| {
+                plan.into_iter()
+                    .filter(|&i| self.todo[i])
+                    .collect::<Vec<_>>()
+            })
+            .filter(|plan| !plan.is_empty())
+            .collect();
+        let (stats, label) = (self.stats, self.label);
+        // Each batch's outcomes, as they come: false once the sink says stop.
+        let mut settle = |plan: &[usize], outcomes: Vec<Outcome>| -> bool {
             for (&i, outcome) in plan.iter().zip(outcomes) {
                 self.todo[i] = false;
                 if let Some(key) = items[i].key {
@@ -174,8 +179,35 @@ impl<E: Encoder + ?Sized> Window<'_, '_, E> {
                     return false;
                 }
             }
+            true
+        };
+        if encoder.embeds_text() {
+            for plan in &plans {
+                let texts: Vec<&str> = plan.iter().map(|&i| items[i].text).collect();
+                let tokens: Vec<usize> = plan.iter().map(|&i| lengths[i]).collect();
+                let result = Ok(encoder.embed_texts(&texts, &tokens));
+                let outcomes = outcomes(encoder, result, plan, &lengths, stats, label);
+                if !settle(plan, outcomes) {
+                    return false;
+                }
+            }
+            return true;
         }
-        true
+        let batches: Vec<Vec<&[u32]>> = plans
+            .iter()
+            .map(|plan| plan.iter().map(|&i| items[i].ids).collect())
+            .collect();
+        let mut going = true;
+        encoder.embed_batches(&batches, prompt, &mut |b, result| {
+            let plan = &plans[b];
+            let result = result.map(|v| v.into_iter().map(Ok).collect::<Vec<_>>());
+            going = settle(
+                plan,
+                outcomes(encoder, result, plan, &lengths, stats, label),
+            );
+            going
+        });
+        going
     }
 
     /// Give each copy the outcome of its original.
@@ -197,27 +229,17 @@ impl<E: Encoder + ?Sized> Window<'_, '_, E> {
     }
 }
 
-/// One planned batch through the encoder: an outcome per item of `plan`, in its order (a
-/// vector that is not finite, or an encoder's error, fails its items with the reason).
-fn run_batch<E: Encoder + ?Sized>(
+/// A batch's outcomes, one per item of `plan` in its order, from the encoder's `result` (a
+/// vector that is not finite, or an encoder's error, fails its items with the reason); the
+/// batch counted in `stats`.
+fn outcomes<E: Encoder + ?Sized>(
     encoder: &E,
-    items: &[WindowItem<'_>],
+    result: Result<Vec<Result<Vec<f32>, String>>, super::EmbedError>,
     plan: &[usize],
-    prompt: &[u32],
     lengths: &[usize],
     stats: &RunStats,
     label: &str,
 ) -> Vec<Outcome> {
-    let result = if encoder.embeds_text() {
-        let texts: Vec<&str> = plan.iter().map(|&i| items[i].text).collect();
-        let tokens: Vec<usize> = plan.iter().map(|&i| lengths[i]).collect();
-        Ok(encoder.embed_texts(&texts, &tokens))
-    } else {
-        let seqs: Vec<&[u32]> = plan.iter().map(|&i| items[i].ids).collect();
-        encoder
-            .embed_ids(&seqs, prompt)
-            .map(|v| v.into_iter().map(Ok).collect::<Vec<_>>())
-    };
     let real: usize = plan.iter().map(|&i| lengths[i]).sum();
     stats.add_batch(
         plan.len() as u64,
