@@ -41,8 +41,11 @@ if [ "$deep" = 1 ]; then
     cargo build -q --features fuzzing --bin ragline-fuzz
 else
   echo "== building ragline-fuzz, ragline's code instrumented" >&2
+  # RAGLINE_FUZZ_OPT_LEVEL: ragline's own opt-level (CI's short runs take 1: a faster build).
+  opt=()
+  [ -z "${RAGLINE_FUZZ_OPT_LEVEL:-}" ] || opt=(--config "profile.dev.package.ragline.opt-level=$RAGLINE_FUZZ_OPT_LEVEL")
   RUSTC_WRAPPER="$ROOT/scripts/fuzz-rustc.sh" CARGO_TARGET_DIR=$target_dir \
-    cargo build -q --features fuzzing --bin ragline-fuzz
+    cargo build -q "${opt[@]}" --features fuzzing --bin ragline-fuzz
 fi
 bin=$target_dir/debug/ragline-fuzz
 

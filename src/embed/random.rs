@@ -56,7 +56,7 @@ impl RandomBert {
         )
     }
 
-    /// Weights named as candle-transformers' BERT loads them, deterministic in `seed`.
+    /// Weights named as Hugging Face's BERT checkpoints name them, deterministic in `seed`.
     pub fn weights(&self) -> HashMap<String, Tensor> {
         let h = self.hidden;
         let mut t = RandomTensors::new(self.seed);
@@ -82,7 +82,7 @@ impl RandomBert {
         t.tensors
     }
 
-    /// Encoder layer `l`'s weights, named as candle-transformers' BERT loads them.
+    /// Encoder layer `l`'s weights, named as Hugging Face's BERT checkpoints name them.
     fn put_layer(&self, t: &mut RandomTensors, l: usize) {
         let (h, i) = (self.hidden, self.intermediate);
         let pre = format!("encoder.layer.{l}");
