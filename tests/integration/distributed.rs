@@ -177,12 +177,24 @@ pub struct RoleProcess {
 
 impl RoleProcess {
     pub fn start(role: &str, queue: &str, extra: &[&str], logs: &Path, n: usize) -> RoleProcess {
+        Self::start_with(role, queue, extra, logs, n, &[])
+    }
+
+    pub fn start_with(
+        role: &str,
+        queue: &str,
+        extra: &[&str],
+        logs: &Path,
+        n: usize,
+        env: &[(&str, &str)],
+    ) -> RoleProcess {
         let log = logs.join(format!("{role}-{n}.log"));
         let f = fs::File::create(&log).unwrap();
         let child = ragline()
             .arg(role)
             .args(["--queue", queue, "--once"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(f.try_clone().unwrap())
             .stderr(f)
             .spawn()
@@ -250,6 +262,37 @@ fn roles(
     model: &Path,
     index: &TestIndex,
 ) -> Vec<RoleProcess> {
+    roles_with(queue, workers, logs, model, index, &[])
+}
+
+/// [`roles`], the indexer holding its second batch for 2 seconds (under the tests' 3-second
+/// AckWait): the first batch in the index says the run is under way, and the run cannot end
+/// while the second is held, on any machine, so a test acts part way through.
+fn roles_held(
+    queue: &str,
+    workers: usize,
+    logs: &Path,
+    model: &Path,
+    index: &TestIndex,
+) -> Vec<RoleProcess> {
+    roles_with(
+        queue,
+        workers,
+        logs,
+        model,
+        index,
+        &[("FAILPOINTS", "index::batch=1*off->1*sleep(2000)")],
+    )
+}
+
+fn roles_with(
+    queue: &str,
+    workers: usize,
+    logs: &Path,
+    model: &Path,
+    index: &TestIndex,
+    indexer_env: &[(&str, &str)],
+) -> Vec<RoleProcess> {
     let model = model.display().to_string();
     let uri = index.uri();
     let mut v = Vec::new();
@@ -269,21 +312,46 @@ fn roles(
         logs,
         0,
     ));
-    v.push(RoleProcess::start(
+    v.push(RoleProcess::start_with(
         "indexer",
         queue,
         &["--index", &uri],
         logs,
         0,
+        indexer_env,
     ));
     v
 }
 
 /// A distributed ingest of `corpus` into `uri`; returns the child to wait on.
 fn distributed_ingest(corpus: &Path, uri: &str, queue: &str, report: &Path, model: &Path) -> Child {
+    distributed_ingest_with(corpus, uri, queue, report, model, &[])
+}
+
+/// [`distributed_ingest`] with index writes of 32 items at most: a 60-document corpus is then
+/// many batches, so an indexer holding its second one ([`roles_held`]) holds the run.
+fn distributed_ingest_in_batches(
+    corpus: &Path,
+    uri: &str,
+    queue: &str,
+    report: &Path,
+    model: &Path,
+) -> Child {
+    distributed_ingest_with(corpus, uri, queue, report, model, &["--batch-size", "32"])
+}
+
+fn distributed_ingest_with(
+    corpus: &Path,
+    uri: &str,
+    queue: &str,
+    report: &Path,
+    model: &Path,
+    extra: &[&str],
+) -> Child {
     ragline()
         .args(["ingest", "--progress", "log", "--device", "cpu", "--model"])
         .arg(model)
+        .args(extra)
         .args(["--index", uri, "--queue", queue, "--report"])
         .arg(report)
         .arg(corpus)
@@ -441,9 +509,9 @@ fn a_killed_worker_and_embedder_lose_nothing_and_double_nothing() {
     let spread = test_index(dir.path(), "kspread");
     // A short AckWait, so what the killed processes held comes back quickly.
     let url = format!("{}?ack_wait=3", nats.url());
-    let mut procs = roles(&url, 2, dir.path(), &model, &spread);
+    let mut procs = roles_held(&url, 2, dir.path(), &model, &spread);
     let report = dir.path().join("d.json");
-    let mut ingest = distributed_ingest(&corpus, &spread.uri(), &url, &report, &model);
+    let mut ingest = distributed_ingest_in_batches(&corpus, &spread.uri(), &url, &report, &model);
     // Once chunks reach the index, the run is under way: kill a worker and the embedder.
     let deadline = Instant::now() + Duration::from_secs(120);
     while spread_chunks(&spread) == 0 {
@@ -452,7 +520,7 @@ fn a_killed_worker_and_embedder_lose_nothing_and_double_nothing() {
     }
     assert!(
         ingest.try_wait().unwrap().is_none(),
-        "the run ended before the kill: the test needs a bigger corpus"
+        "the run ended while the indexer held a batch: it wrote everything in one"
     );
     procs[0].kill9();
     procs[2].kill9();
@@ -505,9 +573,9 @@ fn a_broker_crash_in_the_middle_of_a_run_loses_nothing() {
 
     let spread = test_index(dir.path(), "bspread");
     let url = format!("{}?ack_wait=3", nats.url());
-    let mut procs = roles(&url, 2, dir.path(), &model, &spread);
+    let mut procs = roles_held(&url, 2, dir.path(), &model, &spread);
     let report = dir.path().join("d.json");
-    let mut ingest = distributed_ingest(&corpus, &spread.uri(), &url, &report, &model);
+    let mut ingest = distributed_ingest_in_batches(&corpus, &spread.uri(), &url, &report, &model);
     let deadline = Instant::now() + Duration::from_secs(120);
     while spread_chunks(&spread) == 0 {
         assert!(Instant::now() < deadline, "nothing reached the index");
@@ -515,7 +583,7 @@ fn a_broker_crash_in_the_middle_of_a_run_loses_nothing() {
     }
     assert!(
         ingest.try_wait().unwrap().is_none(),
-        "the run ended before the kill: the test needs a bigger corpus"
+        "the run ended while the indexer held a batch: it wrote everything in one"
     );
     nats.kill9();
     std::thread::sleep(Duration::from_secs(2));
@@ -956,9 +1024,9 @@ fn killing_the_stream_leader_of_a_three_node_cluster_loses_nothing() {
 
     let spread = test_index(dir.path(), "cspread");
     let url = format!("{}?replicas=3&ack_wait=3", cluster.url());
-    let mut procs = roles(&url, 2, dir.path(), &model, &spread);
+    let mut procs = roles_held(&url, 2, dir.path(), &model, &spread);
     let report = dir.path().join("d.json");
-    let mut ingest = distributed_ingest(&corpus, &spread.uri(), &url, &report, &model);
+    let mut ingest = distributed_ingest_in_batches(&corpus, &spread.uri(), &url, &report, &model);
     let deadline = Instant::now() + Duration::from_secs(120);
     while spread_chunks(&spread) == 0 {
         assert!(Instant::now() < deadline, "nothing reached the index");
@@ -966,7 +1034,7 @@ fn killing_the_stream_leader_of_a_three_node_cluster_loses_nothing() {
     }
     assert!(
         ingest.try_wait().unwrap().is_none(),
-        "the run ended before the kill: the test needs a bigger corpus"
+        "the run ended while the indexer held a batch: it wrote everything in one"
     );
     let leader = cluster
         .leader_of("RAGLINE_EMBED")

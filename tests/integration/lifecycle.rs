@@ -167,6 +167,10 @@ const QUERIES: [&str; 3] = [
     "fetching data in an effect",
 ];
 
+/// `FAILPOINTS` for an `enrich` or `backfill` to kill part way: it commits after every batch and
+/// stops for good (until killed) right after the first commit that finishes a document.
+const HOLD_AFTER_A_DOCUMENT: &str = "enrich::commit-each=return;enrich::done=sleep(600000)";
+
 /// Crash and resume: a deferred ingest, then `enrich` killed with SIGKILL part way; status
 /// shows the split and vector search covers what is embedded; a second `enrich` completes it
 /// with little work done twice. The result searches like a plain ingest of the corpus.
@@ -210,18 +214,20 @@ fn enrich_killed_part_way_on(kind: &crate::backend::BackendKind) {
     assert!(!stdout_json(&o).as_array().unwrap().is_empty());
 
     let log = dir.path().join("first.log");
+    // Committing after every batch, and held for good after the first commit that finishes a
+    // document: the kill comes part way on any machine (the last batch, the longest chunks,
+    // holds fewer chunks than the corpus has documents, so some finish before it).
     let mut first = rag(&db, &["enrich", "--progress", "log", "--device", "cpu"])
         .env("RAGLINE_PROGRESS_EVERY_MS", "100")
+        .env("FAILPOINTS", HOLD_AFTER_A_DOCUMENT)
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let embedded = |s: &Value| s["vector_sets"][0]["embedded"].as_u64().unwrap();
-    wait_for(
-        "a third of the chunks embedded",
-        Duration::from_secs(600),
-        || embedded(&status(&db)) * 3 >= chunks,
-    );
+    wait_for("a document embedded", Duration::from_secs(600), || {
+        status(&db)["stages"]["embed"]["done"].as_u64().unwrap() >= 1
+    });
     kill9(&mut first);
     let s = status(&db);
     let at_kill = embedded(&s);
@@ -938,18 +944,23 @@ fn a_model_migration_on(kind: &crate::backend::BackendKind, docs: &Path) {
         cmd.arg(&new);
         cmd
     };
-    // Slowed down (a pause at each commit) so that it can be killed in the middle.
+    // Held for good after its first commit that finishes a document, so that it is killed in
+    // the middle whatever the machine's speed.
     let mut first = backfill(&db)
-        .env("FAILPOINTS", "enrich::commit=sleep(150)")
+        .env("FAILPOINTS", HOLD_AFTER_A_DOCUMENT)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let progress = |db: &TestIndex| -> Value { status(db)["backfill"].clone() };
-    wait_for("a third of the backfill", Duration::from_secs(600), || {
-        let b = progress(&db);
-        !b.is_null() && b["chunks_embedded"].as_u64().unwrap() * 3 >= chunks
-    });
+    wait_for(
+        "the backfill's first document",
+        Duration::from_secs(600),
+        || {
+            let b = progress(&db);
+            !b.is_null() && b["documents_done"].as_u64().unwrap() >= 1 && b["watermark"].is_string()
+        },
+    );
     kill9(&mut first);
     let b = progress(&db);
     eprintln!("killed at {b}");

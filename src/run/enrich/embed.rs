@@ -311,7 +311,16 @@ impl Committer<'_> {
         docs: &mut [DocState],
         shared: &Shared<'_>,
     ) -> Result<(), StoreError> {
-        if self.pending.len() >= COMMIT_CHUNKS || self.last_commit.elapsed() >= COMMIT_EVERY {
+        #[allow(unused_mut)]
+        let mut due =
+            self.pending.len() >= COMMIT_CHUNKS || self.last_commit.elapsed() >= COMMIT_EVERY;
+        // Tests commit after every batch (`FAILPOINTS=enrich::commit-each=return`), so that
+        // `enrich::done` holds a run after a known point whatever the machine's speed.
+        #[cfg(feature = "failpoints")]
+        if fail::eval("enrich::commit-each", |_| ()).is_some() {
+            due = true;
+        }
+        if due {
             self.commit(store, docs, shared)?;
         }
         let lease = shared.options.settings.visibility_timeout;
@@ -348,6 +357,12 @@ impl Committer<'_> {
         #[cfg(feature = "failpoints")]
         fail::fail_point!("enrich::commit");
         let written = store.write_vectors(self.set, &vectors, &done)?;
+        // Tests hold a run here once a commit has finished documents
+        // (`FAILPOINTS=enrich::done=sleep(600000)`), to kill it part way on any machine.
+        #[cfg(feature = "failpoints")]
+        if !done.is_empty() {
+            fail::fail_point!("enrich::done");
+        }
         let statuses = if failed.is_empty() {
             Vec::new()
         } else {
