@@ -535,30 +535,26 @@ impl EmbeddingModel {
     }
 
     /// Embed `batches` (as [`EmbeddingModel::embed_ids`] each), handing each batch's result to
-    /// `each` in order (false from it: stop). On a GPU with `RAGLINE_PIPELINE=1`, the next batch's work is enqueued
-    /// before the last one's vectors are waited for, so the device never idles while the
-    /// host copies results back and prepares the next batch.
+    /// `each` in order (false from it: stop). On a GPU with `RAGLINE_PIPELINE=1`, the next
+    /// batch's work is enqueued before the last one's vectors are waited for, so the device
+    /// never idles while the host copies results back and prepares the next batch.
     pub fn embed_batches(
         &self,
         batches: &[Vec<&[u32]>],
         prompt: &[u32],
         mut each: impl FnMut(usize, Result<Vec<Vec<f32>>, EmbedError>) -> bool,
     ) {
-        let overlap = !self.device.is_cpu() && readback::pipeline_enabled();
-        let mut pending: std::collections::VecDeque<(usize, Result<Launched, EmbedError>)> =
-            Default::default();
-        for (i, seqs) in batches.iter().enumerate() {
-            pending.push_back((i, self.launch_ids(seqs, prompt, overlap)));
-            if pending.len() > usize::from(overlap) {
-                let (j, launched) = pending.pop_front().expect("one is pending");
-                if !each(j, launched.and_then(|l| self.finish(l))) {
+        let ahead = usize::from(!self.device.is_cpu() && readback::pipeline_enabled());
+        let mut pending = std::collections::VecDeque::new();
+        for i in 0..batches.len() + ahead {
+            if let Some(seqs) = batches.get(i) {
+                pending.push_back(self.launch_ids(seqs, prompt, ahead > 0));
+            }
+            if i >= ahead {
+                let launched = pending.pop_front().expect("batch i - ahead is pending");
+                if !each(i - ahead, launched.and_then(|l| self.finish(l))) {
                     return;
                 }
-            }
-        }
-        for (j, launched) in pending {
-            if !each(j, launched.and_then(|l| self.finish(l))) {
-                return;
             }
         }
     }
