@@ -21,6 +21,7 @@ fn index(path: &std::path::Path, n: usize) {
             pipeline_fingerprint: "bench".into(),
             defer_embed: false,
             priority: ragline::lifecycle::Priority::Fresh,
+            ann: Default::default(),
         },
     )
     .unwrap();

@@ -69,6 +69,25 @@ pub struct BenchArgs {
     /// With --write: vary the rows (a second run with another seed rewrites every row).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+
+    /// With --write: draw each vector as a real one of this float32 .npy file (rows of --dim
+    /// values, e.g. a corpus's MiniLM vectors) plus Gaussian noise, re-normalised; queries are
+    /// drawn from held-out rows (every tenth). Without it: uniform random unit vectors.
+    #[arg(long, value_name = "VECTORS.npy")]
+    like: Option<PathBuf>,
+
+    /// With --like: the noise, relative to a unit vector's spread per dimension.
+    #[arg(long, default_value_t = 0.5)]
+    noise: f32,
+
+    /// With --write to sqlite://: the ANN to keep (auto, hnsw, none; see `ingest --ann`).
+    /// With --queries, recall@10 against the exact scan is measured too.
+    #[arg(long, value_name = "auto|hnsw|none")]
+    ann: Option<ragline::indexers::sqlite::ann::AnnMode>,
+
+    /// With --write to sqlite://: what the ANN stores (f16, int8, binary).
+    #[arg(long, value_name = "f16|int8|binary")]
+    ann_dtype: Option<ragline::indexers::sqlite::ann::AnnDtype>,
 }
 
 #[derive(Serialize)]
@@ -309,7 +328,27 @@ fn bench_write(args: &BenchArgs, uri: &str) -> anyhow::Result<ExitCode> {
     use ragline::indexers::synthetic::{self, CHUNKS_PER_DOCUMENT};
     let uri: ragline::indexers::IndexUri = uri.parse().context("bad --write")?;
     let chunks = args.chunks.unwrap_or(100_000);
-    let factory = ragline::indexers::open(&uri, synthetic::identity(args.dim))?;
+    let like = match &args.like {
+        Some(path) => {
+            let like = synthetic::Like::from_npy(path, args.noise)?;
+            if like.dim() != args.dim {
+                bail!(
+                    "--like {} holds vectors of {} dimensions; give --dim {}",
+                    path.display(),
+                    like.dim(),
+                    like.dim()
+                );
+            }
+            Some(like)
+        }
+        None => None,
+    };
+    let mut identity = synthetic::identity(args.dim);
+    identity.ann = ragline::indexers::sqlite::ann::AnnChoice {
+        mode: args.ann,
+        dtype: args.ann_dtype,
+    };
+    let factory = ragline::indexers::open(&uri, identity)?;
     let report = synthetic::write_throughput(
         factory.as_ref(),
         chunks.div_ceil(CHUNKS_PER_DOCUMENT),
@@ -317,23 +356,44 @@ fn bench_write(args: &BenchArgs, uri: &str) -> anyhow::Result<ExitCode> {
         args.writers,
         args.batch_size.map_or(synthetic::BATCH, |n| n as usize),
         args.seed,
+        like.as_ref(),
     )?;
     let latency = if args.queries > 0 {
         let reader = ragline::indexers::open_reader(&uri, false)?;
+        // Recall needs the exact answers beside the approximate ones.
+        let exact = match &uri {
+            ragline::indexers::IndexUri::Sqlite(_) | ragline::indexers::IndexUri::Postgres(_) => {
+                Some(ragline::indexers::open_reader(&uri, true)?)
+            }
+            #[allow(unreachable_patterns)]
+            _ => None,
+        };
         Some(synthetic::search_latency(
             reader.as_ref(),
+            exact.as_deref(),
             args.queries,
             10,
             args.dim,
+            like.as_ref(),
         )?)
     } else {
         None
+    };
+    let peak_rss_mb = peak_rss_mb();
+    let files_mb = match &uri {
+        ragline::indexers::IndexUri::Sqlite(path) => Some(index_files_bytes(path) as f64 / 1e6),
+        _ => None,
     };
     if args.json {
         let mut v = serde_json::to_value(&report)?;
         if let Some(l) = &latency {
             v["search"] = serde_json::to_value(l)?;
+            v["recall_at_10"] = serde_json::to_value(l.recall_at_10)?;
+            v["search_p50_ms"] = serde_json::to_value(l.vector_p50_ms)?;
+            v["search_p99_ms"] = serde_json::to_value(l.vector_p99_ms)?;
         }
+        v["peak_rss_mb"] = serde_json::to_value(peak_rss_mb)?;
+        v["files_mb"] = serde_json::to_value(files_mb)?;
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         if let Some(l) = &latency {
@@ -341,7 +401,14 @@ fn bench_write(args: &BenchArgs, uri: &str) -> anyhow::Result<ExitCode> {
                 "search over {} queries: vector p50 {:.2} ms, p99 {:.2} ms; keyword p50 {:.2} ms, p99 {:.2} ms",
                 l.queries, l.vector_p50_ms, l.vector_p99_ms, l.keyword_p50_ms, l.keyword_p99_ms
             );
+            if let (Some(r), Some(e)) = (l.recall_at_10, l.exact_p50_ms) {
+                println!("recall@10 against the exact scan {r:.4} (exact scan p50 {e:.2} ms)");
+            }
         }
+        if let Some(mb) = files_mb {
+            println!("index files {mb:.1} MB");
+        }
+        println!("peak RSS {peak_rss_mb:.0} MB");
         println!(
             "{}: {} chunks ({} dimensions) in {:.2}s: {:.0} chunks/s with {} writers; \
              finishing {:.1}s",
@@ -430,4 +497,19 @@ fn cpu_model() -> String {
                 .map(|(_, v)| v.trim().to_string())
         })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Bytes of an SQLite index with its WAL and its ANN files.
+fn index_files_bytes(path: &std::path::Path) -> u64 {
+    let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let mut total = size(path);
+    for suffix in ["-wal", "-shm"] {
+        let mut p = path.as_os_str().to_os_string();
+        p.push(suffix);
+        total += size(std::path::Path::new(&p));
+    }
+    if let Ok(dir) = std::fs::read_dir(ragline::indexers::sqlite::ann::dir_of(path)) {
+        total += dir.flatten().map(|e| size(&e.path())).sum::<u64>();
+    }
+    total
 }

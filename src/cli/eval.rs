@@ -58,9 +58,14 @@ pub struct EvalArgs {
     truncate: bool,
 
     /// Vector search compares each query with every vector instead of using the approximate
-    /// (HNSW) index of a postgres:// index.
+    /// index (sqlite://'s ANN file, postgres://'s HNSW).
     #[arg(long)]
     exact: bool,
+
+    /// The ingest keeps a sqlite:// index's ANN: auto (past 50,000 chunks), hnsw (always),
+    /// none (see `ingest --ann`). [default: what the index records; auto]
+    #[arg(long, value_name = "auto|hnsw|none")]
+    ann: Option<ragline::indexers::sqlite::ann::AnnMode>,
 
     /// Print the scores as JSON instead of a table.
     #[arg(long)]
@@ -107,7 +112,7 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
     let started = std::time::Instant::now();
     let mut scores = evaluate(&searcher, &queries, &qrels, &args.modes)?;
     // An approximate index: how much of the exact answer it finds.
-    if uri.is_store() && !matches!(uri, IndexUri::Sqlite(_)) && !args.exact {
+    if uri.is_store() && !args.exact {
         if let Some(s) = scores.iter_mut().find(|s| s.mode == Mode::Vector.name()) {
             let exact = Searcher::open(&uri, true)?;
             s.ann_recall_at_10 = Some(ann_recall(&searcher, exact.as_ref(), &queries, &qrels, 10)?);
@@ -159,6 +164,9 @@ fn ingest_corpus(args: &EvalArgs, config: &mut PipelineConfig, index: &str) -> a
     config.chunk.truncate = args.truncate;
     config.index.prune = true;
     config.stages.embed.defer = false;
+    if args.ann.is_some() {
+        config.index.ann = args.ann;
+    }
     super::apply_index(config, &Some(index.to_string()))?;
     let mut observer = super::observer(config.run.progress);
     let summary = jobs::ingest(config, observer.as_mut())?;
@@ -190,7 +198,8 @@ fn print_table(scores: &[Scores], secs: f64) -> anyhow::Result<()> {
         if let Some(r) = s.ann_recall_at_10 {
             writeln!(
                 out,
-                "{}: the approximate (HNSW) index finds {r:.4} of the exact 10 nearest chunks",
+                "{}: the approximate (HNSW) index finds {r:.4} of the exact 10 nearest chunks \
+                 (--exact scans)",
                 s.mode
             )?;
         }

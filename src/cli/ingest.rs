@@ -35,6 +35,17 @@ pub struct IngestArgs {
     #[arg(long)]
     pub(super) prune: bool,
 
+    /// The approximate nearest-neighbour index of a sqlite:// index, kept by the indexers as
+    /// they write: `auto` builds it once a vector set passes 50,000 chunks, `hnsw` always,
+    /// `none` never (and drops one). Recorded in the index for later runs. [default: auto]
+    #[arg(long, value_name = "auto|hnsw|none")]
+    pub(super) ann: Option<ragline::indexers::sqlite::ann::AnnMode>,
+
+    /// What the ANN stores: f16 (2 bytes a dimension), int8 (1) or binary (1 bit); answers
+    /// are re-scored against the f32 vectors either way. [default: f16]
+    #[arg(long, value_name = "f16|int8|binary")]
+    pub(super) ann_dtype: Option<ragline::indexers::sqlite::ann::AnnDtype>,
+
     /// CPU worker threads (extract, chunk, tokenize) [default: the number of cores].
     #[arg(long)]
     pub(super) workers: Option<usize>,
@@ -189,6 +200,12 @@ impl IngestArgs {
         chunk.truncate |= self.truncate;
         let index = &mut config.index;
         index.prune |= self.prune;
+        if self.ann.is_some() {
+            index.ann = self.ann;
+        }
+        if self.ann_dtype.is_some() {
+            index.ann_dtype = self.ann_dtype;
+        }
         if let Some(n) = self.indexers {
             index.indexers = Some(n);
         }

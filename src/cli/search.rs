@@ -34,7 +34,7 @@ pub struct SearchArgs {
     json: bool,
 
     /// Vector search compares the query with every vector instead of using the approximate
-    /// (HNSW) index: exact, slower. (sqlite:// indexes are always exact.)
+    /// nearest-neighbour index (sqlite://'s ANN file, postgres://'s HNSW): exact, slower.
     #[arg(long)]
     exact: bool,
 
@@ -43,6 +43,13 @@ pub struct SearchArgs {
     #[arg(long)]
     no_promote: bool,
 
+    /// Only chunks of documents that match: `source=GLOB` on the document id (its path or
+    /// URL: `source=docs/api/*`), `KEY=VALUE` on its metadata (front matter, JSONL fields;
+    /// the value may be a glob; a list matches when it holds the value). Repeat to AND them.
+    /// Applied inside the search: k results whenever k chunks match.
+    #[arg(long = "where", value_name = "source=GLOB|KEY=VALUE")]
+    filters: Vec<String>,
+
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -50,6 +57,7 @@ pub struct SearchArgs {
 pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut config = super::load_config(config_file)?;
     super::apply_index(&mut config, &args.index)?;
+    let filter = ragline::search::Where::parse(&args.filters).map_err(anyhow::Error::msg)?;
     let reader = Searcher::open(&config.index.uri.value, args.exact)?;
     // The query is embedded with the index's own model (not --model's default).
     let model = if args.mode == Mode::Keyword {
@@ -67,7 +75,7 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
         Some(model)
     };
     let searcher = Searcher::new(reader, model);
-    let hits = searcher.search(&args.query, args.mode, args.k)?;
+    let hits = searcher.search_where(&args.query, args.mode, args.k, &filter)?;
     // A partly enriched index: say what vector search cannot see yet, and embed what this
     // search is looking for first.
     let (missing, total) = searcher.reader().unembedded()?;

@@ -16,6 +16,10 @@ pub struct IndexIdentity {
     pub defer_embed: bool,
     /// The priority the run's new work is queued at (`stages.embed.priority`).
     pub priority: Priority,
+    /// The approximate nearest-neighbour index the run keeps (sqlite:// only; `index.ann`,
+    /// `--ann`): recorded in the index, so later writers keep it the same way. `None`: as the
+    /// index records it.
+    pub ann: crate::indexers::sqlite::ann::AnnChoice,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -16,6 +16,7 @@ pub mod null;
 pub mod parquet;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod filter;
 pub mod sqlite;
 pub mod store;
 pub mod synthetic;
@@ -218,6 +219,33 @@ pub trait IndexReader {
     /// The `k` best chunks for the words of `query`: (rowid, score), best first.
     fn keyword(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError>;
 
+    /// [`IndexReader::nearest`] among the chunks `filter` lets through: k results whenever k
+    /// chunks match.
+    fn nearest_where(
+        &self,
+        query: &[f32],
+        k: usize,
+        filter: &filter::Where,
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        if filter.is_empty() {
+            return self.nearest(query, k);
+        }
+        Err(no_filters(&self.describe()))
+    }
+
+    /// [`IndexReader::keyword`] among the chunks `filter` lets through.
+    fn keyword_where(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &filter::Where,
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        if filter.is_empty() {
+            return self.keyword(query, k);
+        }
+        Err(no_filters(&self.describe()))
+    }
+
     /// The `k` documents whose stage outputs in the keyword index (LLM summaries...) best
     /// match `query`, as the rowid of each one's first chunk: (rowid, score), best first.
     fn keyword_outputs(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
@@ -236,13 +264,17 @@ pub trait IndexReader {
     }
 }
 
+fn no_filters(index: &str) -> BackendError {
+    BackendError::Invalid(format!(
+        "--where is not supported by {index} yet; filter a sqlite:// index, or search without it"
+    ))
+}
+
 /// Open an index for search. `exact`: vector search compares with every vector, not an
-/// approximate index (sqlite:// is always exact).
+/// approximate index (the ANN of sqlite://, HNSW of postgres://).
 pub fn open_reader(uri: &IndexUri, exact: bool) -> Result<Box<dyn IndexReader>, BackendError> {
-    #[cfg(not(feature = "postgres"))]
-    let _ = exact;
     match uri {
-        IndexUri::Sqlite(path) => Ok(Box::new(sqlite::SqliteReader::open(path)?)),
+        IndexUri::Sqlite(path) => Ok(Box::new(sqlite::SqliteReader::open(path)?.with_exact(exact))),
         #[cfg(feature = "postgres")]
         IndexUri::Postgres(target) => Ok(Box::new(postgres::PgReader::open(target, exact)?)),
         _ => Err(BackendError::Invalid(format!(

@@ -60,6 +60,13 @@ impl Rng {
         self.0
     }
 
+    /// A standard normal number (Box-Muller).
+    pub fn gaussian(&mut self) -> f32 {
+        let u1 = ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        let u2 = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+    }
+
     /// A unit vector of `dim` dimensions.
     pub fn unit(&mut self, dim: usize) -> Vec<f32> {
         let v: Vec<f32> = (0..dim)
@@ -72,6 +79,141 @@ impl Rng {
 
 /// Document `d`: its parent first, then its chunks. `seed` varies the text and vectors.
 pub fn document(d: usize, dim: usize, seed: u64) -> Vec<Document> {
+    document_like(d, dim, seed, None)
+}
+
+/// Vectors drawn like real ones (`bench --write --like VECTORS.npy`): each a real vector of
+/// the file plus Gaussian noise, re-normalised. Uniformly random vectors have none of a
+/// corpus's structure (every ANN is at its worst on them); these keep its clusters.
+pub struct Like {
+    /// Row-major, `dim` per row: the rows documents draw from.
+    corpus: Vec<f32>,
+    /// Rows held out for queries (none of the documents' vectors is drawn from them).
+    queries: Vec<f32>,
+    dim: usize,
+    /// Standard deviation of the noise per dimension, relative to a unit vector's spread
+    /// (1/sqrt(dim)): 0.5 puts a drawn vector at cosine ~0.9 to its real one.
+    noise: f32,
+}
+
+impl Like {
+    /// From a .npy file of float32 rows (`numpy.save(path, vectors.astype("float32"))`).
+    /// Every tenth row is held out for queries.
+    pub fn from_npy(path: &std::path::Path, noise: f32) -> Result<Like, BackendError> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| BackendError::Invalid(format!("--like `{}`: {e}", path.display())))?;
+        let (rows, dim, data) = npy_f32(&bytes).map_err(|why| {
+            BackendError::Invalid(format!(
+                "--like `{}`: {why}; give a 2-D float32 .npy file (numpy.save)",
+                path.display()
+            ))
+        })?;
+        if rows < 20 {
+            return Err(BackendError::Invalid(format!(
+                "--like `{}` holds {rows} vectors; give at least 20",
+                path.display()
+            )));
+        }
+        let mut corpus = Vec::with_capacity(data.len());
+        let mut queries = Vec::with_capacity(data.len() / 10 + dim);
+        for (i, row) in data.chunks_exact(dim).enumerate() {
+            if i % 10 == 9 {
+                queries.extend_from_slice(row);
+            } else {
+                corpus.extend_from_slice(row);
+            }
+        }
+        Ok(Like {
+            corpus,
+            queries,
+            dim,
+            noise,
+        })
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    fn draw_from(&self, rows: &[f32], rng: &mut Rng) -> Vec<f32> {
+        let n = rows.len() / self.dim;
+        let i = (rng.next_u64() % n as u64) as usize;
+        let sigma = self.noise / (self.dim as f32).sqrt();
+        let base = &rows[i * self.dim..(i + 1) * self.dim];
+        let bn = base.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+        let v: Vec<f32> = base.iter().map(|x| x / bn + sigma * rng.gaussian()).collect();
+        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+        v.into_iter().map(|x| x / n).collect()
+    }
+
+    /// A document chunk's vector.
+    pub fn draw(&self, rng: &mut Rng) -> Vec<f32> {
+        self.draw_from(&self.corpus, rng)
+    }
+
+    /// A query vector, from the held-out rows.
+    pub fn query(&self, rng: &mut Rng) -> Vec<f32> {
+        self.draw_from(&self.queries, rng)
+    }
+}
+
+/// A 2-D little-endian float32 .npy file: (rows, columns, values). Bounded by the file: the
+/// header is at most 64 KiB and the shape must match the bytes that follow it.
+fn npy_f32(b: &[u8]) -> Result<(usize, usize, Vec<f32>), String> {
+    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+        return Err("not a .npy file".into());
+    }
+    let (header_len, start) = match b[6] {
+        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
+        2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
+        v => return Err(format!(".npy version {v} is not supported")),
+    };
+    if header_len > 65536 || start + header_len > b.len() {
+        return Err("its header is cut short".into());
+    }
+    let header = std::str::from_utf8(&b[start..start + header_len])
+        .map_err(|_| "its header is not text".to_string())?;
+    if !header.contains("'descr': '<f4'") {
+        return Err("its values are not little-endian float32 ('<f4')".into());
+    }
+    if header.contains("'fortran_order': True") {
+        return Err("it is in Fortran order".into());
+    }
+    let shape = header
+        .split("'shape':")
+        .nth(1)
+        .and_then(|s| s.split('(').nth(1))
+        .and_then(|s| s.split(')').next())
+        .ok_or("its header has no shape")?;
+    let dims: Vec<usize> = shape
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>().map_err(|_| format!("bad shape `{shape}`")))
+        .collect::<Result<_, _>>()?;
+    let [rows, cols] = dims[..] else {
+        return Err(format!("its shape ({shape}) is not 2-D"));
+    };
+    let body = &b[start + header_len..];
+    let want = rows
+        .checked_mul(cols)
+        .and_then(|n| n.checked_mul(4))
+        .ok_or("its shape overflows")?;
+    if cols == 0 || body.len() != want {
+        return Err(format!(
+            "its shape ({rows}, {cols}) needs {want} bytes of values, it has {}",
+            body.len()
+        ));
+    }
+    let values = body
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok((rows, cols, values))
+}
+
+/// Document `d` with vectors drawn [`Like`] real ones (uniform unit vectors without).
+pub fn document_like(d: usize, dim: usize, seed: u64, like: Option<&Like>) -> Vec<Document> {
     let mut rng = Rng((d as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed | 1);
     let mut parent = Document::new(format!("doc{d}"), "");
     parent.content_hash = Some(format!("h{d}-{seed}"));
@@ -93,7 +235,10 @@ pub fn document(d: usize, dim: usize, seed: u64) -> Vec<Document> {
             pages: None,
             token_ids: Vec::new(),
             input_key: Some(Chunk::input_key_of(&[d as u32, i as u32, seed as u32])),
-            vector: Some(rng.unit(dim)),
+            vector: Some(match like {
+                Some(like) => like.draw(&mut rng),
+                None => rng.unit(dim),
+            }),
         }));
         out.push(c);
     }
@@ -120,6 +265,7 @@ pub fn identity(dim: usize) -> IndexIdentity {
         pipeline_fingerprint: "synthetic".into(),
         defer_embed: false,
         priority: crate::lifecycle::Priority::Fresh,
+        ann: Default::default(),
     }
 }
 
@@ -149,6 +295,7 @@ pub fn write_throughput(
     writers: usize,
     batch: usize,
     seed: u64,
+    like: Option<&Like>,
 ) -> Result<WriteReport, BackendError> {
     let writers = writers.max(1);
     let backends = (0..writers)
@@ -166,7 +313,7 @@ pub fn write_throughput(
                     // the time, against the psycopg reference's rows made beforehand.
                     let mut pending: Vec<Document> = Vec::with_capacity(batch + 16);
                     for d in range {
-                        pending.extend(document(d, dim, seed));
+                        pending.extend(document_like(d, dim, seed, like));
                         if pending.len() >= batch {
                             write(backend.as_mut(), &pending)?;
                             pending.clear();
@@ -205,28 +352,52 @@ pub fn write_throughput(
 pub struct SearchLatency {
     pub queries: usize,
     pub k: usize,
+    /// The share of the exact scan's top k that the search returned (measured when asked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recall_at_10: Option<f64>,
+    /// The exact scan's median latency, beside it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exact_p50_ms: Option<f64>,
     pub vector_p50_ms: f64,
     pub vector_p99_ms: f64,
     pub keyword_p50_ms: f64,
     pub keyword_p99_ms: f64,
 }
 
-/// Run `queries` random vector queries and as many two-word keyword queries against an index
-/// of synthetic rows, `k` results each; every query must find something.
+/// Run `queries` vector queries (random, or drawn [`Like`] the documents' vectors) and as
+/// many two-word keyword queries against an index of synthetic rows, `k` results each; every
+/// query must find something. With `exact`, the recall@k of `reader`'s answers against its
+/// exact scan.
 pub fn search_latency(
     reader: &dyn super::IndexReader,
+    exact: Option<&dyn super::IndexReader>,
     queries: usize,
     k: usize,
     dim: usize,
+    like: Option<&Like>,
 ) -> Result<SearchLatency, BackendError> {
     let mut rng = Rng(99);
     let mut vector = Vec::with_capacity(queries);
     let mut keyword = Vec::with_capacity(queries);
+    let (mut hits, mut wanted) = (0usize, 0usize);
+    let mut exact_ms = Vec::new();
     for i in 0..queries {
-        let q = rng.unit(dim);
+        let q = match like {
+            Some(like) => like.query(&mut rng),
+            None => rng.unit(dim),
+        };
         let t = Instant::now();
-        let found = reader.nearest(&q, k)?.len();
+        let answer = reader.nearest(&q, k)?;
         vector.push(t.elapsed().as_secs_f64() * 1e3);
+        let found = answer.len();
+        if let Some(exact) = exact {
+            let t = Instant::now();
+            let truth = exact.nearest(&q, k)?;
+            exact_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            let truth: std::collections::HashSet<i64> = truth.iter().map(|t| t.0).collect();
+            hits += answer.iter().filter(|a| truth.contains(&a.0)).count();
+            wanted += truth.len();
+        }
         let words = format!(
             "{} {}",
             WORDS[i % WORDS.len()],
@@ -246,9 +417,12 @@ pub fn search_latency(
         v.sort_by(f64::total_cmp);
         v[((v.len() - 1) as f64 * p).round() as usize]
     };
+    let exact_p50_ms = (!exact_ms.is_empty()).then(|| pct(&mut exact_ms, 0.5));
     Ok(SearchLatency {
         queries,
         k,
+        recall_at_10: (wanted > 0).then(|| hits as f64 / wanted as f64),
+        exact_p50_ms,
         vector_p50_ms: pct(&mut vector, 0.5),
         vector_p99_ms: pct(&mut vector, 0.99),
         keyword_p50_ms: pct(&mut keyword, 0.5),
@@ -266,4 +440,63 @@ fn write(backend: &mut dyn super::Backend, docs: &[Document]) -> Result<(), Back
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn npy(shape: &str, values: &[f32]) -> Vec<u8> {
+        let mut header =
+            format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        out.extend_from_slice(header.as_bytes());
+        for v in values {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn npy_files_are_read_within_their_own_bytes() {
+        let values: Vec<f32> = (0..6).map(|i| i as f32).collect();
+        assert_eq!(npy_f32(&npy("(2, 3)", &values)).unwrap(), (2, 3, values.clone()));
+        for (bytes, why) in [
+            (npy("(3, 3)", &values), "needs 36 bytes"),
+            (npy("(6,)", &values), "not 2-D"),
+            (npy("(2, 3)", &values)[..20].to_vec(), "cut short"),
+            (b"PK\x03\x04 a zip".to_vec(), "not a .npy"),
+            (npy("(99999999999999999999, 3)", &values), "bad shape"),
+            (npy("(4611686018427387904, 4)", &values), "overflows"),
+        ] {
+            let e = npy_f32(&bytes).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+    }
+
+    #[test]
+    fn vectors_drawn_like_real_ones_stay_near_them_and_queries_come_from_held_out_rows() {
+        let dim = 16;
+        let mut rng = Rng(3);
+        let rows: Vec<f32> = (0..40).flat_map(|_| rng.unit(dim)).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.npy");
+        std::fs::write(&path, npy("(40, 16)", &rows)).unwrap();
+        let like = Like::from_npy(&path, 0.5).unwrap();
+        let held: Vec<&[f32]> = rows.chunks(dim).skip(9).step_by(10).collect();
+        let cos = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+        for _ in 0..50 {
+            let q = like.query(&mut rng);
+            let best = held.iter().map(|h| cos(&q, h)).fold(f32::MIN, f32::max);
+            assert!(best > 0.6, "a query is near a held-out row: {best}");
+            let v = like.draw(&mut rng);
+            assert!((cos(&v, &v) - 1.0).abs() < 1e-4);
+        }
+        assert!(Like::from_npy(&dir.path().join("none.npy"), 0.5).is_err());
+    }
 }

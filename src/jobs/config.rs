@@ -206,6 +206,13 @@ pub struct IndexConfig {
     /// Indexer threads; unset: what the backend takes well (`BackendFactory::writers`: one
     /// for a file, two for PostgreSQL).
     pub indexers: Option<usize>,
+    /// sqlite:// only: the approximate nearest-neighbour index the indexers keep. `auto`
+    /// (once a vector set passes 50,000 chunks), `hnsw` (always) or `none`; unset: what the
+    /// index records (auto for a new one).
+    pub ann: Option<crate::indexers::sqlite::ann::AnnMode>,
+    /// sqlite:// only: how the ANN stores vectors: `f16`, `int8` or `binary` (answers are
+    /// re-scored against the f32 vectors); unset: what the index records (f16).
+    pub ann_dtype: Option<crate::indexers::sqlite::ann::AnnDtype>,
 }
 
 /// The index used when none is named.
@@ -223,6 +230,8 @@ impl Default for IndexConfig {
             batch_bytes: crate::indexers::batch::DEFAULT_MAX_BYTES,
             batch_timeout_ms: 100,
             indexers: None,
+            ann: None,
+            ann_dtype: None,
         }
     }
 }

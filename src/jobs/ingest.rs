@@ -81,6 +81,10 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, JobErr
         pipeline_fingerprint: setup.fingerprint.clone(),
         defer_embed: defer,
         priority: config.stages.embed.priority,
+        ann: indexers::sqlite::ann::AnnChoice {
+            mode: config.index.ann,
+            dtype: config.index.ann_dtype,
+        },
     };
     let backend: Arc<dyn BackendFactory> = indexers::open(uri, identity)?.into();
     let in_index = backend.document_ids()?;
@@ -369,7 +373,6 @@ pub(crate) fn finish_ingest(
     summary: &mut RunSummary,
 ) -> Result<(), JobError> {
     let uri = &config.index.uri.value;
-    summary.notes.extend(backend.finish()?);
     // Documents the index holds that this run's source no longer has.
     if let (Some(before), Some(seen)) = (in_index, &summary.published_ids) {
         let mut missing: Vec<String> = before.difference(seen).cloned().collect();
@@ -389,5 +392,7 @@ pub(crate) fn finish_ingest(
                 .push(format!("dropped the vectors of retired model `{model}`"));
         }
     }
+    // Last, so what pruning changed is in it too.
+    summary.notes.extend(backend.finish()?);
     Ok(())
 }

@@ -9,6 +9,7 @@ use thiserror::Error;
 
 use crate::embed::{EmbedError, EmbeddingModel};
 use crate::indexers::{BackendError, ChunkRow, IndexReader, IndexUri};
+pub use crate::indexers::filter::{Clause, Where};
 
 /// The constant of reciprocal rank fusion (Cormack et al.): score = sum of 1 / (K + rank).
 pub const RRF_K: f64 = 60.0;
@@ -121,18 +122,33 @@ impl Searcher {
         mode: Mode,
         depth: usize,
     ) -> Result<Vec<(i64, f64)>, SearchError> {
+        self.ranked_where(query, mode, depth, &Where::default())
+    }
+
+    /// [`Searcher::ranked`] among the chunks `filter` lets through.
+    pub fn ranked_where(
+        &self,
+        query: &str,
+        mode: Mode,
+        depth: usize,
+        filter: &Where,
+    ) -> Result<Vec<(i64, f64)>, SearchError> {
         match mode {
             Mode::Vector => {
                 let v = self.embed_query(query)?;
                 Ok(self
                     .reader
-                    .nearest(&v, depth)?
+                    .nearest_where(&v, depth, filter)?
                     .into_iter()
                     .map(|(id, d)| (id, 1.0 - d))
                     .collect())
             }
             Mode::Keyword => {
-                let chunks = self.reader.keyword(query, depth)?;
+                let chunks = self.reader.keyword_where(query, depth, filter)?;
+                if !filter.is_empty() {
+                    // Stage outputs (summaries) match whole documents: not filtered yet.
+                    return Ok(chunks);
+                }
                 let outputs = self.reader.keyword_outputs(query, depth)?;
                 if outputs.is_empty() {
                     return Ok(chunks);
@@ -145,9 +161,13 @@ impl Searcher {
             Mode::Hybrid => {
                 let n = depth.max(HYBRID_DEPTH);
                 let v = self.embed_query(query)?;
-                let vector = self.reader.nearest(&v, n)?;
-                let keyword = self.reader.keyword(query, n)?;
-                let outputs = self.reader.keyword_outputs(query, n)?;
+                let vector = self.reader.nearest_where(&v, n, filter)?;
+                let keyword = self.reader.keyword_where(query, n, filter)?;
+                let outputs = if filter.is_empty() {
+                    self.reader.keyword_outputs(query, n)?
+                } else {
+                    Vec::new()
+                };
                 let mut fused = if outputs.is_empty() {
                     rrf(&[vector, keyword])
                 } else {
@@ -161,7 +181,18 @@ impl Searcher {
 
     /// The `k` best chunks with their rows.
     pub fn search(&self, query: &str, mode: Mode, k: usize) -> Result<Vec<Hit>, SearchError> {
-        let ranked = self.ranked(query, mode, k)?;
+        self.search_where(query, mode, k, &Where::default())
+    }
+
+    /// [`Searcher::search`] among the chunks `filter` lets through.
+    pub fn search_where(
+        &self,
+        query: &str,
+        mode: Mode,
+        k: usize,
+        filter: &Where,
+    ) -> Result<Vec<Hit>, SearchError> {
+        let ranked = self.ranked_where(query, mode, k, filter)?;
         let mut hits = Vec::with_capacity(ranked.len());
         for (i, (rowid, score)) in ranked.into_iter().enumerate() {
             if let Some(chunk) = self.reader.chunk(rowid)? {

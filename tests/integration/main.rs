@@ -1,5 +1,6 @@
 //! Integration tests: one binary, one module per area (ripgrep's and qdrant's layout).
 
+mod ann;
 mod backend;
 mod chunking;
 mod distributed;

@@ -10,6 +10,7 @@
 //! - `reader.rs`: read-only queries for search.
 
 mod admin;
+pub mod ann;
 mod outputs;
 mod queue;
 mod reader;
@@ -96,6 +97,9 @@ impl SqliteFactory {
                         )?;
                     }
                     Some(_) => {}
+                }
+                if !identity.ann.is_empty() {
+                    ann::record(&tx, identity.ann.over(ann::recorded(&tx)?))?;
                 }
                 if let Some(t) = &model.tokenizer {
                     tx.execute(
@@ -307,6 +311,13 @@ impl BackendFactory for SqliteFactory {
 
     fn delete_documents(&self, ids: &[String]) -> Result<usize, BackendError> {
         self.delete(ids)
+    }
+
+    /// Bring each vector set's ANN up to date: build it (`hnsw`, or `auto` past its
+    /// threshold), apply what the run changed, drop it (`none`).
+    fn finish(&self) -> Result<Vec<String>, BackendError> {
+        let mut conn = self.connection()?;
+        ann::maintain(&self.path, &mut conn).map_err(|e| BackendError::Io(e.to_string()))
     }
 
     /// Documents whose chunks of their current version are all there (and, unless the run

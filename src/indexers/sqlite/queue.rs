@@ -10,7 +10,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBe
 
 use super::sets::{self, SetState, VectorSet};
 use super::settle::settle;
-use super::write::{drop_replaced, insert_vector};
+use super::write::{delete_vector, drop_replaced, insert_vector};
 use super::{connect, store_error, upgrade, vector_from_bytes, SqliteReader};
 use crate::document::InputKey;
 use crate::indexers::store::{maintain, BackfillSql};
@@ -576,8 +576,7 @@ impl EnrichStore for SqliteStore {
                     continue; // replaced by other text meanwhile: this vector is not its
                 }
                 if embedded & set.bit() != 0 {
-                    tx.prepare_cached(&format!("DELETE FROM {} WHERE rowid = ?1", set.vec_table))
-                        .and_then(|mut s| s.execute([v.rowid]))?;
+                    delete_vector(tx, &set.vec_table, v.rowid)?;
                 }
                 insert_vector(tx, &set.vec_table, v.rowid, &v.vector)?;
                 let now_embedded = embedded | set.bit();

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{read_only_flags, register_sqlite_vec, schema::SCHEMA_VERSION, vector_bytes};
+use super::{ann, read_only_flags, register_sqlite_vec, schema::SCHEMA_VERSION, vector_bytes};
 use crate::indexers::BackendError;
 
 /// What the index says about itself.
@@ -51,6 +51,12 @@ pub struct SqliteReader {
     conn: Connection,
     meta: IndexMeta,
     path: std::path::PathBuf,
+    /// The active vector set (schema 6 on: the one whose ANN is searched).
+    active: Option<super::sets::VectorSet>,
+    /// Vector search scans every vector, ANN or not (`search --exact`).
+    exact: bool,
+    /// The active set's ANN, mapped on first use and again when a writer saves a new file.
+    ann: std::sync::Mutex<Option<ann::AnnView>>,
 }
 
 impl SqliteReader {
@@ -120,18 +126,57 @@ impl SqliteReader {
                 SCHEMA_VERSION
             )));
         }
+        let mut active = None;
         if meta.schema_version >= 3 {
             if let Some(set) = super::sets::active(&conn).map_err(|e| not_index(e.to_string()))? {
                 meta.vec_table = set.vec_table.clone();
                 meta.active_bit = set.bit();
                 meta.dimension = Some(set.dimension);
+                active = Some(set);
             }
         }
         Ok(SqliteReader {
             conn,
             meta,
             path: path.to_path_buf(),
+            active,
+            exact: false,
+            ann: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Vector search scans every vector instead of asking the ANN (`search --exact`).
+    pub fn with_exact(mut self, exact: bool) -> Self {
+        self.exact = exact;
+        self
+    }
+
+    /// The `k` nearest chunks through the active set's ANN, among `allowed` ones, with how
+    /// the search went; `None` when there is no usable ANN (or `--exact`).
+    pub fn nearest_ann(
+        &self,
+        query: &[f32],
+        k: usize,
+        allowed: ann::Allowed<'_>,
+    ) -> Result<Option<(Vec<(i64, f64)>, ann::AnnSearch)>, BackendError> {
+        let Some(set) = self.active.as_ref().filter(|_| !self.exact) else {
+            return Ok(None);
+        };
+        if self.meta.schema_version < 6 {
+            return Ok(None);
+        }
+        // One snapshot: the ANN's record, the changes it lacks and the vectors.
+        let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
+        let mut cache = self.ann.lock().unwrap_or_else(|p| p.into_inner());
+        match ann::search(&self.path, &tx, &mut cache, set, query, k, allowed) {
+            Ok(found) => Ok(found),
+            Err(ann::AnnError::Sql(e)) => Err(self.err(e)),
+            Err(e) => {
+                tracing::warn!("{e}; searching exactly");
+                *cache = None;
+                Ok(None)
+            }
+        }
     }
 
     pub fn meta(&self) -> &IndexMeta {
@@ -203,10 +248,14 @@ impl SqliteReader {
         Ok(out)
     }
 
-    /// The `k` chunks nearest to `query` by cosine distance: (rowid, distance), nearest first.
+    /// The `k` chunks nearest to `query` by cosine distance: (rowid, distance), nearest first;
+    /// through the ANN when the active set has one (exact distances either way).
     pub fn nearest(&self, query: &[f32], k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
         if self.meta.dimension.is_none() {
             return Ok(Vec::new());
+        }
+        if let Some((found, _)) = self.nearest_ann(query, k, None)? {
+            return Ok(found);
         }
         let mut stmt = self
             .conn
@@ -223,6 +272,108 @@ impl SqliteReader {
             .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
             .map_err(|e| self.err(e))?;
         Ok(rows)
+    }
+
+    /// The chunks `filter` lets through (current ones and old versions kept for search).
+    pub fn allowed(
+        &self,
+        filter: &crate::indexers::filter::Where,
+    ) -> Result<std::collections::HashSet<u64>, BackendError> {
+        let (cond, params) = filter.sqlite();
+        self.conn
+            .prepare_cached(&format!(
+                "SELECT c.rowid FROM chunks c JOIN documents doc ON doc.id = c.document_id
+                 WHERE {cond}"
+            ))
+            .and_then(|mut s| {
+                s.query_map(rusqlite::params_from_iter(params.iter()), |r| {
+                    r.get::<_, i64>(0).map(|x| x as u64)
+                })?
+                .collect()
+            })
+            .map_err(|e| self.err(e))
+    }
+
+    /// [`SqliteReader::nearest`] among the chunks `filter` lets through: inside the ANN
+    /// search (a mask on the graph, or scoring what matches when few do), else by scanning
+    /// the vectors of what matches.
+    pub fn nearest_where(
+        &self,
+        query: &[f32],
+        k: usize,
+        filter: &crate::indexers::filter::Where,
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        if filter.is_empty() {
+            return self.nearest(query, k);
+        }
+        if self.meta.dimension.is_none() {
+            return Ok(Vec::new());
+        }
+        if !self.exact && self.meta.schema_version >= 6 {
+            let allowed = self.allowed(filter)?;
+            if let Some((found, _)) = self.nearest_ann(query, k, Some(&allowed))? {
+                return Ok(found);
+            }
+        }
+        let (cond, mut params) = filter.sqlite();
+        let n = params.len();
+        let sql = format!(
+            "SELECT c.rowid, vec_distance_cosine(v.embedding, ?{q}) AS d
+             FROM chunks c JOIN documents doc ON doc.id = c.document_id
+                  JOIN {table} v ON v.rowid = c.rowid
+             WHERE {cond} ORDER BY d LIMIT CAST(?{k} AS INTEGER)",
+            q = n + 1,
+            k = n + 2,
+            table = self.meta.vec_table
+        );
+        let query_json = serde_json::to_string(query).expect("floats serialize");
+        params.push(query_json);
+        params.push(k.to_string());
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| {
+                s.query_map(rusqlite::params_from_iter(params.iter()), |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
+                .collect()
+            })
+            .map_err(|e| self.err(e))
+    }
+
+    /// [`SqliteReader::keyword`] among the chunks `filter` lets through.
+    pub fn keyword_where(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &crate::indexers::filter::Where,
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        if filter.is_empty() {
+            return self.keyword(query, k);
+        }
+        let Some(terms) = fts_terms(query) else {
+            return Ok(Vec::new());
+        };
+        let (cond, mut params) = filter.sqlite();
+        let n = params.len();
+        let sql = format!(
+            "SELECT chunk_fts.rowid, bm25(chunk_fts) FROM chunk_fts
+                 JOIN chunks c ON c.rowid = chunk_fts.rowid
+                 JOIN documents doc ON doc.id = c.document_id
+             WHERE chunk_fts MATCH ?{m} AND {cond} ORDER BY bm25(chunk_fts) LIMIT CAST(?{k} AS INTEGER)",
+            m = n + 1,
+            k = n + 2
+        );
+        params.push(terms);
+        params.push(k.to_string());
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| {
+                s.query_map(rusqlite::params_from_iter(params.iter()), |r| {
+                    Ok((r.get(0)?, -r.get::<_, f64>(1)?))
+                })?
+                .collect()
+            })
+            .map_err(|e| self.err(e))
     }
 
     /// The `k` best chunks for `query` by BM25 over text and heading path: (rowid, score),
@@ -385,6 +536,24 @@ impl crate::indexers::IndexReader for SqliteReader {
         SqliteReader::keyword(self, query, k)
     }
 
+    fn nearest_where(
+        &self,
+        query: &[f32],
+        k: usize,
+        filter: &crate::indexers::filter::Where,
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        SqliteReader::nearest_where(self, query, k, filter)
+    }
+
+    fn keyword_where(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &crate::indexers::filter::Where,
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        SqliteReader::keyword_where(self, query, k, filter)
+    }
+
     fn keyword_outputs(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
         SqliteReader::keyword_outputs(self, query, k)
     }
@@ -423,4 +592,15 @@ pub(crate) fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool>
         [name],
         |r| r.get(0),
     )
+}
+
+/// A keyword query as FTS5 terms: every word quoted, any of them may match (OR); `None`
+/// when it has no words.
+fn fts_terms(query: &str) -> Option<String> {
+    let terms: Vec<String> = query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|t| !t.is_empty())
+        .map(|t| format!("\"{t}\""))
+        .collect();
+    (!terms.is_empty()).then(|| terms.join(" OR "))
 }

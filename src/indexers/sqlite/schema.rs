@@ -47,10 +47,17 @@
 //! - `stage_outputs`: what a document-level stage (an LLM stage: `summary`...) made of a
 //!   document, one row per document and stage (replaced, never appended), with whether it is
 //!   in the keyword index; `output_fts`: FTS5 over those outputs (rowid = the output's).
+//!
+//! Version 6:
+//! - `ann`: per vector set, its approximate nearest-neighbour index (an HNSW file in
+//!   `<index>.ann/`): state (`building`, `ready`), dtype, file, and `seq`, the last change of
+//!   `ann_log` the file holds. `ann_log`: every insert and delete of a vector of a set with an
+//!   ANN, in the writer's transaction, so a reader or the next writer replays what the file
+//!   lacks (see `ann.rs`).
 
 use rusqlite::Connection;
 
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Create or migrate the schema up to [`SCHEMA_VERSION`]. Runs in the caller's transaction.
 /// Version 3's data steps (vector set of an existing index, lifecycle rows of existing
@@ -226,8 +233,26 @@ const V5: &str = "CREATE TABLE dead_documents (
                  output, tokenize='porter unicode61'
              );";
 
+/// Version 6: the approximate nearest-neighbour index of each vector set (`ann`) and the
+/// log of vector changes it has yet to take in (`ann_log`); see `ann.rs`.
+const V6: &str = "CREATE TABLE ann (
+                 vector_set INTEGER PRIMARY KEY,
+                 state TEXT NOT NULL,
+                 dtype TEXT NOT NULL,
+                 file TEXT,
+                 seq INTEGER NOT NULL DEFAULT 0,
+                 size INTEGER NOT NULL DEFAULT 0,
+                 updated_at INTEGER NOT NULL
+             );
+             CREATE TABLE ann_log (
+                 seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                 vector_set INTEGER NOT NULL,
+                 chunk INTEGER NOT NULL
+             );
+             CREATE INDEX ann_log_by_set ON ann_log(vector_set, seq);";
+
 /// The schema's steps: version N is reached by running `STEPS[N - 1]`.
-const STEPS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5];
+const STEPS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6];
 
 /// Migrate from version `from` to `to` (tests build old versions with it).
 pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()> {

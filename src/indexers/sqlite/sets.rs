@@ -182,6 +182,9 @@ pub fn drop_retired(conn: &Connection) -> rusqlite::Result<Vec<String>> {
             "DELETE FROM enrichment WHERE stage = 'embed' AND vector_set = ?1",
             [set.id],
         )?;
+        // Its ANN goes with it (the file is deleted by the next ANN save or `maintain`).
+        conn.execute("DELETE FROM ann WHERE vector_set = ?1", [set.id])?;
+        conn.execute("DELETE FROM ann_log WHERE vector_set = ?1", [set.id])?;
     }
     Ok(retired.into_iter().map(|s| s.model).collect())
 }

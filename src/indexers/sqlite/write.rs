@@ -293,7 +293,14 @@ pub(super) fn insert_vector(
         "INSERT INTO {table}(rowid, embedding) VALUES (?1, ?2)"
     ))?
     .execute(params![rowid, super::vector_bytes(vector)])?;
-    Ok(())
+    super::ann::log_change(tx, table, rowid)
+}
+
+/// Delete a chunk's vector from a set's table.
+pub(super) fn delete_vector(tx: &Connection, table: &str, rowid: i64) -> rusqlite::Result<()> {
+    tx.prepare_cached(&format!("DELETE FROM {table} WHERE rowid = ?1"))?
+        .execute([rowid])?;
+    super::ann::log_change(tx, table, rowid)
 }
 
 /// The old versions of chunk `id` kept for search go, now that it has a vector.
@@ -338,8 +345,7 @@ pub(super) fn delete_chunk_row(
         unindex_text(tx, rowid)?;
     }
     for set in sets.iter().filter(|s| embedded & s.bit() != 0) {
-        tx.prepare_cached(&format!("DELETE FROM {} WHERE rowid = ?1", set.vec_table))?
-            .execute([rowid])?;
+        delete_vector(tx, &set.vec_table, rowid)?;
     }
     tx.prepare_cached("DELETE FROM chunks WHERE rowid = ?1")?
         .execute([rowid])?;

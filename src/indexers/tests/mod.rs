@@ -23,6 +23,7 @@ pub(crate) fn identity(fp: &str, dim: usize) -> IndexIdentity {
         pipeline_fingerprint: format!("pipe-{fp}"),
         defer_embed: false,
         priority: crate::lifecycle::Priority::Fresh,
+        ann: Default::default(),
     }
 }
 
@@ -33,6 +34,7 @@ pub(crate) fn no_model() -> IndexIdentity {
         pipeline_fingerprint: "extract-v1".into(),
         defer_embed: false,
         priority: crate::lifecycle::Priority::Fresh,
+        ann: Default::default(),
     }
 }
 

@@ -58,3 +58,4 @@ fn another_model_or_a_foreign_file_is_refused_without_touching_the_file() {
 }
 
 mod migration;
+mod ann;

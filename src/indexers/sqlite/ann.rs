@@ -1,0 +1,944 @@
+//! The approximate nearest-neighbour (ANN) index of a vector set: an HNSW graph (usearch)
+//! in a file beside the SQLite index, derived from it and never a second source of truth.
+//!
+//! - **Change log.** While a set has an ANN (table `ann`, state `building` or `ready`), every
+//!   insert or delete of one of its vectors appends `(seq, vector_set, chunk)` to `ann_log` in
+//!   the same transaction ([`log_change`]). `seq` is AUTOINCREMENT: never reused, so "after
+//!   seq S" always means "committed after the file was cut".
+//! - **The file records the last change it holds.** `ann.seq` is the log position the file
+//!   (`ann.file`, named `set-<id>-<seq>.usearch` in `<index>.ann/`) reflects. Saving writes a
+//!   new file, then in one transaction points `ann` at it and drops the log up to its seq; the
+//!   old file is deleted after. A `kill -9` at any step leaves either the old file with the
+//!   log it lacks or the new one: never a file that claims changes it lacks.
+//! - **Replay, state-based.** A reader takes, in one read snapshot, the file's seq and the
+//!   chunks changed after it (the *dirty* set): the ANN is searched with the dirty chunks
+//!   masked out, and the dirty chunks that still have a vector are scored exactly and merged
+//!   in. A writer ([`maintain`]) applies the dirty chunks to the graph (remove, then add the
+//!   current vector if there is one) and saves. Either way search equals "the vectors SQLite
+//!   holds now", whatever was killed when.
+//! - **Quantized graph, exact answers.** The graph holds f16, int8 or binary vectors; the
+//!   best candidates are re-scored against the f32 vectors in SQLite before they are
+//!   returned, and a candidate SQLite no longer holds is never returned.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Instant;
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use serde::{Deserialize, Serialize};
+use usearch::{Index, IndexOptions, MetricKind, ScalarKind};
+
+use super::sets::{self, SetState, VectorSet};
+use super::vector_from_bytes;
+use crate::lifecycle::now_ms;
+
+/// When a vector set gets an ANN.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AnnMode {
+    /// Once the set holds [`AUTO_MIN_CHUNKS`] vectors.
+    #[default]
+    Auto,
+    /// Always.
+    Hnsw,
+    /// Never (an existing one is dropped).
+    None,
+}
+
+impl AnnMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AnnMode::Auto => "auto",
+            AnnMode::Hnsw => "hnsw",
+            AnnMode::None => "none",
+        }
+    }
+}
+
+impl FromStr for AnnMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(AnnMode::Auto),
+            "hnsw" => Ok(AnnMode::Hnsw),
+            "none" => Ok(AnnMode::None),
+            _ => Err(format!("unknown ANN mode `{s}`: use auto, hnsw or none")),
+        }
+    }
+}
+
+/// How the graph stores vectors (answers are re-scored in f32 either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AnnDtype {
+    /// Half precision: 2 bytes a dimension.
+    #[default]
+    F16,
+    /// 8-bit integers: 1 byte a dimension.
+    Int8,
+    /// One bit a dimension (Hamming distance): for large sets where memory counts most.
+    Binary,
+}
+
+impl AnnDtype {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AnnDtype::F16 => "f16",
+            AnnDtype::Int8 => "int8",
+            AnnDtype::Binary => "binary",
+        }
+    }
+
+    fn scalar(self) -> ScalarKind {
+        match self {
+            AnnDtype::F16 => ScalarKind::F16,
+            AnnDtype::Int8 => ScalarKind::I8,
+            AnnDtype::Binary => ScalarKind::B1,
+        }
+    }
+
+    fn metric(self) -> MetricKind {
+        match self {
+            AnnDtype::Binary => MetricKind::Hamming,
+            _ => MetricKind::Cos,
+        }
+    }
+}
+
+impl FromStr for AnnDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "f16" => Ok(AnnDtype::F16),
+            "int8" | "i8" => Ok(AnnDtype::Int8),
+            "binary" | "b1" => Ok(AnnDtype::Binary),
+            _ => Err(format!("unknown ANN dtype `{s}`: use f16, int8 or binary")),
+        }
+    }
+}
+
+/// What the operator asked for (`index.ann`, `index.ann_dtype`, `--ann`, `--ann-dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AnnSettings {
+    pub mode: AnnMode,
+    pub dtype: AnnDtype,
+}
+
+/// What a run asked for, each part `None` where it left the index's recorded choice alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AnnChoice {
+    pub mode: Option<AnnMode>,
+    pub dtype: Option<AnnDtype>,
+}
+
+impl AnnChoice {
+    pub fn is_empty(&self) -> bool {
+        self.mode.is_none() && self.dtype.is_none()
+    }
+
+    /// `recorded` with this choice's parts in it.
+    pub fn over(&self, recorded: AnnSettings) -> AnnSettings {
+        AnnSettings {
+            mode: self.mode.unwrap_or(recorded.mode),
+            dtype: self.dtype.unwrap_or(recorded.dtype),
+        }
+    }
+}
+
+/// `auto` builds the ANN of a set once it holds this many vectors: below it the exact scan
+/// takes a few milliseconds (31 ms at 100k on 2 cores).
+pub const AUTO_MIN_CHUNKS: u64 = 50_000;
+/// Graph degree (HNSW M).
+const CONNECTIVITY: usize = 16;
+/// Candidate list while building (efConstruction).
+const EXPANSION_ADD: usize = 128;
+/// Candidate list while searching (HNSW ef_search; usearch searches with max(this, count)):
+/// recall@10 0.93 at 96 on 1M MiniLM-like vectors, see BENCHMARKS.md. `RAGLINE_ANN_EF`
+/// overrides it (16 to 4096), for recall/latency trade-offs.
+pub const EXPANSION_SEARCH: usize = 256;
+
+/// The search's ef: [`EXPANSION_SEARCH`] or `RAGLINE_ANN_EF`.
+fn expansion_search() -> usize {
+    std::env::var("RAGLINE_ANN_EF")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(EXPANSION_SEARCH, |n| n.clamp(16, 4096))
+}
+/// Candidates re-scored exactly, at least (and 4x k beyond it): the graph's quantized order
+/// is close, not exact.
+const RESCORE_MIN: usize = 64;
+/// Binary vectors order candidates coarsely: re-score more of them.
+const RESCORE_MIN_BINARY: usize = 400;
+/// A filter that lets through this fraction of the set or less is answered by scoring the
+/// chunks it lets through (HNSW with a selective filter walks most of the graph anyway).
+const FILTER_SCAN_FRACTION: f64 = 0.03;
+/// A writer rebuilds instead of patching when this fraction of the graph changed (deletes
+/// leave tombstones that slow the graph down).
+const REBUILD_FRACTION: f64 = 0.25;
+/// A reader scores the chunks changed since the file was saved one by one from SQLite (a
+/// vec0 point lookup, ~40 us) where the exact scan costs ~0.3 us a vector: past this share of
+/// the set (or [`DIRTY_FLOOR`]), scanning is cheaper. It happens when a run is killed before
+/// it saves the ANN, until the next writer applies the log.
+const DIRTY_FALLBACK_FRACTION: f64 = 1.0 / 128.0;
+const DIRTY_FLOOR: usize = 256;
+/// Vectors read from SQLite per batch while building.
+const BUILD_BATCH: usize = 8192;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AnnError {
+    #[error("{0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("ANN index `{path}`: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("ANN index: {0}")]
+    Graph(String),
+}
+
+fn graph(e: impl std::fmt::Display) -> AnnError {
+    AnnError::Graph(e.to_string())
+}
+
+/// The folder of an index's ANN files: `<index>.ann`.
+pub fn dir_of(db: &Path) -> PathBuf {
+    let mut name = db.as_os_str().to_os_string();
+    name.push(".ann");
+    PathBuf::from(name)
+}
+
+/// Record in the log that `chunk`'s vector in `vec_table` changed, when that set has an ANN
+/// (being built or ready). Runs in the writer's transaction.
+pub(super) fn log_change(tx: &Connection, vec_table: &str, chunk: i64) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO ann_log(vector_set, chunk)
+         SELECT s.id, ?2 FROM vector_sets s JOIN ann a ON a.vector_set = s.id
+         WHERE s.vec_table = ?1",
+    )?
+    .execute(params![vec_table, chunk])?;
+    Ok(())
+}
+
+/// A set's ANN as the `ann` table records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AnnRow {
+    pub vector_set: i64,
+    /// `building` (no usable file yet) or `ready`.
+    pub state: String,
+    pub dtype: AnnDtype,
+    pub file: Option<String>,
+    /// The last `ann_log` change the file holds.
+    pub seq: i64,
+    /// Vectors in the file.
+    pub size: i64,
+}
+
+pub fn row_of(conn: &Connection, set: i64) -> rusqlite::Result<Option<AnnRow>> {
+    conn.prepare_cached(
+        "SELECT vector_set, state, dtype, file, seq, size FROM ann WHERE vector_set = ?1",
+    )?
+    .query_row([set], |r| {
+        Ok(AnnRow {
+            vector_set: r.get(0)?,
+            state: r.get(1)?,
+            dtype: r.get::<_, String>(2)?.parse().unwrap_or_default(),
+            file: r.get(3)?,
+            seq: r.get(4)?,
+            size: r.get(5)?,
+        })
+    })
+    .optional()
+}
+
+/// The operator's settings as the index records them (`meta`: `ann`, `ann_dtype`), so every
+/// writer (ingest, enrich, backfill) keeps the ANN the same way.
+pub fn recorded(conn: &Connection) -> rusqlite::Result<AnnSettings> {
+    let get = |k: &str| -> rusqlite::Result<Option<String>> {
+        conn.query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get(0))
+            .optional()
+    };
+    Ok(AnnSettings {
+        mode: get("ann")?.and_then(|v| v.parse().ok()).unwrap_or_default(),
+        dtype: get("ann_dtype")?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default(),
+    })
+}
+
+pub fn record(conn: &Connection, settings: AnnSettings) -> rusqlite::Result<()> {
+    for (k, v) in [("ann", settings.mode.as_str()), ("ann_dtype", settings.dtype.as_str())] {
+        conn.execute(
+            "INSERT INTO meta(key, value) VALUES (?1, ?2)
+             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [k, v],
+        )?;
+    }
+    Ok(())
+}
+
+/// What [`maintain`] did to one set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Maintained {
+    Untouched,
+    Built { vectors: usize, seconds_x100: u64 },
+    Updated { changes: usize },
+    Dropped,
+}
+
+/// Bring the ANN of every live vector set in line with the recorded settings and the
+/// vectors SQLite holds: build what is missing (or was killed while building), apply the
+/// log, drop what `none` or a retired set leaves. Notes for the run's summary.
+pub fn maintain(db: &Path, conn: &mut Connection) -> Result<Vec<String>, AnnError> {
+    let settings = recorded(conn)?;
+    let mut notes = Vec::new();
+    for set in sets::all(conn)? {
+        let what = maintain_set(db, conn, &set, settings)?;
+        match what {
+            Maintained::Built {
+                vectors,
+                seconds_x100,
+            } => notes.push(format!(
+                "ANN ({}, HNSW) of vector set {} built: {vectors} vectors in {:.2}s",
+                settings.dtype.as_str(),
+                set.id,
+                seconds_x100 as f64 / 100.0
+            )),
+            Maintained::Updated { changes } => notes.push(format!(
+                "ANN of vector set {} updated with {changes} changed chunks",
+                set.id
+            )),
+            Maintained::Dropped => {
+                notes.push(format!("ANN of vector set {} dropped", set.id))
+            }
+            Maintained::Untouched => {}
+        }
+    }
+    Ok(notes)
+}
+
+/// [`maintain`] for one set.
+pub fn maintain_set(
+    db: &Path,
+    conn: &mut Connection,
+    set: &VectorSet,
+    settings: AnnSettings,
+) -> Result<Maintained, AnnError> {
+    let row = row_of(conn, set.id)?;
+    let live = matches!(set.state, SetState::Active | SetState::Backfill);
+    if !live || settings.mode == AnnMode::None {
+        if row.is_some() {
+            drop_ann(db, conn, set.id)?;
+            return Ok(Maintained::Dropped);
+        }
+        return Ok(Maintained::Untouched);
+    }
+    match row {
+        Some(row) if row.state == "ready" && row.dtype == settings.dtype => {
+            update(db, conn, set, &row)
+        }
+        Some(_) => build(db, conn, set, settings.dtype),
+        None => {
+            let wanted = settings.mode == AnnMode::Hnsw
+                || vectors_in(conn, set)? >= AUTO_MIN_CHUNKS;
+            if wanted {
+                build(db, conn, set, settings.dtype)
+            } else {
+                Ok(Maintained::Untouched)
+            }
+        }
+    }
+}
+
+/// Vectors a set holds (from the chunks' bits: counting a vec0 table scans it).
+fn vectors_in(conn: &Connection, set: &VectorSet) -> rusqlite::Result<u64> {
+    conn.query_row(
+        "SELECT COUNT(*) FROM chunks WHERE embedded & ?1 != 0",
+        [set.bit()],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n as u64)
+}
+
+fn new_graph(dimension: usize, dtype: AnnDtype) -> Result<Index, AnnError> {
+    let options = IndexOptions {
+        dimensions: dimension,
+        metric: dtype.metric(),
+        quantization: dtype.scalar(),
+        connectivity: CONNECTIVITY,
+        expansion_add: EXPANSION_ADD,
+        expansion_search: EXPANSION_SEARCH,
+        multi: false,
+    };
+    Index::new(&options).map_err(graph)
+}
+
+/// Add one vector, in the graph's own terms (binary graphs take sign bits).
+fn add(index: &Index, dtype: AnnDtype, key: u64, vector: &[f32]) -> Result<(), AnnError> {
+    match dtype {
+        AnnDtype::Binary => index
+            .add::<usearch::b1x8>(key, usearch::b1x8::from_u8s(&sign_bits(vector)))
+            .map_err(graph),
+        _ => index.add::<f32>(key, vector).map_err(graph),
+    }
+}
+
+/// A vector's sign bits, most significant bit first (the layout usearch's b1x8 reads).
+fn sign_bits(vector: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; vector.len().div_ceil(8)];
+    for (i, x) in vector.iter().enumerate() {
+        if *x > 0.0 {
+            out[i / 8] |= 0x80 >> (i % 8);
+        }
+    }
+    out
+}
+
+/// Build a set's ANN from the vectors SQLite holds, save it and record it. Changes committed
+/// while it builds stay in the log (the build reads one snapshot and records its position).
+fn build(
+    db: &Path,
+    conn: &mut Connection,
+    set: &VectorSet,
+    dtype: AnnDtype,
+) -> Result<Maintained, AnnError> {
+    let started = Instant::now();
+    // 1. From now on every writer logs the set's changes. A rebuild of a ready ANN (another
+    // dtype, too many changes) leaves it searchable until the new file replaces it.
+    let rebuild = row_of(conn, set.id)?.is_some_and(|r| r.state == "ready");
+    if !rebuild {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        tx.execute(
+            "INSERT INTO ann(vector_set, state, dtype, file, seq, size, updated_at)
+             VALUES (?1, 'building', ?2, NULL, 0, 0, ?3)
+             ON CONFLICT(vector_set) DO UPDATE SET state = 'building', dtype = excluded.dtype,
+                 updated_at = excluded.updated_at",
+            params![set.id, dtype.as_str(), now_ms()],
+        )?;
+        tx.commit()?;
+    }
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("ann::build-started");
+    tracing::info!(
+        "building the ANN ({}) of vector set {}",
+        dtype.as_str(),
+        set.id
+    );
+    // 2. One snapshot: its log position and every vector.
+    let index = new_graph(set.dimension, dtype)?;
+    let (seq, vectors) = {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+        let seq: i64 = tx.query_row("SELECT COALESCE(MAX(seq), 0) FROM ann_log", [], |r| {
+            r.get(0)
+        })?;
+        let n = vectors_in(&tx, set)? as usize;
+        index
+            .reserve_capacity_and_threads(n.max(16), rayon::current_num_threads().max(1))
+            .map_err(graph)?;
+        let mut stmt = tx.prepare(&format!("SELECT rowid, embedding FROM {}", set.vec_table))?;
+        let mut rows = stmt.query([])?;
+        let mut batch: Vec<(u64, Vec<f32>)> = Vec::with_capacity(BUILD_BATCH);
+        let mut added = 0usize;
+        loop {
+            let row = rows.next()?;
+            let done = row.is_none();
+            if let Some(r) = row {
+                let rowid: i64 = r.get(0)?;
+                let bytes: Vec<u8> = r.get(1)?;
+                if bytes.len() == set.dimension * 4 {
+                    batch.push((rowid as u64, vector_from_bytes(&bytes)));
+                }
+            }
+            if batch.len() >= BUILD_BATCH || (done && !batch.is_empty()) {
+                if index.size() + batch.len() > index.capacity() {
+                    index
+                        .reserve((index.size() + batch.len()).next_power_of_two())
+                        .map_err(graph)?;
+                }
+                use rayon::prelude::*;
+                batch
+                    .par_iter()
+                    .try_for_each(|(key, v)| add(&index, dtype, *key, v))?;
+                added += batch.len();
+                batch.clear();
+                #[cfg(feature = "failpoints")]
+                fail::fail_point!("ann::build-batch");
+            }
+            if done {
+                break;
+            }
+        }
+        drop(rows);
+        drop(stmt);
+        tx.commit()?;
+        (seq, added)
+    };
+    // 3. The file, then the record that points at it.
+    save(db, conn, set.id, &index, dtype, seq, !rebuild)?;
+    let built = Maintained::Built {
+        vectors,
+        seconds_x100: (started.elapsed().as_secs_f64() * 100.0) as u64,
+    };
+    // 4. What was written meanwhile.
+    if let Some(row) = row_of(conn, set.id)? {
+        update_loaded(db, conn, set, &row, Some(index))?;
+    }
+    Ok(built)
+}
+
+/// Apply the log past the file to the graph and save it (rebuilding when much changed).
+fn update(
+    db: &Path,
+    conn: &mut Connection,
+    set: &VectorSet,
+    row: &AnnRow,
+) -> Result<Maintained, AnnError> {
+    let pending: i64 = conn.query_row(
+        "SELECT COUNT(DISTINCT chunk) FROM ann_log WHERE vector_set = ?1 AND seq > ?2",
+        params![set.id, row.seq],
+        |r| r.get(0),
+    )?;
+    if pending == 0 {
+        // The file may be gone or altered: then build it again.
+        return match check_file(db, row, set.dimension) {
+            Ok(_) => Ok(Maintained::Untouched),
+            Err(e) => {
+                tracing::warn!("{e}; rebuilding it");
+                build(db, conn, set, row.dtype)
+            }
+        };
+    }
+    if pending as f64 > REBUILD_FRACTION * row.size.max(1) as f64 {
+        return build(db, conn, set, row.dtype);
+    }
+    update_loaded(db, conn, set, row, None)
+}
+
+/// [`update`] on a graph already in memory (just built) or loaded from the file.
+fn update_loaded(
+    db: &Path,
+    conn: &mut Connection,
+    set: &VectorSet,
+    row: &AnnRow,
+    loaded: Option<Index>,
+) -> Result<Maintained, AnnError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+    let (seq, dirty) = dirty_since(&tx, set.id, row.seq)?;
+    if dirty.is_empty() {
+        return Ok(Maintained::Untouched);
+    }
+    let index = match loaded {
+        Some(index) => index,
+        None => match load(db, row, set.dimension, false) {
+            Ok(index) => index,
+            Err(e) => {
+                tracing::warn!("{e}; rebuilding it");
+                drop(tx);
+                return build(db, conn, set, row.dtype);
+            }
+        },
+    };
+    let mut stmt = tx.prepare_cached(&format!(
+        "SELECT embedding FROM {} WHERE rowid = ?1",
+        set.vec_table
+    ))?;
+    index
+        .reserve(index.size() + dirty.len() + 16)
+        .map_err(graph)?;
+    for &chunk in &dirty {
+        if index.contains(chunk) {
+            index.remove(chunk).map_err(graph)?;
+        }
+        let bytes: Option<Vec<u8>> = stmt
+            .query_row([chunk as i64], |r| r.get(0))
+            .optional()?;
+        if let Some(b) = bytes.filter(|b| b.len() == set.dimension * 4) {
+            add(&index, row.dtype, chunk, &vector_from_bytes(&b))?;
+        }
+    }
+    drop(stmt);
+    tx.commit()?;
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("ann::update-applied");
+    save(db, conn, set.id, &index, row.dtype, seq, false)?;
+    Ok(Maintained::Updated {
+        changes: dirty.len(),
+    })
+}
+
+/// The chunks of `set` changed after log position `after`, and the last position.
+pub(super) fn dirty_since(
+    conn: &Connection,
+    set: i64,
+    after: i64,
+) -> rusqlite::Result<(i64, Vec<u64>)> {
+    let mut seq = after;
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, chunk FROM ann_log WHERE vector_set = ?1 AND seq > ?2 ORDER BY seq",
+    )?;
+    let mut rows = stmt.query(params![set, after])?;
+    while let Some(r) = rows.next()? {
+        seq = seq.max(r.get(0)?);
+        let chunk = r.get::<_, i64>(1)? as u64;
+        if seen.insert(chunk) {
+            out.push(chunk);
+        }
+    }
+    Ok((seq, out))
+}
+
+/// Write the graph to a new file, fsync it, point the set's record at it and drop the log it
+/// holds, in one transaction; then delete the files nothing points at. `building`: the
+/// record is expected in state `building` (a build); otherwise `ready` at an older seq.
+fn save(
+    db: &Path,
+    conn: &mut Connection,
+    set: i64,
+    index: &Index,
+    dtype: AnnDtype,
+    seq: i64,
+    building: bool,
+) -> Result<(), AnnError> {
+    let dir = dir_of(db);
+    std::fs::create_dir_all(&dir).map_err(|e| AnnError::File {
+        path: dir.clone(),
+        message: e.to_string(),
+    })?;
+    let name = format!("set-{set}-{seq}.usearch");
+    let path = dir.join(&name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let io = |p: &Path, e: std::io::Error| AnnError::File {
+        path: p.to_path_buf(),
+        message: e.to_string(),
+    };
+    let tmp_str = tmp.to_str().ok_or_else(|| AnnError::File {
+        path: tmp.clone(),
+        message: "the path is not UTF-8; move the index to a UTF-8 path".into(),
+    })?;
+    index.save(tmp_str).map_err(graph)?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+    if let Ok(d) = std::fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("ann::saved-unrecorded");
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let current = row_of(&tx, set)?;
+    let ours = match &current {
+        Some(r) if building => r.state == "building",
+        Some(r) => r.state == "ready" && r.seq <= seq,
+        None => false,
+    };
+    if !ours {
+        // Dropped, rebuilt or moved on by another writer meanwhile: theirs stands.
+        drop(tx);
+        let _ = std::fs::remove_file(&path);
+        return Ok(());
+    }
+    tx.execute(
+        "UPDATE ann SET state = 'ready', dtype = ?2, file = ?3, seq = ?4, size = ?5,
+             updated_at = ?6 WHERE vector_set = ?1",
+        params![set, dtype.as_str(), name, seq, index.size() as i64, now_ms()],
+    )?;
+    tx.execute(
+        "DELETE FROM ann_log WHERE vector_set = ?1 AND seq <= ?2",
+        params![set, seq],
+    )?;
+    tx.commit()?;
+    remove_stale_files(db, conn)?;
+    Ok(())
+}
+
+/// Delete the files in the ANN folder no record points at (a killed save's, replaced ones).
+/// A reader that has one mapped keeps its pages until it lets go.
+fn remove_stale_files(db: &Path, conn: &Connection) -> Result<(), AnnError> {
+    let keep: HashSet<String> = conn
+        .prepare("SELECT file FROM ann WHERE file IS NOT NULL")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let Ok(entries) = std::fs::read_dir(dir_of(db)) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("set-") && !keep.contains(&name) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    Ok(())
+}
+
+/// Drop a set's ANN: its record, its log and its files.
+pub fn drop_ann(db: &Path, conn: &mut Connection, set: i64) -> Result<(), AnnError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute("DELETE FROM ann WHERE vector_set = ?1", [set])?;
+    tx.execute("DELETE FROM ann_log WHERE vector_set = ?1", [set])?;
+    tx.commit()?;
+    remove_stale_files(db, conn)
+}
+
+fn file_path(db: &Path, row: &AnnRow) -> Option<PathBuf> {
+    let name = row.file.as_deref()?;
+    // Names come from the file: only ours are followed (no `../x`).
+    let ok = name.starts_with("set-")
+        && name.ends_with(".usearch")
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    ok.then(|| dir_of(db).join(name))
+}
+
+/// Open a set's ANN file: mapped read-only (`view`) for readers, copied in for writers. Its
+/// header must agree with the record (dimensions, dtype, size) before the graph is touched.
+fn load(db: &Path, row: &AnnRow, dimension: usize, view: bool) -> Result<Index, AnnError> {
+    let (path, len) = check_file(db, row, dimension)?;
+    let bad = |message: String| AnnError::File {
+        path: path.clone(),
+        message,
+    };
+    let p = path
+        .to_str()
+        .ok_or_else(|| bad("the path is not UTF-8".into()))?;
+    let index = new_graph(dimension, row.dtype)?;
+    if view {
+        index.view(p).map_err(|e| bad(e.to_string()))?;
+    } else {
+        index.load(p).map_err(|e| bad(e.to_string()))?;
+    }
+    if index.serialized_length() as u64 != len {
+        return Err(bad("its length does not match its header".into()));
+    }
+    index.change_expansion_search(expansion_search());
+    Ok(index)
+}
+
+/// A set's ANN file, if its header agrees with the record: its path and length.
+fn check_file(db: &Path, row: &AnnRow, dimension: usize) -> Result<(PathBuf, u64), AnnError> {
+    let path = file_path(db, row).ok_or_else(|| AnnError::Graph(format!(
+        "the index records no usable ANN file for vector set {}",
+        row.vector_set
+    )))?;
+    let bad = |message: String| AnnError::File {
+        path: path.clone(),
+        message,
+    };
+    let p = path
+        .to_str()
+        .ok_or_else(|| bad("the path is not UTF-8".into()))?;
+    let meta = Index::metadata(p).map_err(|e| bad(e.to_string()))?;
+    let len = std::fs::metadata(&path)
+        .map_err(|e| bad(e.to_string()))?
+        .len();
+    if meta.dimensions != dimension as u64
+        || meta.quantization != row.dtype.scalar()
+        || meta.count_present as i64 != row.size
+    {
+        return Err(bad(format!(
+            "its header ({} dimensions, {} vectors) does not match the index ({dimension} \
+             dimensions, {} vectors); delete the file and it is rebuilt",
+            meta.dimensions, meta.count_present, row.size
+        )));
+    }
+    Ok((path, len))
+}
+
+/// A reader's view of a set's ANN, reloaded when a writer saves a new file.
+pub struct AnnView {
+    file: String,
+    set: i64,
+    dtype: AnnDtype,
+    size: i64,
+    index: Index,
+}
+
+/// Which chunks a search may return: `None` lets every chunk through.
+pub type Allowed<'a> = Option<&'a HashSet<u64>>;
+
+/// How a search over the ANN went, for tests and `--explain`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AnnSearch {
+    pub candidates: usize,
+    pub dirty: usize,
+    /// The filter was selective enough to score what it lets through.
+    pub scanned: bool,
+}
+
+/// Search `set` through its ANN: the `k` nearest (rowid, cosine distance), exact distances,
+/// or `None` when the set has no usable ANN (the caller scans). `conn` must be in a read
+/// transaction, so the record, the log and the vectors are one snapshot.
+pub fn search(
+    db: &Path,
+    conn: &Connection,
+    cache: &mut Option<AnnView>,
+    set: &VectorSet,
+    query: &[f32],
+    k: usize,
+    allowed: Allowed<'_>,
+) -> Result<Option<(Vec<(i64, f64)>, AnnSearch)>, AnnError> {
+    let Some(row) = row_of(conn, set.id)? else {
+        *cache = None;
+        return Ok(None);
+    };
+    if row.state != "ready" || query.len() != set.dimension {
+        return Ok(None);
+    }
+    let fresh = cache.as_ref().is_some_and(|v| {
+        Some(&v.file) == row.file.as_ref() && v.set == set.id && v.size == row.size
+    });
+    if !fresh {
+        *cache = None;
+        match load(db, &row, set.dimension, true) {
+            Ok(index) => {
+                *cache = Some(AnnView {
+                    file: row.file.clone().unwrap_or_default(),
+                    set: set.id,
+                    dtype: row.dtype,
+                    size: row.size,
+                    index,
+                })
+            }
+            Err(e) => {
+                tracing::warn!("{e}; searching exactly until a writer rebuilds it");
+                return Ok(None);
+            }
+        }
+    }
+    let view = cache.as_ref().expect("loaded above");
+    let (_, dirty) = dirty_since(conn, set.id, row.seq)?;
+    if dirty.len() > DIRTY_FLOOR && dirty.len() as f64 > DIRTY_FALLBACK_FRACTION * row.size as f64
+    {
+        tracing::debug!(
+            "{} chunks changed since the ANN was saved: scanning exactly",
+            dirty.len()
+        );
+        return Ok(None);
+    }
+    let dirty: HashSet<u64> = dirty.into_iter().collect();
+    let mut stats = AnnSearch {
+        dirty: dirty.len(),
+        ..AnnSearch::default()
+    };
+    let rescore = match view.dtype {
+        AnnDtype::Binary => RESCORE_MIN_BINARY,
+        _ => RESCORE_MIN,
+    }
+    .max(4 * k);
+    // Candidates from the graph: every chunk whose vector changed since the file was cut is
+    // masked out (it is scored from SQLite below).
+    let mut candidates: Vec<u64> = match allowed {
+        Some(allowed)
+            if (allowed.len() as f64) <= FILTER_SCAN_FRACTION * view.index.size() as f64 =>
+        {
+            stats.scanned = true;
+            scan_allowed(view, query, allowed, &dirty, rescore)?
+        }
+        _ => {
+            let query_bits;
+            let keep = |key: u64| !dirty.contains(&key) && allowed.is_none_or(|a| a.contains(&key));
+            let matches = match (view.dtype, dirty.is_empty() && allowed.is_none()) {
+                (AnnDtype::Binary, plain) => {
+                    query_bits = sign_bits(query);
+                    let q = usearch::b1x8::from_u8s(&query_bits);
+                    if plain {
+                        view.index.search::<usearch::b1x8>(q, rescore)
+                    } else {
+                        view.index.filtered_search::<usearch::b1x8, _>(q, rescore, keep)
+                    }
+                }
+                (_, true) => view.index.search::<f32>(query, rescore),
+                (_, false) => view.index.filtered_search::<f32, _>(query, rescore, keep),
+            }
+            .map_err(graph)?;
+            matches.keys
+        }
+    };
+    stats.candidates = candidates.len();
+    candidates.extend(
+        dirty
+            .iter()
+            .copied()
+            .filter(|c| allowed.is_none_or(|a| a.contains(c))),
+    );
+    // Exact scores from the f32 vectors SQLite holds now; a candidate it no longer holds is
+    // gone.
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT embedding FROM {} WHERE rowid = ?1",
+        set.vec_table
+    ))?;
+    let qn = norm(query);
+    let mut scored = Vec::with_capacity(candidates.len());
+    for c in candidates {
+        let bytes: Option<Vec<u8>> = stmt.query_row([c as i64], |r| r.get(0)).optional()?;
+        if let Some(b) = bytes.filter(|b| b.len() == set.dimension * 4) {
+            let v = vector_from_bytes(&b);
+            scored.push((c as i64, cosine_distance(query, qn, &v)));
+        }
+    }
+    scored.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    scored.truncate(k);
+    Ok(Some((scored, stats)))
+}
+
+/// The `keep` chunks among `allowed` nearest to `query` by the graph's own (quantized)
+/// vectors: a selective filter's candidates, found without walking the graph.
+fn scan_allowed(
+    view: &AnnView,
+    query: &[f32],
+    allowed: &HashSet<u64>,
+    dirty: &HashSet<u64>,
+    keep: usize,
+) -> Result<Vec<u64>, AnnError> {
+    let dim = view.index.dimensions();
+    let qn = norm(query);
+    let query_bits = sign_bits(query);
+    let mut buf = vec![0f32; dim];
+    let mut bits = vec![0u8; dim.div_ceil(8)];
+    let mut scored: Vec<(f64, u64)> = Vec::with_capacity(allowed.len());
+    for &key in allowed.iter().filter(|k| !dirty.contains(k)) {
+        let d = match view.dtype {
+            AnnDtype::Binary => {
+                let found = view
+                    .index
+                    .get::<usearch::b1x8>(key, usearch::b1x8::from_mut_u8s(&mut bits))
+                    .map_err(graph)?;
+                if found == 0 {
+                    continue;
+                }
+                bits.iter()
+                    .zip(&query_bits)
+                    .map(|(a, b)| (a ^ b).count_ones())
+                    .sum::<u32>() as f64
+            }
+            _ => {
+                if view.index.get::<f32>(key, &mut buf).map_err(graph)? == 0 {
+                    continue;
+                }
+                cosine_distance(query, qn, &buf)
+            }
+        };
+        scored.push((d, key));
+    }
+    if scored.len() > keep {
+        scored.select_nth_unstable_by(keep, |a, b| a.0.total_cmp(&b.0));
+        scored.truncate(keep);
+    }
+    Ok(scored.into_iter().map(|(_, k)| k).collect())
+}
+
+fn norm(v: &[f32]) -> f64 {
+    v.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt()
+}
+
+/// 1 - cosine similarity, as sqlite-vec's `distance_metric=cosine` reports it.
+pub fn cosine_distance(q: &[f32], qn: f64, v: &[f32]) -> f64 {
+    let dot: f64 = q.iter().zip(v).map(|(a, b)| *a as f64 * *b as f64).sum();
+    let d = qn * norm(v);
+    if d == 0.0 {
+        1.0
+    } else {
+        1.0 - dot / d
+    }
+}

@@ -1,0 +1,295 @@
+//! The ANN beside the SQLite file: built by the indexers' finish, searched by readers with
+//! the changes it lacks replayed, rebuilt after a killed build, dropped by `none`.
+
+use std::collections::HashSet;
+
+use super::*;
+use crate::indexers::sqlite::ann::{self, AnnChoice, AnnDtype, AnnMode};
+use crate::indexers::synthetic::{self, Rng};
+
+const DIM: usize = 32;
+
+fn factory(path: &Path, mode: AnnMode, dtype: AnnDtype) -> SqliteFactory {
+    let mut id = synthetic::identity(DIM);
+    id.ann = AnnChoice {
+        mode: Some(mode),
+        dtype: Some(dtype),
+    };
+    SqliteFactory::open(path, id).unwrap()
+}
+
+/// Documents `from..to` (10 chunks each) written with `seed`'s vectors.
+fn write(f: &SqliteFactory, from: usize, to: usize, seed: u64) {
+    let mut b = f.connect().unwrap();
+    let docs: Vec<_> = (from..to)
+        .flat_map(|d| synthetic::document(d, DIM, seed))
+        .collect();
+    for batch in docs.chunks(500) {
+        for r in b.write(batch) {
+            r.unwrap();
+        }
+    }
+    b.flush().unwrap();
+}
+
+fn queries(n: usize) -> Vec<Vec<f32>> {
+    let mut rng = Rng(7);
+    (0..n).map(|_| rng.unit(DIM)).collect()
+}
+
+/// Recall@10 of the ANN against the exact scan over `qs`; every ANN hit must be one the
+/// exact scan can return (its distance equal to the exact one).
+fn recall(path: &Path, qs: &[Vec<f32>]) -> (f64, ann::AnnSearch) {
+    let fast = SqliteReader::open(path).unwrap();
+    let exact = SqliteReader::open(path).unwrap().with_exact(true);
+    let mut hits = 0;
+    let mut stats = ann::AnnSearch::default();
+    for q in qs {
+        let (found, s) = fast
+            .nearest_ann(q, 10, None)
+            .unwrap()
+            .expect("the index has a usable ANN");
+        stats = s;
+        let truth = exact.nearest(q, 10).unwrap();
+        assert_eq!(found.len(), truth.len());
+        let top: HashSet<i64> = truth.iter().map(|t| t.0).collect();
+        let direct = exact.nearest(q, 4096).unwrap();
+        assert!(direct.len() < 4096, "the test index outgrew its exact check");
+        for (id, d) in &found {
+            let exact_d = direct.iter().find(|x| x.0 == *id).map(|x| x.1);
+            let exact_d = exact_d.unwrap_or_else(|| panic!("chunk {id} is not in the index"));
+            assert!((exact_d - d).abs() < 1e-5, "{exact_d} vs {d}");
+            hits += top.contains(id) as usize;
+        }
+    }
+    (hits as f64 / (10 * qs.len()) as f64, stats)
+}
+
+fn files(path: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(ann::dir_of(path))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn log_len(path: &Path) -> i64 {
+    connect(path)
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM ann_log", [], |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn the_ann_answers_as_the_exact_scan_through_updates_deletes_and_a_killed_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("i.db");
+    let f = factory(&path, AnnMode::Hnsw, AnnDtype::F16);
+    write(&f, 0, 300, 1);
+    let notes = f.finish().unwrap();
+    assert!(notes.iter().any(|n| n.contains("built: 3000 vectors")), "{notes:?}");
+    assert_eq!(files(&path).len(), 1, "{:?}", files(&path));
+    assert_eq!(log_len(&path), 0);
+    let qs = queries(30);
+    let (r, stats) = recall(&path, &qs);
+    assert!(r >= 0.95, "recall {r}");
+    assert_eq!(stats.dirty, 0);
+
+    // Rewrite 10 documents with other vectors and delete 10, without saving the ANN: a
+    // reader replays the log (the changed chunks masked out of the graph, scored exactly).
+    write(&f, 0, 10, 2);
+    f.delete(&(50..60).map(|d| format!("doc{d}")).collect::<Vec<_>>())
+        .unwrap();
+    let (r, stats) = recall(&path, &qs);
+    assert!(r >= 0.95, "recall {r}");
+    assert_eq!(stats.dirty, 200, "{stats:?}");
+    // A rewritten chunk is found by its new vector, a deleted one never comes back.
+    let reader = SqliteReader::open(&path).unwrap();
+    let new_vector = synthetic::document(7, DIM, 2)[3].chunk.as_ref().unwrap().vector.clone();
+    let (found, _) = reader.nearest_ann(&new_vector.unwrap(), 1, None).unwrap().unwrap();
+    assert_eq!(reader.chunk(found[0].0).unwrap().unwrap().id, "doc7#2");
+    assert!(found[0].1 < 1e-5);
+    let deleted = synthetic::document(55, DIM, 1)[1].chunk.as_ref().unwrap().vector.clone();
+    let (found, _) = reader.nearest_ann(&deleted.unwrap(), 10, None).unwrap().unwrap();
+    for (id, _) in found {
+        let doc = reader.chunk(id).unwrap().unwrap().document_id;
+        assert!(doc != "doc55", "a deleted chunk came back");
+    }
+
+    // Past its floor (256 chunks here) the replay costs more than a scan: readers scan.
+    write(&f, 10, 40, 2);
+    let reader = SqliteReader::open(&path).unwrap();
+    assert!(reader.nearest_ann(&qs[0], 10, None).unwrap().is_none());
+    let exact = SqliteReader::open(&path).unwrap().with_exact(true);
+    assert_eq!(reader.nearest(&qs[0], 10).unwrap(), exact.nearest(&qs[0], 10).unwrap());
+
+    // The next writer's finish applies the log to the graph and saves it.
+    let notes = f.finish().unwrap();
+    assert!(notes.iter().any(|n| n.contains("updated with")), "{notes:?}");
+    assert_eq!(log_len(&path), 0);
+    assert_eq!(files(&path).len(), 1, "the replaced file is deleted");
+    let (r, stats) = recall(&path, &qs);
+    assert!(r >= 0.95, "recall {r}");
+    assert_eq!(stats.dirty, 0);
+
+    // A build killed half-way leaves its record `building`: readers scan exactly (the
+    // answers stay right), writes go on being logged, and the next finish builds it again.
+    connect(&path)
+        .unwrap()
+        .execute("UPDATE ann SET state = 'building', file = NULL", [])
+        .unwrap();
+    assert!(SqliteReader::open(&path)
+        .unwrap()
+        .nearest_ann(&qs[0], 10, None)
+        .unwrap()
+        .is_none());
+    write(&f, 100, 110, 3);
+    assert!(log_len(&path) >= 100);
+    let notes = f.finish().unwrap();
+    assert!(notes.iter().any(|n| n.contains("built")), "{notes:?}");
+    let (r, _) = recall(&path, &qs);
+    assert!(r >= 0.95, "recall {r}");
+    assert_eq!(files(&path).len(), 1, "{:?}", files(&path));
+
+    // A missing or altered file is never trusted: exact until a writer rebuilds it.
+    for name in files(&path) {
+        std::fs::write(ann::dir_of(&path).join(name), b"not an index").unwrap();
+    }
+    assert!(SqliteReader::open(&path)
+        .unwrap()
+        .nearest_ann(&qs[0], 10, None)
+        .unwrap()
+        .is_none());
+    let notes = f.finish().unwrap();
+    assert!(notes.iter().any(|n| n.contains("built")), "{notes:?}");
+
+    // `none` drops it, files and all; search scans again.
+    let f = factory(&path, AnnMode::None, AnnDtype::F16);
+    let notes = f.finish().unwrap();
+    assert!(notes.iter().any(|n| n.contains("dropped")), "{notes:?}");
+    assert!(files(&path).is_empty(), "{:?}", files(&path));
+    assert_eq!(log_len(&path), 0);
+    write(&f, 0, 10, 4);
+    assert_eq!(log_len(&path), 0, "no ANN, no log");
+}
+
+#[test]
+fn quantized_graphs_are_rescored_to_exact_answers() {
+    for dtype in [AnnDtype::Int8, AnnDtype::Binary] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("i.db");
+        let f = factory(&path, AnnMode::Hnsw, dtype);
+        write(&f, 0, 200, 1);
+        f.finish().unwrap();
+        let (r, _) = recall(&path, &queries(20));
+        assert!(r >= 0.9, "{dtype:?}: recall {r}");
+    }
+}
+
+#[test]
+fn auto_waits_for_its_threshold_and_the_recorded_mode_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("i.db");
+    let f = factory(&path, AnnMode::Auto, AnnDtype::F16);
+    write(&f, 0, 20, 1);
+    assert!(f.finish().unwrap().is_empty());
+    assert!(files(&path).is_empty());
+    // The recorded mode holds for a writer that names none.
+    let recorded = ann::recorded(&connect(&path).unwrap()).unwrap();
+    assert_eq!(recorded.mode, AnnMode::Auto);
+    let f = SqliteFactory::open(&path, synthetic::identity(DIM)).unwrap();
+    let mut conn = connect(&path).unwrap();
+    let set = sets::active(&conn).unwrap().unwrap();
+    // Switched to hnsw in the record, the next maintenance builds it.
+    conn.execute(
+        "UPDATE meta SET value = 'hnsw' WHERE key = 'ann'",
+        [],
+    )
+    .unwrap();
+    let settings = ann::recorded(&conn).unwrap();
+    let done = ann::maintain_set(&path, &mut conn, &set, settings).unwrap();
+    assert!(matches!(done, ann::Maintained::Built { vectors: 200, .. }), "{done:?}");
+    drop(f);
+}
+
+/// Documents whose metadata says `lang` (every third "fr", else "en") and `tags` (a list).
+fn write_with_metadata(f: &SqliteFactory, docs: usize) {
+    let mut b = f.connect().unwrap();
+    let mut all = Vec::new();
+    for d in 0..docs {
+        let mut group = synthetic::document(d, DIM, 1);
+        let lang = if d % 3 == 0 { "fr" } else { "en" };
+        for doc in &mut group {
+            doc.fields.metadata.insert("lang".into(), lang.into());
+            doc.fields
+                .metadata
+                .insert("tags".into(), serde_json::json!(["guide", format!("t{}", d % 50)]));
+        }
+        all.extend(group);
+    }
+    for batch in all.chunks(500) {
+        for r in b.write(batch) {
+            r.unwrap();
+        }
+    }
+    b.flush().unwrap();
+}
+
+#[test]
+fn filters_apply_inside_the_search_so_k_results_come_back() {
+    use crate::indexers::filter::Where;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("i.db");
+    let f = factory(&path, AnnMode::Hnsw, AnnDtype::F16);
+    write_with_metadata(&f, 300);
+    f.finish().unwrap();
+    let fast = SqliteReader::open(&path).unwrap();
+    let exact = SqliteReader::open(&path).unwrap().with_exact(true);
+    let doc_of = |id: i64| fast.chunk(id).unwrap().unwrap().document_id;
+    // (filter, matching documents): one document (a scan of what matches), a third of them
+    // and a glob over a third (the graph searched with a mask), a list member (2%).
+    let cases: [(&[&str], usize); 4] = [
+        (&["source=doc7"], 1),
+        (&["lang=fr"], 100),
+        (&["source=doc1*", "lang=en"], 75),
+        (&["tags=t7"], 6),
+    ];
+    for (clauses, docs) in cases {
+        let w = Where::parse(clauses).unwrap();
+        let allowed = fast.allowed(&w).unwrap();
+        assert_eq!(allowed.len(), docs * 10, "{clauses:?}");
+        let (mut hits, mut total) = (0, 0);
+        let mut scanned = false;
+        for q in queries(20) {
+            let (found, stats) = fast.nearest_ann(&q, 10, Some(&allowed)).unwrap().unwrap();
+            scanned = stats.scanned;
+            let truth = exact.nearest_where(&q, 10, &w).unwrap();
+            assert_eq!(found.len(), 10.min(docs * 10), "{clauses:?}: k results");
+            assert_eq!(truth.len(), found.len());
+            for (id, _) in &found {
+                assert!(allowed.contains(&(*id as u64)), "{clauses:?}: {} slipped through", doc_of(*id));
+            }
+            let top: HashSet<i64> = truth.iter().map(|t| t.0).collect();
+            hits += found.iter().filter(|f| top.contains(&f.0)).count();
+            total += truth.len();
+            // Through the reader's own entry point too.
+            assert_eq!(fast.nearest_where(&q, 10, &w).unwrap(), found);
+        }
+        let recall = hits as f64 / total as f64;
+        assert!(recall >= 0.95, "{clauses:?}: recall {recall}");
+        assert_eq!(scanned, docs * 10 <= 90, "{clauses:?}");
+    }
+    // Keyword search takes the same filter; no filter, no restriction.
+    let w = Where::parse(&["lang=fr"]).unwrap();
+    let found = fast.keyword_where("render state", 50, &w).unwrap();
+    assert!(!found.is_empty());
+    for (id, _) in found {
+        let d: usize = doc_of(id)["doc".len()..].parse().unwrap();
+        assert_eq!(d % 3, 0);
+    }
+    assert_eq!(fast.allowed(&Where::default()).unwrap().len(), 3000);
+}
