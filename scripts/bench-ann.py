@@ -2,8 +2,9 @@
 half of scripts/bench-ann.sh.
 
     python bench-ann.py INDEX.db LIKE.npy QUERIES TARGET_RECALL
+    python bench-ann.py row LABEL < report.json     # one line of the script's table
 
-Reads the vectors ragline wrote (sqlite-vec's table, through the sqlite-vec package), builds
+Reads the vectors ragline wrote (sqlite-vec's storage tables, with plain SQLite), builds
 faiss.IndexHNSWFlat (M=16, efConstruction=128: ragline's graph settings) and
 IndexHNSWSQ (8-bit scalar quantizer, near ragline's int8), draws QUERIES queries the way
 `ragline bench --like` does (a held-out row, every tenth, plus Gaussian noise of 0.5/sqrt(d),
@@ -18,19 +19,33 @@ import time
 
 import faiss
 import numpy as np
-import sqlite_vec
+
+
+def row(label):
+    """One line of the table from a `ragline bench --write --json` report on stdin."""
+    r = json.load(sys.stdin)
+    s = r.get("search", {})
+    rec = r.get("recall_at_10")
+    rec = "n/a" if rec is None else f"{rec:.4f}"
+    print(f"{label:<28} build {r['finish_seconds']:7.1f}s  files {r.get('files_mb') or 0:8.1f} MB  "
+          f"peak RSS {r['peak_rss_mb']:6.0f} MB  p50 {s['vector_p50_ms']:7.2f} ms  "
+          f"p99 {s['vector_p99_ms']:7.2f} ms  recall@10 {rec}  exact p50 {s.get('exact_p50_ms') or 0:.1f} ms")
 
 
 def main():
+    if sys.argv[1] == "row":
+        return row(sys.argv[2])
     db, like, nq, target = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    con.enable_load_extension(True)
-    sqlite_vec.load(con)
-    table = con.execute(
-        "SELECT vec_table FROM vector_sets WHERE state = 'active'").fetchone()[0]
-    rows = con.execute(f"SELECT embedding FROM {table}").fetchall()
-    x = np.frombuffer(b"".join(r[0] for r in rows), dtype=np.float32).reshape(len(rows), -1)
-    n, d = x.shape
+    table, d = con.execute(
+        "SELECT vec_table, dimension FROM vector_sets WHERE state = 'active'").fetchone()
+    # sqlite-vec's storage, read with plain SQLite (this Python may not load extensions):
+    # vectors in blobs of 256, each row's (blob, offset) in the rowids table.
+    blobs = {cid: np.frombuffer(v, dtype=np.float32).reshape(-1, d)
+             for cid, v in con.execute(f"SELECT rowid, vectors FROM {table}_vector_chunks00")}
+    x = np.stack([blobs[c][o] for c, o in con.execute(
+        f"SELECT chunk_id, chunk_offset FROM {table}_rowids ORDER BY rowid")]).astype(np.float32)
+    n = len(x)
     base = np.load(like).astype(np.float32)
     held = base[9::10]
     held /= np.linalg.norm(held, axis=1, keepdims=True)

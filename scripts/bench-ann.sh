@@ -23,7 +23,7 @@ mkdir -p "$WORK"
 
 CACHE=${RAGLINE_CACHE:-$HOME/.cache/ragline}
 VENV=$CACHE/venv-ann
-PINS="faiss-cpu==1.15.1 sqlite-vec==0.1.9 numpy==2.4.6"
+PINS="faiss-cpu==1.15.1 numpy==2.4.6"
 if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV" >&2; fi
 if [ "$(cat "$VENV/.ragline-pins" 2>/dev/null || true)" != "$PINS" ]; then
   # shellcheck disable=SC2086  # PINS is a list of words
@@ -57,15 +57,7 @@ fi
 
 echo "== machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $(grep -o -m1 'avx512f' /proc/cpuinfo || echo 'no avx512'); $(date -u +%F)"
 echo "== $N chunks x 384 drawn like $LIKE, $Q queries"
-row() { # label, bench JSON on stdin
-  "$PY" -c '
-import json, sys
-r = json.load(sys.stdin); s = r.get("search", {})
-rec = r.get("recall_at_10")
-print(f"{sys.argv[1]:<28} build {r[\"finish_seconds\"]:7.1f}s  files {r.get(\"files_mb\") or 0:8.1f} MB  "
-      f"peak RSS {r[\"peak_rss_mb\"]:6.0f} MB  p50 {s[\"vector_p50_ms\"]:7.2f} ms  p99 {s[\"vector_p99_ms\"]:7.2f} ms  "
-      f"recall@10 {rec if rec is not None else float(\"nan\"):.4f}  exact p50 {s.get(\"exact_p50_ms\") or 0:.1f} ms")' "$1"
-}
+row() { "$PY" scripts/bench-ann.py row "$1"; }  # label; a bench --json report on stdin
 last=""
 for dtype in f16 int8 binary; do
   rm -rf "$WORK/ann.db" "$WORK/ann.db-"* "$WORK/ann.db.ann"

@@ -361,12 +361,10 @@ fn bench_write(args: &BenchArgs, uri: &str) -> anyhow::Result<ExitCode> {
     let latency = if args.queries > 0 {
         let reader = ragline::indexers::open_reader(&uri, false)?;
         // Recall needs the exact answers beside the approximate ones.
-        let exact = match &uri {
-            ragline::indexers::IndexUri::Sqlite(_) | ragline::indexers::IndexUri::Postgres(_) => {
-                Some(ragline::indexers::open_reader(&uri, true)?)
-            }
-            #[allow(unreachable_patterns)]
-            _ => None,
+        let exact = if uri.is_store() {
+            Some(ragline::indexers::open_reader(&uri, true)?)
+        } else {
+            None
         };
         Some(synthetic::search_latency(
             reader.as_ref(),

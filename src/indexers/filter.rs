@@ -121,7 +121,10 @@ mod tests {
             assert!(e.contains("--where"), "{e}");
         }
         let (sql, params) = w.sqlite();
-        assert_eq!(params, ["docs/api/*", "$.\"lang\"", "en", "$.\"tags\"", "a=b"]);
+        assert_eq!(
+            params,
+            ["docs/api/*", "$.\"lang\"", "en", "$.\"tags\"", "a=b"]
+        );
         assert!(sql.contains("?5") && !sql.contains("docs/api"), "{sql}");
     }
 }

@@ -9,6 +9,7 @@
 
 mod admin;
 pub mod batch;
+pub mod filter;
 mod identity;
 pub mod jsonl;
 pub mod null;
@@ -16,7 +17,6 @@ pub mod null;
 pub mod parquet;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-pub mod filter;
 pub mod sqlite;
 pub mod store;
 pub mod synthetic;
@@ -274,7 +274,9 @@ fn no_filters(index: &str) -> BackendError {
 /// approximate index (the ANN of sqlite://, HNSW of postgres://).
 pub fn open_reader(uri: &IndexUri, exact: bool) -> Result<Box<dyn IndexReader>, BackendError> {
     match uri {
-        IndexUri::Sqlite(path) => Ok(Box::new(sqlite::SqliteReader::open(path)?.with_exact(exact))),
+        IndexUri::Sqlite(path) => Ok(Box::new(
+            sqlite::SqliteReader::open(path)?.with_exact(exact),
+        )),
         #[cfg(feature = "postgres")]
         IndexUri::Postgres(target) => Ok(Box::new(postgres::PgReader::open(target, exact)?)),
         _ => Err(BackendError::Invalid(format!(

@@ -141,7 +141,10 @@ impl Like {
         let sigma = self.noise / (self.dim as f32).sqrt();
         let base = &rows[i * self.dim..(i + 1) * self.dim];
         let bn = base.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-        let v: Vec<f32> = base.iter().map(|x| x / bn + sigma * rng.gaussian()).collect();
+        let v: Vec<f32> = base
+            .iter()
+            .map(|x| x / bn + sigma * rng.gaussian())
+            .collect();
         let n = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
         v.into_iter().map(|x| x / n).collect()
     }
@@ -189,7 +192,10 @@ fn npy_f32(b: &[u8]) -> Result<(usize, usize, Vec<f32>), String> {
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| format!("bad shape `{shape}`")))
+        .map(|s| {
+            s.parse::<usize>()
+                .map_err(|_| format!("bad shape `{shape}`"))
+        })
         .collect::<Result<_, _>>()?;
     let [rows, cols] = dims[..] else {
         return Err(format!("its shape ({shape}) is not 2-D"));
@@ -447,8 +453,7 @@ mod tests {
     use super::*;
 
     fn npy(shape: &str, values: &[f32]) -> Vec<u8> {
-        let mut header =
-            format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+        let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
         while (10 + header.len() + 1) % 64 != 0 {
             header.push(' ');
         }
@@ -465,7 +470,10 @@ mod tests {
     #[test]
     fn npy_files_are_read_within_their_own_bytes() {
         let values: Vec<f32> = (0..6).map(|i| i as f32).collect();
-        assert_eq!(npy_f32(&npy("(2, 3)", &values)).unwrap(), (2, 3, values.clone()));
+        assert_eq!(
+            npy_f32(&npy("(2, 3)", &values)).unwrap(),
+            (2, 3, values.clone())
+        );
         for (bytes, why) in [
             (npy("(3, 3)", &values), "needs 36 bytes"),
             (npy("(6,)", &values), "not 2-D"),

@@ -8,8 +8,8 @@ use std::str::FromStr;
 use thiserror::Error;
 
 use crate::embed::{EmbedError, EmbeddingModel};
-use crate::indexers::{BackendError, ChunkRow, IndexReader, IndexUri};
 pub use crate::indexers::filter::{Clause, Where};
+use crate::indexers::{BackendError, ChunkRow, IndexReader, IndexUri};
 
 /// The constant of reciprocal rank fusion (Cormack et al.): score = sum of 1 / (K + rank).
 pub const RRF_K: f64 = 60.0;

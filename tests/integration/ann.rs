@@ -9,27 +9,16 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ragline::indexers::sqlite::SqliteReader;
+use ragline::indexers::synthetic::{Rng, WORDS};
 
 use crate::util::{model_dir, ragline, run};
-
-const WORDS: &[&str] = &[
-    "render", "effect", "state", "component", "server", "cache", "memo", "ref", "context",
-    "reducer", "transition", "suspense", "hydrate", "portal", "event", "handler", "layout",
-    "stream", "action", "form", "input", "value", "props", "children", "key", "list", "index",
-    "router", "query", "mutation", "schema", "token", "vector", "graph", "queue", "worker",
-];
 
 /// `n` markdown documents of three sections; `version` varies the words. Version 0 and 1
 /// documents have the same number of sections, `short` ones one section (re-chunked into
 /// fewer chunks: the rest are deleted).
 fn write_doc(dir: &Path, i: usize, version: u64, short: bool) {
-    let mut x = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (version + 1) | 1;
-    let mut word = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        WORDS[(x % WORDS.len() as u64) as usize]
-    };
+    let mut rng = Rng((i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (version + 1) | 1);
+    let mut word = || WORDS[(rng.next_u64() % WORDS.len() as u64) as usize];
     let mut text = format!("# Document {i}\n\n");
     for s in 0..if short { 1 } else { 3 } {
         text.push_str(&format!("## Section {s}\n\n"));
@@ -42,14 +31,22 @@ fn write_doc(dir: &Path, i: usize, version: u64, short: bool) {
 
 fn ingest(db: &Path, corpus: &Path, extra: &[&str]) -> Command {
     let mut cmd = ragline();
-    cmd.args(["ingest", "--progress", "none", "--device", "cpu", "--chunk-tokens", "64"])
-        .args(["--chunk-overlap", "8"])
-        .arg("--index")
-        .arg(format!("sqlite://{}", db.display()))
-        .arg("--model")
-        .arg(model_dir())
-        .args(extra)
-        .arg(corpus);
+    cmd.args([
+        "ingest",
+        "--progress",
+        "none",
+        "--device",
+        "cpu",
+        "--chunk-tokens",
+        "64",
+    ])
+    .args(["--chunk-overlap", "8"])
+    .arg("--index")
+    .arg(format!("sqlite://{}", db.display()))
+    .arg("--model")
+    .arg(model_dir())
+    .args(extra)
+    .arg(corpus);
     cmd
 }
 
@@ -80,20 +77,12 @@ fn sql_i64(db: &Path, sql: &str) -> i64 {
 /// scan), so the answers are clustered like real ones.
 fn queries(db: &Path) -> Vec<Vec<f32>> {
     let exact = SqliteReader::open(db).unwrap().with_exact(true);
-    let mut x = 12345u64;
-    let mut unit = || -> Vec<f32> {
-        let v: Vec<f32> = (0..384)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x % 2000) as f32 / 1000.0 - 1.0
-            })
-            .collect();
-        let n = v.iter().map(|a| a * a).sum::<f32>().sqrt();
-        v.into_iter().map(|a| a / n).collect()
-    };
-    (0..100).map(|_| unit()).inspect(|q| assert!(!exact.nearest(q, 1).unwrap().is_empty())).collect()
+    let mut rng = Rng(12345);
+    let mut unit = || rng.unit(384);
+    (0..100)
+        .map(|_| unit())
+        .inspect(|q| assert!(!exact.nearest(q, 1).unwrap().is_empty()))
+        .collect()
 }
 
 /// Search through the ANN equals the exact scan: recall@10 >= 0.95 over `queries`, every
@@ -122,7 +111,10 @@ fn ann_equals_exact(db: &Path, queries: &[Vec<f32>]) -> usize {
         assert_eq!(found.len(), truth.len());
         let top: HashSet<i64> = truth.iter().map(|t| t.0).collect();
         for (id, _) in &found {
-            assert!(live.contains(id), "chunk {id} is deleted or has no vector, yet returned");
+            assert!(
+                live.contains(id),
+                "chunk {id} is deleted or has no vector, yet returned"
+            );
         }
         hits += found.iter().filter(|f| top.contains(&f.0)).count();
     }
@@ -168,7 +160,10 @@ fn kill_9_during_an_ingest_a_build_or_a_save_never_leaves_search_wrong() {
     });
     kill9(&mut child);
     let dirty = ann_equals_exact(&db, &qs);
-    assert!(dirty >= 16, "the log holds the killed run's changes: {dirty}");
+    assert!(
+        dirty >= 16,
+        "the log holds the killed run's changes: {dirty}"
+    );
 
     // 2. The next run completes the changes and deletes 10 documents (--prune), then its
     // rebuild (another dtype) is killed half-way: readers keep the old file and the log.
@@ -212,7 +207,10 @@ fn kill_9_during_an_ingest_a_build_or_a_save_never_leaves_search_wrong() {
     assert_eq!(files(), 1, "the orphan file is gone");
     assert_eq!(sql_i64(&db, "SELECT COUNT(*) FROM ann_log"), 0);
     assert_eq!(
-        sql_i64(&db, "SELECT COUNT(*) FROM ann WHERE state = 'ready' AND dtype = 'int8'"),
+        sql_i64(
+            &db,
+            "SELECT COUNT(*) FROM ann WHERE state = 'ready' AND dtype = 'int8'"
+        ),
         1
     );
     assert_eq!(ann_equals_exact(&db, &qs), 0);

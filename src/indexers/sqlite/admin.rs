@@ -281,8 +281,7 @@ impl crate::indexers::IndexStore for SqliteStore {
     /// Bring the ANN of each live vector set up to date with what the run wrote (a backfill's
     /// new set gets its own).
     fn finish_run(&mut self) -> Result<Vec<String>, StoreError> {
-        super::ann::maintain(&self.path, &mut self.conn)
-            .map_err(|e| StoreError::Io(e.to_string()))
+        super::ann::maintain(&self.path, &mut self.conn).map_err(|e| StoreError::Io(e.to_string()))
     }
 }
 

@@ -165,11 +165,17 @@ fn expansion_search() -> usize {
         .and_then(|v| v.parse::<usize>().ok())
         .map_or(EXPANSION_SEARCH, |n| n.clamp(16, 4096))
 }
-/// Candidates re-scored exactly, at least (and 4x k beyond it): the graph's quantized order
-/// is close, not exact.
-const RESCORE_MIN: usize = 64;
-/// Binary vectors order candidates coarsely: re-score more of them.
-const RESCORE_MIN_BINARY: usize = 400;
+/// Candidates re-scored exactly from SQLite, as a multiple of k (and at least k x 10): the
+/// graph's nearest by its own quantized distances, which order f16 vectors almost exactly,
+/// int8 ones closely and binary ones coarsely. Each costs a vec0 point lookup (~35 us), the
+/// largest part of a search's time.
+fn rescored(dtype: AnnDtype, k: usize) -> usize {
+    match dtype {
+        AnnDtype::F16 => 2 * k.max(10),
+        AnnDtype::Int8 => 4 * k.max(10),
+        AnnDtype::Binary => 40 * k.max(10),
+    }
+}
 /// A filter that lets through this fraction of the set or less is answered by scoring the
 /// chunks it lets through (HNSW with a selective filter walks most of the graph anyway).
 const FILTER_SCAN_FRACTION: f64 = 0.03;
@@ -265,7 +271,10 @@ pub fn recorded(conn: &Connection) -> rusqlite::Result<AnnSettings> {
 }
 
 pub fn record(conn: &Connection, settings: AnnSettings) -> rusqlite::Result<()> {
-    for (k, v) in [("ann", settings.mode.as_str()), ("ann_dtype", settings.dtype.as_str())] {
+    for (k, v) in [
+        ("ann", settings.mode.as_str()),
+        ("ann_dtype", settings.dtype.as_str()),
+    ] {
         conn.execute(
             "INSERT INTO meta(key, value) VALUES (?1, ?2)
              ON CONFLICT(key) DO UPDATE SET value = excluded.value",
@@ -306,9 +315,7 @@ pub fn maintain(db: &Path, conn: &mut Connection) -> Result<Vec<String>, AnnErro
                 "ANN of vector set {} updated with {changes} changed chunks",
                 set.id
             )),
-            Maintained::Dropped => {
-                notes.push(format!("ANN of vector set {} dropped", set.id))
-            }
+            Maintained::Dropped => notes.push(format!("ANN of vector set {} dropped", set.id)),
             Maintained::Untouched => {}
         }
     }
@@ -337,8 +344,8 @@ pub fn maintain_set(
         }
         Some(_) => build(db, conn, set, settings.dtype),
         None => {
-            let wanted = settings.mode == AnnMode::Hnsw
-                || vectors_in(conn, set)? >= AUTO_MIN_CHUNKS;
+            let wanted =
+                settings.mode == AnnMode::Hnsw || vectors_in(conn, set)? >= AUTO_MIN_CHUNKS;
             if wanted {
                 build(db, conn, set, settings.dtype)
             } else {
@@ -547,9 +554,7 @@ fn update_loaded(
         if index.contains(chunk) {
             index.remove(chunk).map_err(graph)?;
         }
-        let bytes: Option<Vec<u8>> = stmt
-            .query_row([chunk as i64], |r| r.get(0))
-            .optional()?;
+        let bytes: Option<Vec<u8>> = stmt.query_row([chunk as i64], |r| r.get(0)).optional()?;
         if let Some(b) = bytes.filter(|b| b.len() == set.dimension * 4) {
             add(&index, row.dtype, chunk, &vector_from_bytes(&b))?;
         }
@@ -641,7 +646,14 @@ fn save(
     tx.execute(
         "UPDATE ann SET state = 'ready', dtype = ?2, file = ?3, seq = ?4, size = ?5,
              updated_at = ?6 WHERE vector_set = ?1",
-        params![set, dtype.as_str(), name, seq, index.size() as i64, now_ms()],
+        params![
+            set,
+            dtype.as_str(),
+            name,
+            seq,
+            index.size() as i64,
+            now_ms()
+        ],
     )?;
     tx.execute(
         "DELETE FROM ann_log WHERE vector_set = ?1 AND seq <= ?2",
@@ -717,10 +729,12 @@ fn load(db: &Path, row: &AnnRow, dimension: usize, view: bool) -> Result<Index, 
 
 /// A set's ANN file, if its header agrees with the record: its path and length.
 fn check_file(db: &Path, row: &AnnRow, dimension: usize) -> Result<(PathBuf, u64), AnnError> {
-    let path = file_path(db, row).ok_or_else(|| AnnError::Graph(format!(
-        "the index records no usable ANN file for vector set {}",
-        row.vector_set
-    )))?;
+    let path = file_path(db, row).ok_or_else(|| {
+        AnnError::Graph(format!(
+            "the index records no usable ANN file for vector set {}",
+            row.vector_set
+        ))
+    })?;
     let bad = |message: String| AnnError::File {
         path: path.clone(),
         message,
@@ -757,7 +771,10 @@ pub struct AnnView {
 /// Which chunks a search may return: `None` lets every chunk through.
 pub type Allowed<'a> = Option<&'a HashSet<u64>>;
 
-/// How a search over the ANN went, for tests and `--explain`.
+/// Chunks and their exact cosine distances, nearest first, with how the search went.
+pub type AnnHits = (Vec<(i64, f64)>, AnnSearch);
+
+/// How a search over the ANN went (for tests and benchmarks).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AnnSearch {
     pub candidates: usize,
@@ -777,7 +794,7 @@ pub fn search(
     query: &[f32],
     k: usize,
     allowed: Allowed<'_>,
-) -> Result<Option<(Vec<(i64, f64)>, AnnSearch)>, AnnError> {
+) -> Result<Option<AnnHits>, AnnError> {
     let Some(row) = row_of(conn, set.id)? else {
         *cache = None;
         return Ok(None);
@@ -808,8 +825,7 @@ pub fn search(
     }
     let view = cache.as_ref().expect("loaded above");
     let (_, dirty) = dirty_since(conn, set.id, row.seq)?;
-    if dirty.len() > DIRTY_FLOOR && dirty.len() as f64 > DIRTY_FALLBACK_FRACTION * row.size as f64
-    {
+    if dirty.len() > DIRTY_FLOOR && dirty.len() as f64 > DIRTY_FALLBACK_FRACTION * row.size as f64 {
         tracing::debug!(
             "{} chunks changed since the ANN was saved: scanning exactly",
             dirty.len()
@@ -821,11 +837,7 @@ pub fn search(
         dirty: dirty.len(),
         ..AnnSearch::default()
     };
-    let rescore = match view.dtype {
-        AnnDtype::Binary => RESCORE_MIN_BINARY,
-        _ => RESCORE_MIN,
-    }
-    .max(4 * k);
+    let rescore = rescored(view.dtype, k);
     // Candidates from the graph: every chunk whose vector changed since the file was cut is
     // masked out (it is scored from SQLite below).
     let mut candidates: Vec<u64> = match allowed {
@@ -845,7 +857,8 @@ pub fn search(
                     if plain {
                         view.index.search::<usearch::b1x8>(q, rescore)
                     } else {
-                        view.index.filtered_search::<usearch::b1x8, _>(q, rescore, keep)
+                        view.index
+                            .filtered_search::<usearch::b1x8, _>(q, rescore, keep)
                     }
                 }
                 (_, true) => view.index.search::<f32>(query, rescore),
@@ -929,7 +942,10 @@ fn scan_allowed(
 }
 
 fn norm(v: &[f32]) -> f64 {
-    v.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt()
+    v.iter()
+        .map(|x| (*x as f64) * (*x as f64))
+        .sum::<f64>()
+        .sqrt()
 }
 
 /// 1 - cosine similarity, as sqlite-vec's `distance_metric=cosine` reports it.

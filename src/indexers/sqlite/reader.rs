@@ -158,7 +158,7 @@ impl SqliteReader {
         query: &[f32],
         k: usize,
         allowed: ann::Allowed<'_>,
-    ) -> Result<Option<(Vec<(i64, f64)>, ann::AnnSearch)>, BackendError> {
+    ) -> Result<Option<ann::AnnHits>, BackendError> {
         let Some(set) = self.active.as_ref().filter(|_| !self.exact) else {
             return Ok(None);
         };

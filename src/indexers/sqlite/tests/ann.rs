@@ -54,7 +54,10 @@ fn recall(path: &Path, qs: &[Vec<f32>]) -> (f64, ann::AnnSearch) {
         assert_eq!(found.len(), truth.len());
         let top: HashSet<i64> = truth.iter().map(|t| t.0).collect();
         let direct = exact.nearest(q, 4096).unwrap();
-        assert!(direct.len() < 4096, "the test index outgrew its exact check");
+        assert!(
+            direct.len() < 4096,
+            "the test index outgrew its exact check"
+        );
         for (id, d) in &found {
             let exact_d = direct.iter().find(|x| x.0 == *id).map(|x| x.1);
             let exact_d = exact_d.unwrap_or_else(|| panic!("chunk {id} is not in the index"));
@@ -91,7 +94,10 @@ fn the_ann_answers_as_the_exact_scan_through_updates_deletes_and_a_killed_build(
     let f = factory(&path, AnnMode::Hnsw, AnnDtype::F16);
     write(&f, 0, 300, 1);
     let notes = f.finish().unwrap();
-    assert!(notes.iter().any(|n| n.contains("built: 3000 vectors")), "{notes:?}");
+    assert!(
+        notes.iter().any(|n| n.contains("built: 3000 vectors")),
+        "{notes:?}"
+    );
     assert_eq!(files(&path).len(), 1, "{:?}", files(&path));
     assert_eq!(log_len(&path), 0);
     let qs = queries(30);
@@ -109,12 +115,28 @@ fn the_ann_answers_as_the_exact_scan_through_updates_deletes_and_a_killed_build(
     assert_eq!(stats.dirty, 200, "{stats:?}");
     // A rewritten chunk is found by its new vector, a deleted one never comes back.
     let reader = SqliteReader::open(&path).unwrap();
-    let new_vector = synthetic::document(7, DIM, 2)[3].chunk.as_ref().unwrap().vector.clone();
-    let (found, _) = reader.nearest_ann(&new_vector.unwrap(), 1, None).unwrap().unwrap();
+    let new_vector = synthetic::document(7, DIM, 2)[3]
+        .chunk
+        .as_ref()
+        .unwrap()
+        .vector
+        .clone();
+    let (found, _) = reader
+        .nearest_ann(&new_vector.unwrap(), 1, None)
+        .unwrap()
+        .unwrap();
     assert_eq!(reader.chunk(found[0].0).unwrap().unwrap().id, "doc7#2");
     assert!(found[0].1 < 1e-5);
-    let deleted = synthetic::document(55, DIM, 1)[1].chunk.as_ref().unwrap().vector.clone();
-    let (found, _) = reader.nearest_ann(&deleted.unwrap(), 10, None).unwrap().unwrap();
+    let deleted = synthetic::document(55, DIM, 1)[1]
+        .chunk
+        .as_ref()
+        .unwrap()
+        .vector
+        .clone();
+    let (found, _) = reader
+        .nearest_ann(&deleted.unwrap(), 10, None)
+        .unwrap()
+        .unwrap();
     for (id, _) in found {
         let doc = reader.chunk(id).unwrap().unwrap().document_id;
         assert!(doc != "doc55", "a deleted chunk came back");
@@ -125,11 +147,17 @@ fn the_ann_answers_as_the_exact_scan_through_updates_deletes_and_a_killed_build(
     let reader = SqliteReader::open(&path).unwrap();
     assert!(reader.nearest_ann(&qs[0], 10, None).unwrap().is_none());
     let exact = SqliteReader::open(&path).unwrap().with_exact(true);
-    assert_eq!(reader.nearest(&qs[0], 10).unwrap(), exact.nearest(&qs[0], 10).unwrap());
+    assert_eq!(
+        reader.nearest(&qs[0], 10).unwrap(),
+        exact.nearest(&qs[0], 10).unwrap()
+    );
 
     // The next writer's finish applies the log to the graph and saves it.
     let notes = f.finish().unwrap();
-    assert!(notes.iter().any(|n| n.contains("updated with")), "{notes:?}");
+    assert!(
+        notes.iter().any(|n| n.contains("updated with")),
+        "{notes:?}"
+    );
     assert_eq!(log_len(&path), 0);
     assert_eq!(files(&path).len(), 1, "the replaced file is deleted");
     let (r, stats) = recall(&path, &qs);
@@ -205,14 +233,14 @@ fn auto_waits_for_its_threshold_and_the_recorded_mode_holds() {
     let mut conn = connect(&path).unwrap();
     let set = sets::active(&conn).unwrap().unwrap();
     // Switched to hnsw in the record, the next maintenance builds it.
-    conn.execute(
-        "UPDATE meta SET value = 'hnsw' WHERE key = 'ann'",
-        [],
-    )
-    .unwrap();
+    conn.execute("UPDATE meta SET value = 'hnsw' WHERE key = 'ann'", [])
+        .unwrap();
     let settings = ann::recorded(&conn).unwrap();
     let done = ann::maintain_set(&path, &mut conn, &set, settings).unwrap();
-    assert!(matches!(done, ann::Maintained::Built { vectors: 200, .. }), "{done:?}");
+    assert!(
+        matches!(done, ann::Maintained::Built { vectors: 200, .. }),
+        "{done:?}"
+    );
     drop(f);
 }
 
@@ -225,9 +253,10 @@ fn write_with_metadata(f: &SqliteFactory, docs: usize) {
         let lang = if d % 3 == 0 { "fr" } else { "en" };
         for doc in &mut group {
             doc.fields.metadata.insert("lang".into(), lang.into());
-            doc.fields
-                .metadata
-                .insert("tags".into(), serde_json::json!(["guide", format!("t{}", d % 50)]));
+            doc.fields.metadata.insert(
+                "tags".into(),
+                serde_json::json!(["guide", format!("t{}", d % 50)]),
+            );
         }
         all.extend(group);
     }
@@ -271,7 +300,11 @@ fn filters_apply_inside_the_search_so_k_results_come_back() {
             assert_eq!(found.len(), 10.min(docs * 10), "{clauses:?}: k results");
             assert_eq!(truth.len(), found.len());
             for (id, _) in &found {
-                assert!(allowed.contains(&(*id as u64)), "{clauses:?}: {} slipped through", doc_of(*id));
+                assert!(
+                    allowed.contains(&(*id as u64)),
+                    "{clauses:?}: {} slipped through",
+                    doc_of(*id)
+                );
             }
             let top: HashSet<i64> = truth.iter().map(|t| t.0).collect();
             hits += found.iter().filter(|f| top.contains(&f.0)).count();

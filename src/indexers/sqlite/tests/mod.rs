@@ -57,5 +57,5 @@ fn another_model_or_a_foreign_file_is_refused_without_touching_the_file() {
     assert!(err.contains("without ragline's tables"), "{err}");
 }
 
-mod migration;
 mod ann;
+mod migration;
