@@ -11,7 +11,8 @@ pub enum Clause {
     /// `source=GLOB`: the document id (its path or URL) matches the glob (`*`, `?`, `[...]`).
     Document(String),
     /// `KEY=VALUE`: the document's metadata `KEY` (front matter, a JSONL field, connector
-    /// metadata) is `VALUE` (a glob), or is a list holding it.
+    /// metadata; `a.b` for key `b` of an object `a`) is `VALUE` (a glob), or is a list
+    /// holding it.
     Metadata { key: String, value: String },
 }
 
@@ -32,12 +33,15 @@ impl FromStr for Clause {
                 "--where `{s}`: the key must be 1 to {MAX_LEN} characters, the value at most {MAX_LEN}"
             ));
         }
-        if !key
-            .chars()
-            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'))
-        {
+        let part_ok = |p: &str| {
+            !p.is_empty()
+                && p.chars()
+                    .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | ':'))
+        };
+        if !key.split('.').all(part_ok) {
             return Err(format!(
-                "--where `{s}`: a metadata key is letters, digits, `_`, `-`, `.` and `:`"
+                "--where `{s}`: a metadata key is letters, digits, `_`, `-` and `:`, with `.` \
+                 between the keys of nested objects"
             ));
         }
         Ok(match key {
@@ -88,7 +92,10 @@ impl Where {
                         n + 1,
                         n + 2
                     ));
-                    params.push(format!("$.\"{key}\""));
+                    // `a.b` is key `b` of the object under `a` (`metadata.lang` for a JSONL
+                    // record's `metadata` object).
+                    let path: String = key.split('.').map(|k| format!(".\"{k}\"")).collect();
+                    params.push(format!("${path}"));
                     params.push(value.clone());
                 }
             }
@@ -107,7 +114,13 @@ mod tests {
 
     #[test]
     fn clauses_parse_and_bad_ones_say_how_to_write_them() {
-        let w = Where::parse(&["source=docs/api/*", "lang=en", "tags=a=b"]).unwrap();
+        let w = Where::parse(&[
+            "source=docs/api/*",
+            "lang=en",
+            "tags=a=b",
+            "metadata.lang=fr",
+        ])
+        .unwrap();
         assert_eq!(w.0[0], Clause::Document("docs/api/*".into()));
         assert_eq!(
             w.0[2],
@@ -116,14 +129,22 @@ mod tests {
                 value: "a=b".into()
             }
         );
-        for bad in ["nokey", "=x", "a\"b=c", "a b=c"] {
+        for bad in ["nokey", "=x", "a\"b=c", "a b=c", "a..b=c", ".a=b"] {
             let e = Where::parse(&[bad]).unwrap_err();
             assert!(e.contains("--where"), "{e}");
         }
         let (sql, params) = w.sqlite();
         assert_eq!(
             params,
-            ["docs/api/*", "$.\"lang\"", "en", "$.\"tags\"", "a=b"]
+            [
+                "docs/api/*",
+                "$.\"lang\"",
+                "en",
+                "$.\"tags\"",
+                "a=b",
+                "$.\"metadata\".\"lang\"",
+                "fr"
+            ]
         );
         assert!(sql.contains("?5") && !sql.contains("docs/api"), "{sql}");
     }
