@@ -7,10 +7,15 @@
 //! (embeddings, chat completions) within their limits; [`serve`] is the embeddings server;
 //! [`jobs`] assembles what each command runs from its config.
 
+// The command line lives in the library (`cli`), so the Python package runs it in process;
+// its modules name the library `ragline::...` as the binary did.
+extern crate self as ragline;
+
 /// The tracing target of what the library tells its user as a job goes (where it embeds, a
 /// reconnection, a circuit that opened): the CLI shows it by default, as plain lines.
 pub const NOTE: &str = "ragline::note";
 
+pub mod cli;
 pub mod connectors;
 pub mod document;
 pub mod embed;

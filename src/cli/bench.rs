@@ -85,6 +85,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "auto|hnsw|none")]
     ann: Option<ragline::indexers::sqlite::ann::AnnMode>,
 
+    /// With --queries: search only among the chunks this filter lets through (`search
+    /// --where`; synthetic documents are `doc0`, `doc1`..., 10 chunks each, so
+    /// `source=doc*00` lets 1% through). Repeatable, ANDed.
+    #[arg(long = "where", value_name = "FILTER")]
+    filters: Vec<String>,
+
     /// With --write to sqlite://: what the ANN stores (f16, int8, binary).
     #[arg(long, value_name = "f16|int8|binary")]
     ann_dtype: Option<ragline::indexers::sqlite::ann::AnnDtype>,
@@ -327,6 +333,7 @@ fn print_report(report: &Report) {
 fn bench_write(args: &BenchArgs, uri: &str) -> anyhow::Result<ExitCode> {
     use ragline::indexers::synthetic::{self, CHUNKS_PER_DOCUMENT};
     let uri: ragline::indexers::IndexUri = uri.parse().context("bad --write")?;
+    let filter = ragline::search::Where::parse(&args.filters)?;
     let chunks = args.chunks.unwrap_or(100_000);
     let like = match &args.like {
         Some(path) => {
@@ -373,6 +380,7 @@ fn bench_write(args: &BenchArgs, uri: &str) -> anyhow::Result<ExitCode> {
             10,
             args.dim,
             like.as_ref(),
+            &filter,
         )?)
     } else {
         None
@@ -389,6 +397,9 @@ fn bench_write(args: &BenchArgs, uri: &str) -> anyhow::Result<ExitCode> {
             v["recall_at_10"] = serde_json::to_value(l.recall_at_10)?;
             v["search_p50_ms"] = serde_json::to_value(l.vector_p50_ms)?;
             v["search_p99_ms"] = serde_json::to_value(l.vector_p99_ms)?;
+            if !args.filters.is_empty() {
+                v["where"] = serde_json::to_value(&args.filters)?;
+            }
         }
         v["peak_rss_mb"] = serde_json::to_value(peak_rss_mb)?;
         v["files_mb"] = serde_json::to_value(files_mb)?;

@@ -105,6 +105,36 @@ enum Command {
     RandomModel(random_model::RandomModelArgs),
 }
 
+/// The `ragline` command with these arguments (the first is the program's name), as the
+/// binary runs it: diagnostics to stderr, output to stdout, the command's exit code. The
+/// Python package's `ragline` console script calls it in process.
+pub fn main<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    init_logging();
+    ragline::stages::extract::budget::quiet_extraction_panics();
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and exit 0; usage errors exit 2.
+            let _ = e.print();
+            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+        }
+    };
+    match run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            if is_broken_pipe(&err) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {err:#}");
+            ExitCode::from(EXIT_SETUP)
+        }
+    }
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = cli.config.as_deref();
     match cli.command {
@@ -166,4 +196,72 @@ pub fn observer(choice: Progress) -> Box<dyn Observer> {
         Progress::Bars => Box::new(Bars::new()),
         Progress::None => Box::new(Silent),
     }
+}
+
+/// ragline's diagnostics (`tracing`) go to stderr, as the CLI shows them: the library's notes
+/// (target `ragline::note`: where the run embeds, a reconnection, a circuit) as plain lines,
+/// warnings as `warning: ...`. RAGLINE_LOG (or RUST_LOG) takes tracing's directives instead
+/// (`debug`, `ragline=debug`, `ragline::indexers=trace,info`); a bare level applies to the
+/// libraries ragline uses too (their messages repeat what ragline reports, so they are off
+/// otherwise).
+fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(install_subscriber);
+}
+
+fn install_subscriber() {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let asked = ["RAGLINE_LOG", "RUST_LOG"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .and_then(|l| l.parse::<Targets>().ok());
+    let filter = asked.unwrap_or_else(|| {
+        Targets::new()
+            .with_target("ragline", LevelFilter::WARN)
+            .with_target(ragline::NOTE, LevelFilter::INFO)
+    });
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .event_format(Plain);
+    // A host process (Python) may have installed its own subscriber: keep it.
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(filter)
+        .try_init();
+}
+
+/// One line an event: its message and fields, after `warning: ` or `error: ` by level.
+struct Plain;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for Plain
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let prefix = match *event.metadata().level() {
+            tracing::Level::ERROR => "error: ",
+            tracing::Level::WARN => "warning: ",
+            tracing::Level::INFO => "",
+            _ => "debug: ",
+        };
+        writer.write_str(prefix)?;
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

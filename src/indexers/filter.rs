@@ -16,22 +16,27 @@ pub enum Clause {
     Metadata { key: String, value: String },
 }
 
+/// A `--where` clause that cannot be read: what is wrong and how to write it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct FilterError(String);
+
 /// The longest key or value a clause takes.
 const MAX_LEN: usize = 1024;
 
 impl FromStr for Clause {
-    type Err = String;
+    type Err = FilterError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let Some((key, value)) = s.split_once('=') else {
-            return Err(format!(
+            return Err(FilterError(format!(
                 "--where `{s}` has no `=`: give source=GLOB (document id) or KEY=VALUE (metadata)"
-            ));
+            )));
         };
         let key = key.trim();
         if key.is_empty() || key.len() > MAX_LEN || value.len() > MAX_LEN {
-            return Err(format!(
+            return Err(FilterError(format!(
                 "--where `{s}`: the key must be 1 to {MAX_LEN} characters, the value at most {MAX_LEN}"
-            ));
+            )));
         }
         let part_ok = |p: &str| {
             !p.is_empty()
@@ -39,10 +44,10 @@ impl FromStr for Clause {
                     .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | ':'))
         };
         if !key.split('.').all(part_ok) {
-            return Err(format!(
+            return Err(FilterError(format!(
                 "--where `{s}`: a metadata key is letters, digits, `_`, `-` and `:`, with `.` \
                  between the keys of nested objects"
-            ));
+            )));
         }
         Ok(match key {
             "source" => Clause::Document(value.to_string()),
@@ -59,7 +64,7 @@ impl FromStr for Clause {
 pub struct Where(pub Vec<Clause>);
 
 impl Where {
-    pub fn parse<S: AsRef<str>>(clauses: &[S]) -> Result<Where, String> {
+    pub fn parse<S: AsRef<str>>(clauses: &[S]) -> Result<Where, FilterError> {
         clauses
             .iter()
             .map(|c| c.as_ref().parse())
@@ -130,7 +135,7 @@ mod tests {
             }
         );
         for bad in ["nokey", "=x", "a\"b=c", "a b=c", "a..b=c", ".a=b"] {
-            let e = Where::parse(&[bad]).unwrap_err();
+            let e = Where::parse(&[bad]).unwrap_err().to_string();
             assert!(e.contains("--where"), "{e}");
         }
         let (sql, params) = w.sqlite();

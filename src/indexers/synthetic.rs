@@ -160,56 +160,63 @@ impl Like {
     }
 }
 
+/// Why bytes are not a 2-D float32 .npy file.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct NpyError(String);
+
 /// A 2-D little-endian float32 .npy file: (rows, columns, values). Bounded by the file: the
 /// header is at most 64 KiB and the shape must match the bytes that follow it.
-fn npy_f32(b: &[u8]) -> Result<(usize, usize, Vec<f32>), String> {
+fn npy_f32(b: &[u8]) -> Result<(usize, usize, Vec<f32>), NpyError> {
     if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
-        return Err("not a .npy file".into());
+        return Err(NpyError("not a .npy file".into()));
     }
     let (header_len, start) = match b[6] {
         1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
         2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
-        v => return Err(format!(".npy version {v} is not supported")),
+        v => return Err(NpyError(format!(".npy version {v} is not supported"))),
     };
     if header_len > 65536 || start + header_len > b.len() {
-        return Err("its header is cut short".into());
+        return Err(NpyError("its header is cut short".into()));
     }
     let header = std::str::from_utf8(&b[start..start + header_len])
-        .map_err(|_| "its header is not text".to_string())?;
+        .map_err(|_| NpyError("its header is not text".into()))?;
     if !header.contains("'descr': '<f4'") {
-        return Err("its values are not little-endian float32 ('<f4')".into());
+        return Err(NpyError(
+            "its values are not little-endian float32 ('<f4')".into(),
+        ));
     }
     if header.contains("'fortran_order': True") {
-        return Err("it is in Fortran order".into());
+        return Err(NpyError("it is in Fortran order".into()));
     }
     let shape = header
         .split("'shape':")
         .nth(1)
         .and_then(|s| s.split('(').nth(1))
         .and_then(|s| s.split(')').next())
-        .ok_or("its header has no shape")?;
+        .ok_or_else(|| NpyError("its header has no shape".into()))?;
     let dims: Vec<usize> = shape
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| {
             s.parse::<usize>()
-                .map_err(|_| format!("bad shape `{shape}`"))
+                .map_err(|_| NpyError(format!("bad shape `{shape}`")))
         })
         .collect::<Result<_, _>>()?;
     let [rows, cols] = dims[..] else {
-        return Err(format!("its shape ({shape}) is not 2-D"));
+        return Err(NpyError(format!("its shape ({shape}) is not 2-D")));
     };
     let body = &b[start + header_len..];
     let want = rows
         .checked_mul(cols)
         .and_then(|n| n.checked_mul(4))
-        .ok_or("its shape overflows")?;
+        .ok_or_else(|| NpyError("its shape overflows".into()))?;
     if cols == 0 || body.len() != want {
-        return Err(format!(
+        return Err(NpyError(format!(
             "its shape ({rows}, {cols}) needs {want} bytes of values, it has {}",
             body.len()
-        ));
+        )));
     }
     let values = body
         .chunks_exact(4)
@@ -358,6 +365,8 @@ pub fn write_throughput(
 pub struct SearchLatency {
     pub queries: usize,
     pub k: usize,
+    /// Vector queries answered with fewer than k chunks (a filter matching fewer than k).
+    pub short_answers: usize,
     /// The share of the exact scan's top k that the search returned (measured when asked).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recall_at_10: Option<f64>,
@@ -371,9 +380,9 @@ pub struct SearchLatency {
 }
 
 /// Run `queries` vector queries (random, or drawn [`Like`] the documents' vectors) and as
-/// many two-word keyword queries against an index of synthetic rows, `k` results each; every
-/// query must find something. With `exact`, the recall@k of `reader`'s answers against its
-/// exact scan.
+/// many two-word keyword queries against an index of synthetic rows, `k` results each, among
+/// the chunks `filter` lets through; every query must find something. With `exact`, the
+/// recall@k of `reader`'s answers against its exact scan (under the same filter).
 pub fn search_latency(
     reader: &dyn super::IndexReader,
     exact: Option<&dyn super::IndexReader>,
@@ -381,24 +390,27 @@ pub fn search_latency(
     k: usize,
     dim: usize,
     like: Option<&Like>,
+    filter: &super::filter::Where,
 ) -> Result<SearchLatency, BackendError> {
     let mut rng = Rng(99);
     let mut vector = Vec::with_capacity(queries);
     let mut keyword = Vec::with_capacity(queries);
     let (mut hits, mut wanted) = (0usize, 0usize);
     let mut exact_ms = Vec::new();
+    let mut short = 0;
     for i in 0..queries {
         let q = match like {
             Some(like) => like.query(&mut rng),
             None => rng.unit(dim),
         };
         let t = Instant::now();
-        let answer = reader.nearest(&q, k)?;
+        let answer = reader.nearest_where(&q, k, filter)?;
         vector.push(t.elapsed().as_secs_f64() * 1e3);
         let found = answer.len();
+        short += (found < k) as usize;
         if let Some(exact) = exact {
             let t = Instant::now();
-            let truth = exact.nearest(&q, k)?;
+            let truth = exact.nearest_where(&q, k, filter)?;
             exact_ms.push(t.elapsed().as_secs_f64() * 1e3);
             let truth: std::collections::HashSet<i64> = truth.iter().map(|t| t.0).collect();
             hits += answer.iter().filter(|a| truth.contains(&a.0)).count();
@@ -410,7 +422,7 @@ pub fn search_latency(
             WORDS[(i * 7 + 3) % WORDS.len()]
         );
         let t = Instant::now();
-        let found_words = reader.keyword(&words, k)?.len();
+        let found_words = reader.keyword_where(&words, k, filter)?.len();
         keyword.push(t.elapsed().as_secs_f64() * 1e3);
         if found == 0 || found_words == 0 {
             return Err(BackendError::Io(format!(
@@ -427,6 +439,7 @@ pub fn search_latency(
     Ok(SearchLatency {
         queries,
         k,
+        short_answers: short,
         recall_at_10: (wanted > 0).then(|| hits as f64 / wanted as f64),
         exact_p50_ms,
         vector_p50_ms: pct(&mut vector, 0.5),
@@ -482,7 +495,7 @@ mod tests {
             (npy("(99999999999999999999, 3)", &values), "bad shape"),
             (npy("(4611686018427387904, 4)", &values), "overflows"),
         ] {
-            let e = npy_f32(&bytes).unwrap_err();
+            let e = npy_f32(&bytes).unwrap_err().to_string();
             assert!(e.contains(why), "{e}");
         }
     }

@@ -8,7 +8,7 @@ use std::str::FromStr;
 use thiserror::Error;
 
 use crate::embed::{EmbedError, EmbeddingModel};
-pub use crate::indexers::filter::{Clause, Where};
+pub use crate::indexers::filter::{Clause, FilterError, Where};
 use crate::indexers::{BackendError, ChunkRow, IndexReader, IndexUri};
 
 /// The constant of reciprocal rank fusion (Cormack et al.): score = sum of 1 / (K + rank).

@@ -5,13 +5,13 @@
 use std::collections::HashSet;
 use std::fs;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use ragline::indexers::sqlite::SqliteReader;
 use ragline::indexers::synthetic::{Rng, WORDS};
 
-use crate::util::{model_dir, ragline, run};
+use crate::util::{kill9, model_dir, ragline, run, wait_for};
 
 /// `n` markdown documents of three sections; `version` varies the words. Version 0 and 1
 /// documents have the same number of sections, `short` ones one section (re-chunked into
@@ -53,19 +53,6 @@ fn ingest(db: &Path, corpus: &Path, extra: &[&str]) -> Command {
 fn ok(cmd: &mut Command) {
     let o = run(cmd);
     assert_eq!(o.status.code(), Some(0), "the command failed");
-}
-
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "gave up waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn kill9(child: &mut Child) {
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 fn sql_i64(db: &Path, sql: &str) -> i64 {

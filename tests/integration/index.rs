@@ -242,6 +242,32 @@ fn bench_write_takes_the_batch_size_and_writes_every_chunk() {
         .unwrap();
     assert_eq!(rows, 2000);
     assert_eq!(bench("0").status.code(), Some(2));
+    // Searched through an ANN under a filter (doc1, doc10..doc19, doc100..doc199: 111 of
+    // the 200 documents): k results each time, recall against the filtered exact scan.
+    let o = run(ragline()
+        .args(["bench", "--json", "--chunks", "0", "--queries", "20"])
+        .args(["--ann", "hnsw", "--where", "source=doc1*", "--write"])
+        .arg(format!("sqlite://{}", db.display())));
+    assert_eq!(o.status.code(), Some(0));
+    let report = stdout_json(&o);
+    assert_eq!(report["where"][0], "source=doc1*", "{report}");
+    assert_eq!(report["search"]["short_answers"], 0, "{report}");
+    assert!(report["recall_at_10"].as_f64().unwrap() >= 0.95, "{report}");
+    assert!(dir.path().join("bench.db.ann").is_dir());
+    let bad = run(ragline()
+        .args([
+            "bench",
+            "--chunks",
+            "0",
+            "--queries",
+            "1",
+            "--where",
+            "nokey",
+            "--write",
+        ])
+        .arg(format!("sqlite://{}", db.display())));
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--where `nokey`"));
 }
 
 /// `ragline eval --truncate --json` of the SciFact slice on the CPU, into an index in `dir`.

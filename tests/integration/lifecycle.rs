@@ -7,13 +7,13 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use crate::backend::{backend_kinds, TestIndex};
-use crate::util::{model_dir, ragline, random_model, root, run, stdout_json};
+use crate::util::{kill9, model_dir, ragline, random_model, root, run, stdout_json, wait_for};
 
 /// `ragline COMMAND --index URI ARGS...`.
 fn rag(ix: &TestIndex, args: &[&str]) -> Command {
@@ -54,22 +54,6 @@ fn ingest(db: &TestIndex, model: &Path, corpus: &Path, extra: &[&str]) -> Output
     let args = ingest_args(model, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     ok(rag(db, &args).arg(corpus))
-}
-
-/// Wait for `cond` (polled), failing after `limit`: waits for things to happen, never
-/// asserts how fast.
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "gave up waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// SIGKILL (what `Child::kill` sends on Unix): no cleanup, no chance to release anything.
-fn kill9(child: &mut Child) {
-    child.kill().unwrap();
-    child.wait().unwrap();
 }
 
 /// The useEffect page cut into one file per `##` section: ~100 chunks in 8+ documents.

@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -102,4 +103,20 @@ pub fn data_python() -> PathBuf {
         String::from_utf8_lossy(&o.stderr)
     );
     PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+}
+
+/// Wait for `cond` (polled), failing after `limit`: waits for things to happen, never
+/// asserts how fast.
+pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGKILL (what `Child::kill` sends on Unix): no cleanup, no chance to release anything.
+pub fn kill9(child: &mut Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
 }

@@ -23,6 +23,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -188,6 +189,8 @@ const REBUILD_FRACTION: f64 = 0.25;
 /// it saves the ANN, until the next writer applies the log.
 const DIRTY_FALLBACK_FRACTION: f64 = 1.0 / 128.0;
 const DIRTY_FLOOR: usize = 256;
+/// A `.tmp` file younger than this may be a save in progress; older ones are deleted.
+const TMP_GRACE: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Vectors read from SQLite per batch while building.
 const BUILD_BATCH: usize = 8192;
 
@@ -199,6 +202,23 @@ pub enum AnnError {
     File { path: PathBuf, message: String },
     #[error("ANN index: {0}")]
     Graph(String),
+}
+
+fn file_error(path: &Path, message: String) -> AnnError {
+    AnnError::File {
+        path: path.to_path_buf(),
+        message,
+    }
+}
+
+/// usearch takes paths as UTF-8 strings.
+fn utf8(path: &Path) -> Result<&str, AnnError> {
+    path.to_str().ok_or_else(|| {
+        file_error(
+            path,
+            "the path is not UTF-8; move the index to a UTF-8 path".into(),
+        )
+    })
 }
 
 fn graph(e: impl std::fmt::Display) -> AnnError {
@@ -293,10 +313,50 @@ pub enum Maintained {
     Dropped,
 }
 
+/// The indexes whose ANN a thread of this process is maintaining now: the workers of one
+/// run share an index, and one graph is built once, not once per worker.
+static BUSY: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// This process's claim on maintaining one index's ANN, released when dropped.
+struct Busy(PathBuf);
+
+impl Busy {
+    fn busy() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+        BUSY.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The claim, or `None` while another thread holds it.
+    fn try_take(db: &Path) -> Option<Busy> {
+        let mut busy = Self::busy();
+        if busy.iter().any(|p| p == db) {
+            return None;
+        }
+        busy.push(db.to_path_buf());
+        Some(Busy(db.to_path_buf()))
+    }
+
+    /// The claim, once another thread lets go of it.
+    fn take(db: &Path) -> Busy {
+        loop {
+            if let Some(b) = Self::try_take(db) {
+                return b;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        Self::busy().retain(|p| p != &self.0);
+    }
+}
+
 /// Bring the ANN of every live vector set in line with the recorded settings and the
 /// vectors SQLite holds: build what is missing (or was killed while building), apply the
 /// log, drop what `none` or a retired set leaves. Notes for the run's summary.
 pub fn maintain(db: &Path, conn: &mut Connection) -> Result<Vec<String>, AnnError> {
+    let _busy = Busy::take(db);
     let settings = recorded(conn)?;
     let mut notes = Vec::new();
     for set in sets::all(conn)? {
@@ -319,7 +379,56 @@ pub fn maintain(db: &Path, conn: &mut Connection) -> Result<Vec<String>, AnnErro
             Maintained::Untouched => {}
         }
     }
+    // A retired set's record goes with the set (`sets::drop_retired`); its file goes here.
+    remove_stale_files(db, conn)?;
     Ok(notes)
+}
+
+/// [`maintain_set`] with the recorded settings, unless another thread of this process is
+/// maintaining this index's ANN (`None`: it is being done; ask again later).
+pub fn maintain_set_exclusive(
+    db: &Path,
+    conn: &mut Connection,
+    set: &VectorSet,
+) -> Result<Option<Maintained>, AnnError> {
+    let Some(_busy) = Busy::try_take(db) else {
+        return Ok(None);
+    };
+    let settings = recorded(conn)?;
+    maintain_set(db, conn, set, settings).map(Some)
+}
+
+/// Between runs' ends, a long run (`enrich --follow`) applies the log while it is idle, once
+/// it holds half the changes past which readers give up on the graph and scan: the sets
+/// whose ANN was brought up to date. Skipped while another thread of this process is at it.
+pub fn apply_due(db: &Path, conn: &mut Connection) -> Result<Vec<i64>, AnnError> {
+    let Some(_busy) = Busy::try_take(db) else {
+        return Ok(Vec::new());
+    };
+    let mut done = Vec::new();
+    let live = sets::all(conn)?
+        .into_iter()
+        .filter(|s| matches!(s.state, SetState::Active | SetState::Backfill));
+    for set in live {
+        let Some(row) = row_of(conn, set.id)?.filter(|r| r.state == "ready") else {
+            continue;
+        };
+        let pending: i64 = conn.query_row(
+            "SELECT COUNT(*) FROM ann_log WHERE vector_set = ?1 AND seq > ?2",
+            params![set.id, row.seq],
+            |r| r.get(0),
+        )?;
+        if pending as usize >= dirty_limit(row.size) / 2 {
+            update(db, conn, &set, &row)?;
+            done.push(set.id);
+        }
+    }
+    Ok(done)
+}
+
+/// Changed chunks past which a reader scans instead of replaying them over the graph.
+fn dirty_limit(size: i64) -> usize {
+    DIRTY_FLOOR.max((size.max(0) as f64 * DIRTY_FALLBACK_FRACTION) as usize)
 }
 
 /// [`maintain`] for one set.
@@ -612,14 +721,8 @@ fn save(
     let name = format!("set-{set}-{seq}.usearch");
     let path = dir.join(&name);
     let tmp = dir.join(format!("{name}.tmp"));
-    let io = |p: &Path, e: std::io::Error| AnnError::File {
-        path: p.to_path_buf(),
-        message: e.to_string(),
-    };
-    let tmp_str = tmp.to_str().ok_or_else(|| AnnError::File {
-        path: tmp.clone(),
-        message: "the path is not UTF-8; move the index to a UTF-8 path".into(),
-    })?;
+    let io = |p: &Path, e: std::io::Error| file_error(p, e.to_string());
+    let tmp_str = utf8(&tmp)?;
     index.save(tmp_str).map_err(graph)?;
     std::fs::File::open(&tmp)
         .and_then(|f| f.sync_all())
@@ -676,7 +779,17 @@ fn remove_stale_files(db: &Path, conn: &Connection) -> Result<(), AnnError> {
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("set-") && !keep.contains(&name) {
+        if !name.starts_with("set-") || keep.contains(&name) {
+            continue;
+        }
+        // A `.tmp` file may be another writer's save in progress: only an old one is a
+        // killed save's leftover.
+        let in_progress = name.ends_with(".tmp")
+            && entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().map_or(true, |age| age < TMP_GRACE));
+        if !in_progress {
             let _ = std::fs::remove_file(entry.path());
         }
     }
@@ -707,13 +820,8 @@ fn file_path(db: &Path, row: &AnnRow) -> Option<PathBuf> {
 /// header must agree with the record (dimensions, dtype, size) before the graph is touched.
 fn load(db: &Path, row: &AnnRow, dimension: usize, view: bool) -> Result<Index, AnnError> {
     let (path, len) = check_file(db, row, dimension)?;
-    let bad = |message: String| AnnError::File {
-        path: path.clone(),
-        message,
-    };
-    let p = path
-        .to_str()
-        .ok_or_else(|| bad("the path is not UTF-8".into()))?;
+    let bad = |message: String| file_error(&path, message);
+    let p = utf8(&path)?;
     let index = new_graph(dimension, row.dtype)?;
     if view {
         index.view(p).map_err(|e| bad(e.to_string()))?;
@@ -735,13 +843,8 @@ fn check_file(db: &Path, row: &AnnRow, dimension: usize) -> Result<(PathBuf, u64
             row.vector_set
         ))
     })?;
-    let bad = |message: String| AnnError::File {
-        path: path.clone(),
-        message,
-    };
-    let p = path
-        .to_str()
-        .ok_or_else(|| bad("the path is not UTF-8".into()))?;
+    let bad = |message: String| file_error(&path, message);
+    let p = utf8(&path)?;
     let meta = Index::metadata(p).map_err(|e| bad(e.to_string()))?;
     let len = std::fs::metadata(&path)
         .map_err(|e| bad(e.to_string()))?
@@ -825,7 +928,7 @@ pub fn search(
     }
     let view = cache.as_ref().expect("loaded above");
     let (_, dirty) = dirty_since(conn, set.id, row.seq)?;
-    if dirty.len() > DIRTY_FLOOR && dirty.len() as f64 > DIRTY_FALLBACK_FRACTION * row.size as f64 {
+    if dirty.len() > dirty_limit(row.size) {
         tracing::debug!(
             "{} chunks changed since the ANN was saved: scanning exactly",
             dirty.len()

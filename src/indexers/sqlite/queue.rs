@@ -29,6 +29,43 @@ pub struct SqliteStore {
     pub(super) path: PathBuf,
 }
 
+impl SqliteStore {
+    /// A backfilled set gets its ANN before search switches to it, as Postgres builds its
+    /// HNSW index first: once the switch is due, the graph is built here, outside any write
+    /// transaction (writers go on; what they change meanwhile is logged and replayed). False
+    /// while another worker of this run is building it: the switch waits for it. A failed
+    /// build does not hold the switch (search scans exactly until a writer builds it).
+    fn ann_before_switch(&mut self) -> Result<bool, StoreError> {
+        let path = self.path.clone();
+        let err = |e| store_error(&path, e);
+        let Some(set) = sets::backfilling(&self.conn).map_err(err)? else {
+            return Ok(true);
+        };
+        let mut q = Sql(&self.conn);
+        if !set.backfill_done
+            || q.unembedded_in(&set).map_err(err)? > 0
+            || !q.open_work(set.id).map_err(err)?.is_empty()
+        {
+            return Ok(true);
+        }
+        match super::ann::maintain_set_exclusive(&self.path, &mut self.conn, &set) {
+            Ok(Some(done)) => {
+                tracing::info!("vector set {}'s ANN before the switch: {done:?}", set.id);
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => {
+                tracing::warn!(
+                    "building the ANN of vector set {} before the switch: {e}; search scans \
+                     exactly until a writer builds it",
+                    set.id
+                );
+                Ok(true)
+            }
+        }
+    }
+}
+
 /// An error inside a write transaction: SQLite's, or the store's own refusal.
 pub(super) type TxError = crate::indexers::store::TxError<rusqlite::Error>;
 
@@ -423,7 +460,17 @@ impl LifecycleStore for SqliteStore {
     }
 
     fn maintain(&mut self) -> Result<Maintenance, StoreError> {
-        self.write(|tx| maintain(&mut Sql(tx), now_ms()).map_err(Into::into))
+        if !self.ann_before_switch()? {
+            return Ok(Maintenance::Nothing);
+        }
+        let done = self.write(|tx| maintain(&mut Sql(tx), now_ms()).map_err(Into::into))?;
+        if done == Maintenance::Nothing {
+            // Idle: keep the graphs close to SQLite, so readers need not scan.
+            if let Err(e) = super::ann::apply_due(&self.path, &mut self.conn) {
+                tracing::warn!("applying the ANN's change log: {e}; the next run retries");
+            }
+        }
+        Ok(done)
     }
 
     fn sync_stage(

@@ -32,6 +32,13 @@ fn write(f: &SqliteFactory, from: usize, to: usize, seed: u64) {
     b.flush().unwrap();
 }
 
+/// The vector synthetic document `d` written with `seed` gives its chunk `i`.
+fn vector_of(d: usize, i: usize, seed: u64) -> Vec<f32> {
+    // The parent comes first, then the chunks.
+    let doc = &synthetic::document(d, DIM, seed)[i + 1];
+    doc.chunk.as_ref().and_then(|c| c.vector.clone()).unwrap()
+}
+
 fn queries(n: usize) -> Vec<Vec<f32>> {
     let mut rng = Rng(7);
     (0..n).map(|_| rng.unit(DIM)).collect()
@@ -115,26 +122,14 @@ fn the_ann_answers_as_the_exact_scan_through_updates_deletes_and_a_killed_build(
     assert_eq!(stats.dirty, 200, "{stats:?}");
     // A rewritten chunk is found by its new vector, a deleted one never comes back.
     let reader = SqliteReader::open(&path).unwrap();
-    let new_vector = synthetic::document(7, DIM, 2)[3]
-        .chunk
-        .as_ref()
-        .unwrap()
-        .vector
-        .clone();
     let (found, _) = reader
-        .nearest_ann(&new_vector.unwrap(), 1, None)
+        .nearest_ann(&vector_of(7, 2, 2), 1, None)
         .unwrap()
         .unwrap();
     assert_eq!(reader.chunk(found[0].0).unwrap().unwrap().id, "doc7#2");
     assert!(found[0].1 < 1e-5);
-    let deleted = synthetic::document(55, DIM, 1)[1]
-        .chunk
-        .as_ref()
-        .unwrap()
-        .vector
-        .clone();
     let (found, _) = reader
-        .nearest_ann(&deleted.unwrap(), 10, None)
+        .nearest_ann(&vector_of(55, 0, 1), 10, None)
         .unwrap()
         .unwrap();
     for (id, _) in found {
@@ -294,7 +289,10 @@ fn filters_apply_inside_the_search_so_k_results_come_back() {
         let (mut hits, mut total) = (0, 0);
         let mut scanned = false;
         for q in queries(20) {
-            let (found, stats) = fast.nearest_ann(&q, 10, Some(&allowed)).unwrap().unwrap();
+            let (found, stats) = fast
+                .nearest_ann(&q, 10, Some(allowed.as_ref()))
+                .unwrap()
+                .unwrap();
             scanned = stats.scanned;
             let truth = exact.nearest_where(&q, 10, &w).unwrap();
             assert_eq!(found.len(), 10.min(docs * 10), "{clauses:?}: k results");
@@ -325,4 +323,122 @@ fn filters_apply_inside_the_search_so_k_results_come_back() {
         assert_eq!(d % 3, 0);
     }
     assert_eq!(fast.allowed(&Where::default()).unwrap().len(), 3000);
+    // What a filter lets through is kept until another connection changes the index.
+    let w = Where::parse(&["source=doc30*"]).unwrap();
+    assert_eq!(fast.allowed(&w).unwrap().len(), 10);
+    write(&f, 300, 310, 1);
+    assert_eq!(fast.allowed(&w).unwrap().len(), 110);
+}
+
+/// Claim and embed (random vectors of `DIM`) every piece of work the store hands out, running
+/// its maintenance whenever it is idle, until maintenance does something other than queue.
+fn drain(store: &mut SqliteStore, set: i64) -> crate::lifecycle::Maintenance {
+    use crate::lifecycle::{
+        ChunkVector, Claim, ClaimRequest, EnrichStore, LifecycleStore, Maintenance,
+    };
+    let req = ClaimRequest {
+        owner: "W".into(),
+        stages: vec![crate::lifecycle::EMBED.into()],
+        vector_sets: vec![],
+        max_items: 50,
+        max_cost: u64::MAX,
+        lease: Duration::from_secs(60),
+        retry_limit: 5,
+    };
+    let mut rng = Rng(3);
+    loop {
+        match store.claim(&req).unwrap() {
+            Claim::Items(items) => {
+                for item in items {
+                    let v: Vec<ChunkVector> = store
+                        .pending_chunks(&item.key)
+                        .unwrap()
+                        .into_iter()
+                        .map(|c| ChunkVector {
+                            rowid: c.rowid,
+                            guard: c.input_key,
+                            vector: rng.unit(DIM),
+                        })
+                        .collect();
+                    let doc = std::slice::from_ref(&item.key.document_id);
+                    store.write_vectors(set, &v, doc).unwrap();
+                }
+            }
+            Claim::Idle { .. } => match LifecycleStore::maintain(store).unwrap() {
+                Maintenance::Queued { .. } => {}
+                done => return done,
+            },
+        }
+    }
+}
+
+#[test]
+fn a_backfilled_set_has_its_ann_when_search_switches_to_it() {
+    use crate::indexers::store::IndexStore;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("i.db");
+    let f = factory(&path, AnnMode::Hnsw, AnnDtype::Int8);
+    write(&f, 0, 40, 1);
+    f.finish().unwrap();
+    drop(f);
+    let mut store = SqliteStore::open(&path).unwrap();
+    let model = crate::indexers::ModelIdentity {
+        name: "model-b".into(),
+        dir: "/nowhere".into(),
+        fingerprint: "b".into(),
+        dimension: DIM,
+        tokenizer: Some("tok".into()),
+    };
+    let set = store.start_backfill(&model).unwrap();
+    assert_eq!(set.id, 2);
+    let done = drain(&mut store, set.id);
+    assert_eq!(
+        done,
+        crate::lifecycle::Maintenance::Switched {
+            set: 2,
+            model: "model-b".into()
+        }
+    );
+    // The run has not finished: the graph was built before the switch, in the recorded dtype.
+    let conn = connect(&path).unwrap();
+    let row = ann::row_of(&conn, 2).unwrap().expect("set 2 has an ANN");
+    assert_eq!(
+        (row.state.as_str(), row.dtype, row.size),
+        ("ready", AnnDtype::Int8, 400)
+    );
+    let (r, stats) = recall(&path, &queries(30));
+    assert!(r >= 0.95, "recall {r}");
+    assert_eq!(stats.dirty, 0);
+    // The retired set's graph goes with it at the run's end.
+    assert_eq!(store.drop_retired().unwrap(), ["synthetic-32"]);
+    store.finish_run().unwrap();
+    assert!(ann::row_of(&conn, 1).unwrap().is_none());
+    assert!(
+        files(&path).iter().all(|f| f.starts_with("set-2-")),
+        "{:?}",
+        files(&path)
+    );
+}
+
+#[test]
+fn an_idle_long_run_applies_the_log_before_readers_give_up_on_the_graph() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("i.db");
+    let f = factory(&path, AnnMode::Hnsw, AnnDtype::F16);
+    write(&f, 0, 100, 1);
+    f.finish().unwrap();
+    let mut store = SqliteStore::open(&path).unwrap();
+    // A few changes stay in the log (readers replay them cheaply)...
+    write(&f, 0, 5, 2);
+    assert_eq!(drain(&mut store, 1), crate::lifecycle::Maintenance::Nothing);
+    let few = log_len(&path);
+    assert!((50..128).contains(&few), "{few}");
+    // ...half of what readers would replay before scanning is applied while idle.
+    write(&f, 5, 20, 2);
+    assert!(log_len(&path) >= 200);
+    assert_eq!(drain(&mut store, 1), crate::lifecycle::Maintenance::Nothing);
+    assert_eq!(log_len(&path), 0);
+    let (r, stats) = recall(&path, &queries(30));
+    assert!(r >= 0.95, "recall {r}");
+    assert_eq!(stats.dirty, 0);
 }
