@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: fetches the model if needed, then every unit, property and
-# integration test. Tests that read ../shared/data skip with a message where it is absent.
+# integration test, then the Python package's tests (scripts/test-python.sh). Tests that read
+# ../shared/data skip with a message where it is absent.
 # Starts the PostgreSQL test server (scripts/postgres.sh) for the Postgres tests.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,3 +30,5 @@ fi
 # `failpoints` compiles in fault injection (FAILPOINTS=...), which the lifecycle tests use to
 # make chosen documents fail; release builds never have it.
 cargo test --all-targets --features failpoints "$@"
+# The Python package (python/): built into a virtualenv of its own, tested with pytest.
+scripts/test-python.sh

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::Args;
 use ragline::jobs::{self, PipelineConfig, Progress};
-use ragline::run::RunSummary;
+use ragline::run::{Observer, RunSummary};
 
 use super::model_args::ModelArgs;
 use super::{EXIT_FAILURES, EXIT_OK};
@@ -244,19 +244,49 @@ pub fn run(args: IngestArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
             .with_context(|| format!("cannot write --report {}", report.display()))?;
     }
     let mut observer = super::observer(config.run.progress);
-    let summary = match &args.queue {
+    let summary = execute(&args, &config, observer.as_mut())?;
+    print_summary(&mut std::io::stdout().lock(), &summary, config.index.prune)?;
+    write_report(args.report.as_deref(), &summary)?;
+    Ok(exit_code(&summary))
+}
+
+/// `ragline ingest` as a library call: `argv` is a whole command line (`ragline [--config
+/// FILE] ingest PATH... [FLAGS]`), progress goes to `observer`, and the run's summary (what
+/// `--report` writes) comes back instead of being printed. The Python package's
+/// `ragline.ingest`.
+pub fn summary<I, T>(argv: I, observer: &mut dyn Observer) -> anyhow::Result<RunSummary>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = <super::Cli as clap::Parser>::try_parse_from(argv)
+        .map_err(|e| anyhow::anyhow!("{}", e.render().to_string().trim_end()))?;
+    let super::Command::Ingest(args) = cli.command else {
+        bail!("not an ingest command line");
+    };
+    let mut config = super::load_config(cli.config.as_deref())?;
+    args.apply(&mut config)?;
+    let summary = execute(&args, &config, observer)?;
+    write_report(args.report.as_deref(), &summary)?;
+    Ok(summary)
+}
+
+/// The run, on a broker when `--queue` names one.
+fn execute(
+    args: &IngestArgs,
+    config: &PipelineConfig,
+    observer: &mut dyn Observer,
+) -> anyhow::Result<RunSummary> {
+    Ok(match &args.queue {
         #[cfg(feature = "nats")]
-        Some(url) => jobs::distributed::ingest(&config, url, observer.as_mut())?,
+        Some(url) => jobs::distributed::ingest(config, url, observer)?,
         #[cfg(not(feature = "nats"))]
         Some(_) => Err(jobs::JobError::NotBuilt {
             what: "ingest --queue".into(),
             feature: "nats",
         })?,
-        None => jobs::ingest(&config, observer.as_mut())?,
-    };
-    print_summary(&mut std::io::stdout().lock(), &summary, config.index.prune)?;
-    write_report(args.report.as_deref(), &summary)?;
-    Ok(exit_code(&summary))
+        None => jobs::ingest(config, observer)?,
+    })
 }
 
 /// 0 when every document got through, 1 when any failed.

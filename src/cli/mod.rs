@@ -9,7 +9,7 @@ mod embed;
 mod enrich;
 mod eval;
 mod extract;
-mod ingest;
+pub mod ingest;
 mod model_args;
 mod pause;
 mod promote;
@@ -18,7 +18,7 @@ mod random_model;
 mod remote_args;
 #[cfg(feature = "nats")]
 mod role;
-mod search;
+pub mod search;
 #[cfg(feature = "serve")]
 mod serve;
 mod status;

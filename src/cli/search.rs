@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 use ragline::indexers::IndexUri;
-use ragline::jobs;
+use ragline::jobs::config::ModelConfig;
+use ragline::jobs::{self, PipelineConfig};
 use ragline::search::{Mode, Searcher};
 
 use super::model_args::ModelArgs;
@@ -58,23 +59,7 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
     let mut config = super::load_config(config_file)?;
     super::apply_index(&mut config, &args.index)?;
     let filter = ragline::search::Where::parse(&args.filters).map_err(anyhow::Error::msg)?;
-    let reader = Searcher::open(&config.index.uri.value, args.exact)?;
-    // The query is embedded with the index's own model (not --model's default).
-    let model = if args.mode == Mode::Keyword {
-        None
-    } else {
-        let spec = Searcher::model_spec(reader.as_ref()).context(
-            "the index holds no vectors (it was built with --no-chunk); use --mode keyword",
-        )?;
-        let model_config = args.model.resolve(&config);
-        let files = jobs::model_files(&spec)
-            .with_context(|| format!("cannot find the index's model `{spec}`"))?;
-        let devices = jobs::devices(&model_config)?;
-        let mut model = jobs::load_model(&files, &devices[0], &model_config)?;
-        Searcher::fit_model(reader.as_ref(), &mut model)?;
-        Some(model)
-    };
-    let searcher = Searcher::new(reader, model);
+    let searcher = open(&config, &args.model.resolve(&config), args.exact, args.mode)?;
     let hits = searcher.search_where(&args.query, args.mode, args.k, &filter)?;
     // A partly enriched index: say what vector search cannot see yet, and embed what this
     // search is looking for first.
@@ -124,6 +109,33 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The index `config` names, opened for searching in `mode`: vector and hybrid search load
+/// the index's own model (on `model`'s device, with its dtype and query prompt). The Python
+/// package's `ragline.Index`.
+pub fn open(
+    config: &PipelineConfig,
+    model: &ModelConfig,
+    exact: bool,
+    mode: Mode,
+) -> anyhow::Result<Searcher> {
+    let reader = Searcher::open(&config.index.uri.value, exact)?;
+    // The query is embedded with the index's own model (not --model's default).
+    let model = if mode == Mode::Keyword {
+        None
+    } else {
+        let spec = Searcher::model_spec(reader.as_ref()).context(
+            "the index holds no vectors (it was built with --no-chunk); use --mode keyword",
+        )?;
+        let files = jobs::model_files(&spec)
+            .with_context(|| format!("cannot find the index's model `{spec}`"))?;
+        let devices = jobs::devices(model)?;
+        let mut model = jobs::load_model(&files, &devices[0], model)?;
+        Searcher::fit_model(reader.as_ref(), &mut model)?;
+        Some(model)
+    };
+    Ok(Searcher::new(reader, model))
 }
 
 /// Documents whose chunks match the query by keyword and whose embedding is still pending

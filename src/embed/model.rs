@@ -140,15 +140,20 @@ impl Head {
             rows = x.to_vec2::<f32>()?;
         }
         for v in &mut rows {
-            if let Some(t) = self.truncate {
-                v.truncate(t);
-            }
-            if self.normalize {
-                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-                v.iter_mut().for_each(|x| *x /= norm);
-            }
+            self.cut(v, self.truncate);
         }
         Ok(rows)
+    }
+
+    /// The truncation and normalisation of one vector.
+    fn cut(&self, v: &mut Vec<f32>, truncate: Option<usize>) {
+        if let Some(t) = truncate {
+            v.truncate(t);
+        }
+        if self.normalize {
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
     }
 }
 
@@ -374,6 +379,23 @@ impl EmbeddingModel {
                 Ok(())
             }
         }
+    }
+
+    /// Cut a vector this model embedded to its first `n` dimensions, re-normalised when the
+    /// model normalises: what `--dimensions n` gives, for one call, without reloading the
+    /// model. More than the vector has is refused.
+    pub fn shorten(&self, vector: &mut Vec<f32>, n: usize) -> Result<(), EmbedError> {
+        let have = self.dimension();
+        if n == 0 || n > have {
+            return Err(EmbedError::Unsupported(format!(
+                "dimensions={n}: model `{}` gives vectors of {have} dimensions; ask for 1 to {have}",
+                self.files.name
+            )));
+        }
+        if n < have {
+            self.head.cut(vector, Some(n));
+        }
+        Ok(())
     }
 
     /// config.json's `model_type`.

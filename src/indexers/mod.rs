@@ -193,7 +193,7 @@ pub fn open(
 }
 
 /// What search reads of an index.
-pub trait IndexReader {
+pub trait IndexReader: Send {
     fn meta(&self) -> &IndexMeta;
 
     /// The index, for messages (no password).

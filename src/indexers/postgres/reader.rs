@@ -211,7 +211,7 @@ impl IndexReader for PgReader {
                 &format!(
                     "SELECT c.rowid, c.id, c.document_id, d.source, d.title, c.heading_path,
                             c.ordinal, c.text, c.page_start, c.page_end,
-                            c.replaced_by IS NOT NULL
+                            c.replaced_by IS NOT NULL, d.metadata::text
                      FROM {s}.chunks c LEFT JOIN {s}.documents d ON d.id = c.document_id
                      WHERE c.rowid = $1"
                 ),
@@ -233,6 +233,9 @@ impl IndexReader for PgReader {
                 _ => None,
             },
             outputs: Default::default(),
+            metadata: crate::indexers::sqlite::reader::metadata_of(
+                r.get::<_, Option<String>>(11).as_deref(),
+            ),
         }))
         .and_then(|row| match row {
             Some(mut row) => {

@@ -13,7 +13,7 @@ mod admin;
 pub mod ann;
 mod outputs;
 mod queue;
-mod reader;
+pub(crate) mod reader;
 pub mod schema;
 pub mod sets;
 mod settle;

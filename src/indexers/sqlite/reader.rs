@@ -45,6 +45,15 @@ pub struct ChunkRow {
     /// `{"summary": "..."}`.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub outputs: std::collections::BTreeMap<String, String>,
+    /// The document's metadata (front matter, JSONL fields, PDF properties, the connector's).
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A document's stored metadata (a JSON object); anything else reads as none.
+pub(crate) fn metadata_of(json: Option<&str>) -> serde_json::Map<String, serde_json::Value> {
+    json.and_then(|j| serde_json::from_str(j).ok())
+        .unwrap_or_default()
 }
 
 pub struct SqliteReader {
@@ -449,7 +458,7 @@ impl SqliteReader {
         self.conn
             .prepare_cached(&format!(
                 "SELECT c.rowid, c.id, c.document_id, d.source, d.title, c.heading_path,
-                        c.ordinal, c.text, {superseded}, {pages}
+                        c.ordinal, c.text, {superseded}, {pages}, d.metadata
                  FROM chunks c LEFT JOIN documents d ON d.id = c.document_id
                  WHERE c.rowid = ?1"
             ))
@@ -470,6 +479,7 @@ impl SqliteReader {
                             _ => None,
                         },
                         outputs: Default::default(),
+                        metadata: metadata_of(r.get::<_, Option<String>>(11)?.as_deref()),
                     })
                 })
                 .optional()

@@ -73,6 +73,38 @@ pub fn chunk_fingerprint(sizes: &Sizes, truncate: bool, tokenizer: &str) -> Stri
     )
 }
 
+/// The formats [`chunk_text`] reads.
+pub const TEXT_FORMATS: [&str; 4] = ["markdown", "html", "text", "rst"];
+
+/// One text cut as `ingest` cuts a document of `format` (markdown, html, text, rst): extracted
+/// (markup, front matter and navigation stripped; headings kept for the heading paths), then
+/// chunked. Returns the extracted text and its chunks (child documents whose `chunk` holds
+/// the heading path, the byte range in the extracted text and the token ids); no chunks when
+/// nothing of the text is left. The Python package's `ragline.chunk`.
+pub fn chunk_text<T: Tokenize>(
+    text: &str,
+    format: &str,
+    tokenizer: T,
+    sizes: Sizes,
+) -> Result<(String, Vec<Document>), StageError> {
+    if !TEXT_FORMATS.contains(&format) {
+        return Err(StageError::BadDocument(format!(
+            "format `{format}`: use one of {}",
+            TEXT_FORMATS.join(", ")
+        )));
+    }
+    let mut doc = Document::new("text", text);
+    doc.fields
+        .metadata
+        .insert("format".into(), serde_json::Value::from(format));
+    super::extract::Extract::default().process(&mut doc)?;
+    if doc.dropped.is_some() {
+        return Ok((doc.fields.text, Vec::new()));
+    }
+    let chunks = ChunkStage::new(tokenizer, sizes).process(&mut doc)?;
+    Ok((doc.fields.text, chunks))
+}
+
 pub struct ChunkStage<T> {
     tokenizer: T,
     sizes: Sizes,
