@@ -8,6 +8,7 @@
 # Installs ./python (the release build `pip install ./python` makes) into the reference
 # virtualenv (scripts/reference-venv.sh: sentence-transformers and torch), so both libraries
 # run in one interpreter; prints the JSON of scripts/bench-python.py and the CPU model.
+# REPEATS=N (default 3): timed runs of each, the median reported.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
