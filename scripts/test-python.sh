@@ -6,8 +6,10 @@
 # while the lints run).
 #
 # The extension is built with cargo's dev profile (opt-level 3 for ragline and its
-# dependencies, as the tests' build) into $CARGO_TARGET_DIR, reusing what `cargo test`
-# compiled; `pip install ./python` on its own builds the release profile.
+# dependencies, as the tests' build) and the test build's features (`failpoints`) into
+# $CARGO_TARGET_DIR, so it links the ragline library `cargo test --features failpoints`
+# compiled instead of building it again; `pip install ./python` on its own builds the
+# release profile without test features.
 #
 # The venv lives in ${RAGLINE_CACHE:-$HOME/.cache/ragline}/venv-python; a stamp records the
 # pins, and a change of pins reinstalls.
@@ -35,7 +37,7 @@ fi
 [ -f models/all-MiniLM-L6-v2/model.safetensors ] || scripts/fetch-model.sh
 started=$SECONDS
 # maturin from the venv (--no-build-isolation: not a fresh build environment every run).
-PATH="$VENV/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" "$VENV/bin/pip" install --quiet \
+PATH="$VENV/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev --features ragline/failpoints" "$VENV/bin/pip" install --quiet \
   --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python
 echo "python: the package built and installed in $((SECONDS - started))s" >&2
 # The cargo binary too, so the tests compare the console script with it.

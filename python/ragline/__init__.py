@@ -240,7 +240,8 @@ class Index:
                  config: Optional[PathLike] = None) -> None:
         self._index = _ragline.Index(uri, device, dtype, exact,
                                      os.fspath(config) if config is not None else None)
-        self.uri = uri
+        #: The URI without its secrets (a password becomes ``***``): safe to print and log.
+        self.uri: str = self._index.uri
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid",
                where: Union[None, str, Sequence[str]] = None) -> List[Hit]:

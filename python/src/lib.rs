@@ -435,6 +435,7 @@ fn ingest(py: Python<'_>, argv: Vec<String>, progress: Option<Py<PyAny>>) -> PyR
 /// An index opened for searching: its own model loaded once for vector and hybrid search.
 #[pyclass(frozen, module = "ragline._ragline")]
 struct Index {
+    /// The URI without its secrets (a password, a token): what `repr` and `.uri` show.
     uri: String,
     config: PipelineConfig,
     model: ModelConfig,
@@ -479,7 +480,7 @@ impl Index {
         model.query_prompt = pipeline.model.query_prompt.clone();
         model.batch_tokens = pipeline.model.batch_tokens;
         Ok(Index {
-            uri: uri.to_string(),
+            uri: ragline::secret::redact_url(uri),
             config: pipeline,
             model,
             exact,

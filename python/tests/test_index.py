@@ -148,6 +148,14 @@ def test_status_is_the_clis(index):
     assert ours["documents"] > 0
 
 
+def test_an_index_never_shows_its_password(model_ready):
+    uri = "postgres://reader:hunter2-secret@127.0.0.1:1/docs?sslmode=disable"
+    idx = ragline.Index(uri)
+    for shown in (repr(idx), str(idx), idx.uri, repr(idx._index), idx._index.uri):
+        assert "hunter2" not in shown, shown
+        assert "reader" in shown and "127.0.0.1:1/docs" in shown, shown
+
+
 def test_the_console_script_is_the_command(tmp_path):
     for cmd in ragline_commands():
         h = run_cli(cmd, "--help")

@@ -16,7 +16,9 @@ use super::{EXIT_FAILURES, EXIT_OK};
 pub struct IngestArgs {
     /// Files and folders to ingest [default: `paths` under [source] in ragline.toml]. Folders
     /// are walked for .md, .markdown, .mdx, .html, .htm, .txt, .rst and .jsonl files (one
-    /// document per line).
+    /// document per line). A database table is a URL: 'sqlite://FILE?table=T&text=body' or
+    /// 'postgres://user@host/db?table=T&id=id&text=title,body&updated=updated_at' (README:
+    /// Sources).
     pub(super) paths: Vec<PathBuf>,
 
     /// Where to write: sqlite://PATH (the embedded index: vectors, full text, incremental

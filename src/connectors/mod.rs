@@ -7,9 +7,14 @@
 pub mod filesystem;
 pub mod jsonl;
 pub mod requeue;
+pub mod sql;
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use thiserror::Error;
 
+use crate::lifecycle::KnownDocument;
 use crate::publisher::Publisher;
 use crate::queue::Stopped;
 
@@ -34,6 +39,18 @@ pub trait Connector: Send {
     /// Publish every document, then return. Per-item problems are published as failures or
     /// drops; an error means the source as a whole could not be read.
     fn run(&mut self, publisher: &Publisher) -> Result<(), ConnectorError>;
+
+    /// Told before `run` what the index holds: a connector that can tell an unchanged item
+    /// without reading it (a table's `updated=` column) uses it; the others ignore it.
+    fn know(&mut self, _index: &KnownIndex) {}
+}
+
+/// What the index holds: its complete documents and the pipeline fingerprint of this run
+/// (a document made with another pipeline is not unchanged).
+#[derive(Clone)]
+pub struct KnownIndex {
+    pub documents: Arc<HashMap<String, KnownDocument>>,
+    pub fingerprint: Arc<str>,
 }
 
 /// How the bytes of a file turned out.

@@ -74,6 +74,10 @@ pub(crate) fn ingest_from(
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, JobError> {
     let mut prepared = prepare(config, Build::NoEmbedders)?;
+    let mut connectors = connectors;
+    for c in &mut connectors {
+        c.know(&prepared.known);
+    }
     if scope == Scope::SomeDocuments {
         prepared.options.track_ids = false;
         prepared.in_index = None;

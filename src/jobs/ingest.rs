@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::connectors::filesystem::{FilesystemConfig, FilesystemConnector};
 use crate::connectors::jsonl::JsonlFields;
-use crate::connectors::Connector;
+use crate::connectors::sql::{is_database_url, is_table_source, TableConnector};
+use crate::connectors::{Connector, KnownIndex};
 use crate::embed::device;
 use crate::embed::pool::EmbedderPool;
 use crate::embed::tokenizer::TextTokenizer;
@@ -43,6 +44,8 @@ pub struct Prepared {
     pub options: RunOptions,
     /// The service that embeds, when one does (its counts go in the summary).
     pub remote: Option<Arc<crate::http::embed::RemoteEmbedder>>,
+    /// What the index holds before the run, which connectors are told.
+    pub known: KnownIndex,
 }
 
 /// Which parts of a run this process builds.
@@ -88,7 +91,11 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, JobErr
     };
     let backend: Arc<dyn BackendFactory> = indexers::open(uri, identity)?.into();
     let in_index = backend.document_ids()?;
-    let pipeline = stage_factory(config, &backend, setup.fingerprint, setup.chunking)?;
+    let known = KnownIndex {
+        documents: Arc::new(backend.known_documents()?),
+        fingerprint: setup.fingerprint.into(),
+    };
+    let pipeline = stage_factory(config, &backend, known.clone(), setup.chunking)?;
     let options = run_options(config, backend.as_ref(), in_index.is_some());
     Ok(Prepared {
         backend,
@@ -100,6 +107,7 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, JobErr
         in_index,
         options,
         remote: setup.remote,
+        known,
     })
 }
 
@@ -234,11 +242,13 @@ fn local_setup(config: &PipelineConfig, embed_here: bool) -> Result<ModelSetup, 
 fn stage_factory(
     config: &PipelineConfig,
     backend: &Arc<dyn BackendFactory>,
-    fingerprint: String,
+    known: KnownIndex,
     chunking: Option<(TextTokenizer, Sizes)>,
 ) -> Result<Box<crate::stages::PipelineFactory>, JobError> {
-    let known = Arc::new(backend.known_documents()?);
-    let fingerprint: Arc<str> = fingerprint.into();
+    let KnownIndex {
+        documents: known,
+        fingerprint,
+    } = known;
     let truncate = config.chunk.truncate;
     let extract = ExtractConfig {
         max_file_time: Duration::from_secs(config.source.max_file_seconds),
@@ -292,7 +302,8 @@ fn run_options(
     options
 }
 
-/// The filesystem connector of the config's `[source]`.
+/// The connectors of the config's `[source]`: a table for each `sqlite://` or `postgres://`
+/// URL with `?table=`, the filesystem connector for the files and folders.
 pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connector>>, JobError> {
     let src = &config.source;
     if src.paths.is_empty() {
@@ -300,7 +311,27 @@ pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connecto
             "nothing to ingest: give PATH... or `paths` under [source] in ragline.toml".into(),
         ));
     }
-    let mut fs = FilesystemConfig::new(src.paths.clone());
+    let mut out: Vec<Box<dyn Connector>> = Vec::new();
+    let mut files = Vec::new();
+    for path in &src.paths {
+        match path.to_str().filter(|p| is_database_url(p)) {
+            Some(url) if is_table_source(url) => {
+                out.push(table_connector(url, src.max_file_bytes)?)
+            }
+            Some(url) => {
+                return Err(JobError::Setup(format!(
+                    "{}: a database source needs the table: add `?table=NAME` (and `text=`, \
+                     `id=`, `title=`, `updated=` for its columns)",
+                    crate::secret::redact_url(url)
+                )))
+            }
+            None => files.push(path.clone()),
+        }
+    }
+    if files.is_empty() {
+        return Ok(out);
+    }
+    let mut fs = FilesystemConfig::new(files);
     if !src.ext.is_empty() {
         fs.extensions = src.ext.clone();
     }
@@ -313,7 +344,34 @@ pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connecto
         title: src.title_field.clone(),
         title_in_text: src.title_in_text,
     })?;
-    Ok(vec![Box::new(FilesystemConnector::new(fs))])
+    out.push(Box::new(FilesystemConnector::new(fs)));
+    Ok(out)
+}
+
+/// The connector of a table URL (`sqlite://FILE?table=...`, `postgres://...?table=...`).
+fn table_connector(url: &str, max_row_bytes: u64) -> Result<Box<dyn Connector>, JobError> {
+    if url.starts_with("sqlite://") {
+        return Ok(Box::new(TableConnector::sqlite(url, max_row_bytes)?));
+    }
+    #[cfg(feature = "postgres")]
+    {
+        use crate::connectors::sql::TableSpec;
+        use crate::indexers::postgres::target::PgTarget;
+        let (spec, rest) = TableSpec::parse(url)?;
+        // The index's URL rules: TLS (`sslmode`, `sslrootcert`...), the password kept inside.
+        let target = PgTarget::parse(&rest).map_err(|e| JobError::Setup(e.to_string()))?;
+        let connect = Box::new(move || target.connect().map_err(|e| e.to_string()));
+        Ok(Box::new(TableConnector::postgres(
+            spec,
+            connect,
+            max_row_bytes,
+        )?))
+    }
+    #[cfg(not(feature = "postgres"))]
+    Err(JobError::Setup(format!(
+        "{}: this ragline was built without PostgreSQL (the `postgres` feature)",
+        crate::secret::redact_url(url)
+    )))
 }
 
 /// Run an ingest: read the sources, chunk, embed (unless deferred) and index.
@@ -342,6 +400,10 @@ pub(crate) fn ingest_from(
     observer: &mut dyn Observer,
 ) -> Result<RunSummary, JobError> {
     let mut prepared = prepare(config, Build::Everything)?;
+    let mut connectors = connectors;
+    for c in &mut connectors {
+        c.know(&prepared.known);
+    }
     if scope == Scope::SomeDocuments {
         prepared.options.track_ids = false;
         prepared.in_index = None;

@@ -1,6 +1,7 @@
-//! The incremental stage: hashes each document's content and, when the index already holds
-//! that exact content made with the same pipeline (chunker and model fingerprint), marks it
-//! unchanged so no chunking or embedding is done again.
+//! The incremental stage: hashes each document's content (or takes the version its connector
+//! set) and, when the index already holds that exact content made with the same pipeline
+//! (chunker and model fingerprint), marks it unchanged so no chunking or embedding is done
+//! again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -41,9 +42,12 @@ impl Stage for Incremental {
         if doc.is_child() {
             return Ok(Vec::new());
         }
-        let hash = match &doc.raw {
-            Some(raw) => bytes_hash(raw),
-            None => content_hash(&doc.fields.text),
+        // A connector that knows a cheaper version of the content (a table's `updated=`
+        // column) sets it as the hash; otherwise the content is hashed.
+        let hash = match (&doc.content_hash, &doc.raw) {
+            (Some(preset), _) => preset.clone(),
+            (None, Some(raw)) => bytes_hash(raw),
+            (None, None) => content_hash(&doc.fields.text),
         };
         doc.unchanged = self
             .known
@@ -85,5 +89,28 @@ mod tests {
             other_model.content_hash.as_deref(),
             Some(content_hash("same").as_str())
         );
+    }
+
+    #[test]
+    fn a_version_the_connector_set_is_compared_instead_of_the_text() {
+        let mut known = HashMap::new();
+        known.insert(
+            "t/1".to_string(),
+            KnownDocument {
+                content_hash: "version-7".into(),
+                fingerprint: "fp".into(),
+            },
+        );
+        let mut stage = Incremental::new(Arc::new(known), "fp".into());
+        // Published without its text: the version alone says it is unchanged.
+        let mut same = Document::new("t/1", "");
+        same.content_hash = Some("version-7".into());
+        stage.process(&mut same).unwrap();
+        assert!(same.unchanged);
+        let mut newer = Document::new("t/1", "same text");
+        newer.content_hash = Some("version-8".into());
+        stage.process(&mut newer).unwrap();
+        assert!(!newer.unchanged);
+        assert_eq!(newer.content_hash.as_deref(), Some("version-8"));
     }
 }

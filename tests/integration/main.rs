@@ -17,5 +17,6 @@ mod parquet;
 mod pipeline;
 mod postgres;
 mod serve;
+mod tables;
 mod tokenizer;
 mod util;
