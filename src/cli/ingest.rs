@@ -37,6 +37,18 @@ pub struct IngestArgs {
     #[arg(long)]
     pub(super) prune: bool,
 
+    /// Keep the index in sync: after the run, ingest again every --poll-interval seconds
+    /// (each pass is incremental: unchanged documents cost a look-up; with --prune, what left
+    /// the source leaves the index) until the process is stopped. A pass that fails after
+    /// the first is reported and tried again at the next interval.
+    #[arg(long, conflicts_with = "queue")]
+    pub(super) follow: bool,
+
+    /// Seconds between the passes of --follow.
+    #[arg(long, value_name = "SECS", default_value_t = 30, requires = "follow",
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(super) poll_interval: u64,
+
     /// The approximate nearest-neighbour index of a sqlite:// index, kept by the indexers as
     /// they write: `auto` builds it once a vector set passes 50,000 chunks, `hnsw` always,
     /// `none` never (and drops one). Recorded in the index for later runs. [default: auto]
@@ -249,7 +261,32 @@ pub fn run(args: IngestArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
     let summary = execute(&args, &config, observer.as_mut())?;
     print_summary(&mut std::io::stdout().lock(), &summary, config.index.prune)?;
     write_report(args.report.as_deref(), &summary)?;
+    if args.follow {
+        follow(&args, &config);
+    }
     Ok(exit_code(&summary))
+}
+
+/// `--follow`: a pass every `--poll-interval` seconds, for as long as the process runs. A
+/// failed pass (the database away a moment) is reported and the next one tried.
+fn follow(args: &IngestArgs, config: &PipelineConfig) {
+    let every = std::time::Duration::from_secs(args.poll_interval);
+    loop {
+        std::thread::sleep(every);
+        let mut observer = super::observer(config.run.progress);
+        match execute(args, config, observer.as_mut()) {
+            Ok(summary) => {
+                let _ = print_summary(&mut std::io::stdout().lock(), &summary, config.index.prune);
+                if let Err(e) = write_report(args.report.as_deref(), &summary) {
+                    tracing::warn!("{e:#}");
+                }
+            }
+            Err(e) => tracing::warn!(
+                "--follow: this pass failed ({e:#}); the next one starts in {} s",
+                args.poll_interval
+            ),
+        }
+    }
 }
 
 /// `ragline ingest` as a library call: `argv` is a whole command line (`ragline [--config
@@ -266,6 +303,9 @@ where
     let super::Command::Ingest(args) = cli.command else {
         bail!("not an ingest command line");
     };
+    if args.follow {
+        bail!("--follow never returns: run `ragline ingest --follow` as a process, or call ingest in a loop");
+    }
     let mut config = super::load_config(cli.config.as_deref())?;
     args.apply(&mut config)?;
     let summary = execute(&args, &config, observer)?;

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::backend::{postgres_url, server_shared};
 use crate::index::ingest_into;
-use crate::util::{model_dir, ragline, run};
+use crate::util::{kill9, model_dir, ragline, run, wait_for};
 
 /// A table the test writes with plain SQL.
 trait Source {
@@ -248,4 +248,106 @@ fn bad_tables_and_columns_stop_the_run_naming_what_there_is() {
                 .contains("invalid UTF-8"));
         }
     }
+}
+
+/// Postgres types as they are used: uuid ids, timestamptz versions, numeric and array columns
+/// as metadata. Only the row whose version moved is read again.
+#[test]
+fn a_postgres_table_with_uuid_ids_and_timestamps_rereads_only_what_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut source) = sources(dir.path(), "typed")
+        .into_iter()
+        .find(|s| s.name() == "postgres")
+    else {
+        return;
+    };
+    source.exec(
+        "CREATE TABLE pages (id uuid, body text, updated_at timestamptz, score numeric,
+                             tags text[]);
+         INSERT INTO pages VALUES
+           ('00000000-0000-0000-0000-000000000001', 'Hooks let you use state.',
+            '2026-01-01 10:00+00', 1.50, ARRAY['react', 'hooks']),
+           ('00000000-0000-0000-0000-000000000002', 'A router maps URLs to pages.',
+            '2026-01-01 10:00+00', 2.25, NULL);",
+    );
+    let db = dir.path().join("typed.db");
+    let uri = format!("sqlite://{}", db.display());
+    let report = dir.path().join("typed.json");
+    let url = source.url("table=pages&text=body&updated=updated_at");
+    let ingest = || ingest_into(Path::new(&url), &uri, &report, &[]);
+    let (code, first) = ingest();
+    assert_eq!(code, Some(0), "{first}");
+    assert_eq!(first["counts"]["indexed"], 2);
+    source.exec(
+        "UPDATE pages SET body = 'A router maps URLs to pages and back.',
+                          updated_at = '2026-01-02 10:00+00'
+         WHERE id = '00000000-0000-0000-0000-000000000002'",
+    );
+    let (code, second) = ingest();
+    assert_eq!(code, Some(0), "{second}");
+    assert_eq!(
+        (&second["counts"]["unchanged"], &second["chunks_embedded"]),
+        (&json!(1), &json!(1)),
+        "{second}"
+    );
+    let docs = documents(&db);
+    assert_eq!(docs[1].0, "pages/00000000-0000-0000-0000-000000000002");
+    assert!(docs[1].2.contains("pages and back"), "{docs:?}");
+    let o = run(ragline()
+        .args(["search", "state in a component", "-k", "1", "--json"])
+        .arg("--index")
+        .arg(&uri));
+    let hits: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(hits[0]["metadata"]["tags"], json!(["react", "hooks"]));
+    assert_eq!(hits[0]["metadata"]["score"], json!(1.5));
+}
+
+/// `ingest --follow`: the index follows the table, a pass every --poll-interval seconds,
+/// rows added and (with --prune) deleted included, until the process is stopped.
+#[test]
+fn ingest_follow_keeps_the_index_in_sync_with_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut source = SqliteSource(dir.path().join("follow.db"));
+    source.exec(
+        "CREATE TABLE notes (id integer, body text, updated_at integer);
+         INSERT INTO notes VALUES (1, 'Hooks let you use state.', 1),
+                                  (2, 'A router maps URLs to pages.', 1);",
+    );
+    let db = dir.path().join("follow-index.db");
+    let mut child = ragline()
+        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
+        .arg(model_dir())
+        .arg("--index")
+        .arg(format!("sqlite://{}", db.display()))
+        .args(["--prune", "--follow", "--poll-interval", "1"])
+        .arg(source.url("table=notes&text=body&updated=updated_at"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ids = || -> Vec<String> {
+        if !db.exists() {
+            return Vec::new();
+        }
+        let Ok(conn) = rusqlite::Connection::open(&db) else {
+            return Vec::new();
+        };
+        conn.prepare("SELECT id FROM documents ORDER BY id")
+            .and_then(|mut s| {
+                s.query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .unwrap_or_default()
+    };
+    let limit = std::time::Duration::from_secs(120);
+    wait_for("the first pass", limit, || ids() == ["notes/1", "notes/2"]);
+    source.exec("INSERT INTO notes VALUES (3, 'Effects synchronise with the outside.', 1)");
+    wait_for("the added row", limit, || ids().len() == 3);
+    source.exec("DELETE FROM notes WHERE id = 1");
+    wait_for("the deleted row to be pruned", limit, || {
+        ids() == ["notes/2", "notes/3"]
+    });
+    // Still following: the process has not exited.
+    assert!(child.try_wait().unwrap().is_none());
+    kill9(&mut child);
 }

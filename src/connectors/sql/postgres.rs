@@ -165,12 +165,23 @@ impl Rows for PgRows {
         if ids.is_empty() {
             return Ok(());
         }
-        // The ids go as one JSON array, compared as text: any id type, one parameter.
-        let list = Value::Array(ids.to_vec()).to_string();
+        // The ids go as one JSON parameter, `[{"id": ...}, ...]`, turned back into the id
+        // column's own type by jsonb_populate_recordset (a timestamp, numeric or uuid id reads
+        // as the server wrote it), so the comparison is the column's and can use its index.
+        let records: Vec<Value> = ids
+            .iter()
+            .map(|v| {
+                let mut m = Map::new();
+                m.insert(spec.id.clone(), v.clone());
+                Value::Object(m)
+            })
+            .collect();
+        let list = Value::Array(records).to_string();
         let tail = format!(
-            "WHERE t.{id}::text IN (SELECT jsonb_array_elements_text($1::text::jsonb))
-             ORDER BY t.{id}",
-            id = quote(&spec.id)
+            "WHERE t.{id} IN (SELECT r.{id} FROM jsonb_populate_recordset(NULL::{table}, \
+             $1::text::jsonb) AS r) ORDER BY t.{id}",
+            id = quote(&spec.id),
+            table = spec.quoted_table()
         );
         self.rows(spec, &tail, &[&list], each)
     }
