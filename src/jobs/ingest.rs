@@ -360,7 +360,11 @@ fn table_connector(url: &str, max_row_bytes: u64) -> Result<Box<dyn Connector>, 
         let (spec, rest) = TableSpec::parse(url)?;
         // The index's URL rules: TLS (`sslmode`, `sslrootcert`...), the password kept inside.
         let target = PgTarget::parse(&rest).map_err(|e| JobError::Setup(e.to_string()))?;
-        let connect = Box::new(move || target.connect().map_err(|e| e.to_string()));
+        let connect = Box::new(move || {
+            target
+                .connect()
+                .map_err(|e| crate::connectors::ConnectorError::Source(e.to_string()))
+        });
         Ok(Box::new(TableConnector::postgres(
             spec,
             connect,

@@ -86,7 +86,7 @@ impl TableSpec {
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             let column = |v: &str| -> Result<String, ConnectorError> {
-                identifier(v).map_err(|why| bad(format!("`{key}={v}`: {why}")))
+                identifier(v).ok_or_else(|| bad(format!("`{key}={v}`: {IDENTIFIER_RULE}")))
             };
             match key {
                 "table" => {
@@ -184,17 +184,17 @@ impl TableSpec {
 
 /// A plain SQL identifier (letters, digits, `_`, not starting with a digit): what a column or
 /// table option may be, so it can be quoted into a statement.
-fn identifier(name: &str) -> Result<String, String> {
+fn identifier(name: &str) -> Option<String> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         && !name.starts_with(|c: char| c.is_ascii_digit());
-    if ok {
-        Ok(name.to_string())
-    } else {
-        Err("a name must be letters, digits and `_` (not starting with a digit), at most 63".into())
-    }
+    ok.then(|| name.to_string())
 }
+
+/// Why [`identifier`] refused a name.
+const IDENTIFIER_RULE: &str =
+    "a name must be letters, digits and `_` (not starting with a digit), at most 63";
 
 fn quote(name: &str) -> String {
     format!("\"{name}\"")
@@ -219,7 +219,7 @@ trait Rows: Send {
     ) -> Result<(), ConnectorError>;
     /// (id, version) of every row, in id order.
     fn versions(&mut self, spec: &TableSpec) -> Result<Vec<(Value, Value)>, ConnectorError>;
-    /// The rows of these ids (as `versions` gave them).
+    /// The rows of these ids (as `versions` gave them; never none).
     fn some(
         &mut self,
         spec: &TableSpec,
@@ -339,6 +339,9 @@ impl TableConnector {
                     self.spec.id
                 ),
             );
+        }
+        if ids.is_empty() {
+            return Ok(());
         }
         let mut batch = Vec::with_capacity(ids.len());
         self.rows.some(&self.spec, &ids, &mut |row| {

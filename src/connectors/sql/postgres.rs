@@ -11,7 +11,7 @@ use super::{quote, Row, Rows, TableSpec};
 use crate::connectors::ConnectorError;
 
 /// Makes a connection to the database (the URL's password stays inside it).
-pub type PgConnect = Box<dyn FnMut() -> Result<Client, String> + Send>;
+pub type PgConnect = Box<dyn FnMut() -> Result<Client, ConnectorError> + Send>;
 
 pub(super) struct PgRows {
     connect: PgConnect,
@@ -31,7 +31,7 @@ impl PgRows {
 
     fn client(&mut self) -> Result<&mut Client, ConnectorError> {
         if self.client.is_none() {
-            self.client = Some((self.connect)().map_err(ConnectorError::Source)?);
+            self.client = Some((self.connect)()?);
         }
         Ok(self.client.as_mut().expect("connected above"))
     }
@@ -162,9 +162,6 @@ impl Rows for PgRows {
         ids: &[Value],
         each: &mut dyn FnMut(Row) -> Result<bool, ConnectorError>,
     ) -> Result<(), ConnectorError> {
-        if ids.is_empty() {
-            return Ok(());
-        }
         // The ids go as one JSON parameter, `[{"id": ...}, ...]`, turned back into the id
         // column's own type by jsonb_populate_recordset (a timestamp, numeric or uuid id reads
         // as the server wrote it), so the comparison is the column's and can use its index.

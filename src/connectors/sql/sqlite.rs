@@ -183,9 +183,6 @@ impl Rows for SqliteRows {
         ids: &[Value],
         each: &mut dyn FnMut(Row) -> Result<bool, ConnectorError>,
     ) -> Result<(), ConnectorError> {
-        if ids.is_empty() {
-            return Ok(());
-        }
         let marks = vec!["?"; ids.len()].join(", ");
         let sql = format!(
             "SELECT * FROM {} WHERE {} IN ({marks}) ORDER BY {}",

@@ -290,7 +290,14 @@ impl StoredVectors for PgVectors {
     }
 }
 
-/// The vector `set` holds for an identical model input.
+/// How many chunks with the same model input a reuse look-up checks for a vector.
+const REUSE_CANDIDATES: i64 = 64;
+
+/// The vector `set` holds for an identical model input, looked for among the first
+/// [`REUSE_CANDIDATES`] chunks with that input: a chunk repeated on thousands of pages (a
+/// "See also" section) would otherwise have every look-up probe every earlier copy, most of
+/// them still waiting for a vector (quadratic in a deferred ingest). An input whose first
+/// copies all lack a vector while a later one has it is embedded again: a lost saving only.
 pub(crate) fn stored_vector(
     c: &mut impl GenericClient,
     s: &str,
@@ -299,11 +306,12 @@ pub(crate) fn stored_vector(
 ) -> Result<Option<Vec<f32>>, postgres::Error> {
     let row = c.query_opt(
         &format!(
-            "SELECT v.embedding::vector FROM {s}.chunks c JOIN {s}.{} v ON v.rowid = c.rowid
-             WHERE c.input_key = $1 LIMIT 1",
+            "SELECT v.embedding::vector
+             FROM (SELECT rowid FROM {s}.chunks WHERE input_key = $1 LIMIT $2) c
+             JOIN {s}.{} v ON v.rowid = c.rowid LIMIT 1",
             set.vec_table
         ),
-        &[&key.as_slice()],
+        &[&key.as_slice(), &REUSE_CANDIDATES],
     )?;
     Ok(row
         .map(|r| r.get::<_, pgvector::Vector>(0).to_vec())

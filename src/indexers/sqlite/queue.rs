@@ -515,7 +515,9 @@ impl LifecycleStore for SqliteStore {
 /// id, chunk id.
 type ChunkState = (Option<Vec<u8>>, i64, Option<String>, String, String);
 
-/// The vector `set` holds for an identical input (old versions of chunks count).
+/// The vector `set` holds for an identical input (old versions of chunks count). The
+/// `embedded != 0` term lets SQLite use `chunks_embedded_by_input_key`, which holds only
+/// chunks with a vector.
 pub(super) fn stored_vector(
     conn: &Connection,
     set: &VectorSet,
@@ -524,7 +526,7 @@ pub(super) fn stored_vector(
     let bytes: Option<Vec<u8>> = conn
         .prepare_cached(&format!(
             "SELECT v.embedding FROM chunks c JOIN {} v ON v.rowid = c.rowid
-             WHERE c.input_key = ?1 AND c.embedded & ?2 != 0 LIMIT 1",
+             WHERE c.input_key = ?1 AND c.embedded != 0 AND c.embedded & ?2 != 0 LIMIT 1",
             set.vec_table
         ))?
         .query_row(params![key.as_slice(), set.bit()], |r| r.get(0))

@@ -54,10 +54,17 @@
 //!   `ann_log` the file holds. `ann_log`: every insert and delete of a vector of a set with an
 //!   ANN, in the writer's transaction, so a reader or the next writer replays what the file
 //!   lacks (see `ann.rs`).
+//!
+//! Version 7:
+//! - `chunks_by_input_key` becomes `chunks_embedded_by_input_key`, on `(input_key, embedded)`
+//!   for embedded chunks only: the look-up of a vector to reuse skips the chunks waiting for
+//!   theirs without reading their rows. A chunk repeated on thousands of pages (a "See also"
+//!   section) made each look-up scan every earlier copy, and a deferred ingest of 6,000 MDN
+//!   pages spent most of its time there.
 
 use rusqlite::Connection;
 
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Create or migrate the schema up to [`SCHEMA_VERSION`]. Runs in the caller's transaction.
 /// Version 3's data steps (vector set of an existing index, lifecycle rows of existing
@@ -251,8 +258,13 @@ const V6: &str = "CREATE TABLE ann (
              );
              CREATE INDEX ann_log_by_set ON ann_log(vector_set, seq);";
 
+/// Version 7: reuse look-ups go through the embedded chunks only.
+const V7: &str = "DROP INDEX IF EXISTS chunks_by_input_key;
+             CREATE INDEX chunks_embedded_by_input_key ON chunks(input_key, embedded)
+                 WHERE embedded != 0;";
+
 /// The schema's steps: version N is reached by running `STEPS[N - 1]`.
-const STEPS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6];
+const STEPS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6, V7];
 
 /// Migrate from version `from` to `to` (tests build old versions with it).
 pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()> {
