@@ -2,7 +2,8 @@
 # The whole test suite: fetches the model if needed, then every unit, property and
 # integration test, then the Python package's tests (scripts/test-python.sh). Tests that read
 # ../shared/data skip with a message where it is absent.
-# Starts the PostgreSQL test server (scripts/postgres.sh) for the Postgres tests.
+# Starts the PostgreSQL test server (scripts/postgres.sh) for the Postgres tests and the S3
+# server (scripts/s3.sh) for the object store tests.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -26,6 +27,12 @@ fi
 if [ -z "${RAGLINE_NATS_SERVER+set}" ]; then
   RAGLINE_NATS_SERVER=$(scripts/nats.sh bin)
   export RAGLINE_NATS_SERVER
+fi
+# The object store tests read buckets of an S3 server (moto's, from PyPI: scripts/s3.sh),
+# started here unless RAGLINE_TEST_S3 already names one (set it empty to skip them).
+if [ -z "${RAGLINE_TEST_S3+set}" ]; then
+  RAGLINE_TEST_S3=$(scripts/s3.sh start)
+  export RAGLINE_TEST_S3
 fi
 # `failpoints` compiles in fault injection (FAILPOINTS=...), which the lifecycle tests use to
 # make chosen documents fail; release builds never have it.

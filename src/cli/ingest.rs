@@ -113,6 +113,11 @@ pub struct IngestArgs {
     #[arg(long)]
     pub(super) max_file_bytes: Option<u64>,
 
+    /// Object stores (s3://, gs://, az://): how many objects are downloaded at once.
+    /// [default: 16]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub(super) fetch_concurrency: Option<u16>,
+
     /// Seconds one file may take to extract; past it the file fails with the reason and the
     /// run goes on. [default: 60]
     #[arg(long)]
@@ -185,6 +190,9 @@ impl IngestArgs {
         }
         if let Some(n) = self.max_file_seconds {
             src.max_file_seconds = n;
+        }
+        if let Some(n) = self.fetch_concurrency {
+            src.fetch_concurrency = n.into();
         }
         if let Some(n) = self.max_extract_mb {
             src.max_extract_mb = n;
@@ -387,6 +395,15 @@ pub(super) fn print_summary(
                 .as_deref()
                 .map(|e| format!("; {e}"))
                 .unwrap_or_default()
+        )?;
+    }
+    if let Some(f) = &s.fetched {
+        writeln!(
+            out,
+            "downloaded: {} items, {:.1} MB (unchanged items are known by their version and \
+             not downloaded)",
+            f.items,
+            f.bytes as f64 / 1e6
         )?;
     }
     print_missing(out, s, pruned)?;

@@ -6,8 +6,19 @@
 
 pub mod filesystem;
 pub mod jsonl;
+#[cfg(feature = "object-store")]
+pub mod object;
 pub mod requeue;
 pub mod sql;
+
+/// Is `s` an object store URL (`s3://`, `gs://`, `az://`)? Recognised with or without the
+/// `object-store` feature, so a build without it says why instead of looking for a folder.
+pub fn is_object_url(s: &str) -> bool {
+    ["s3://", "gs://", "az://"].iter().any(|p| s.starts_with(p))
+}
+
+/// How many items a connector that downloads (an object store) fetches at once by default.
+pub const DEFAULT_FETCH_CONCURRENCY: usize = 16;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,6 +62,39 @@ pub trait Connector: Send {
 pub struct KnownIndex {
     pub documents: Arc<HashMap<String, KnownDocument>>,
     pub fingerprint: Arc<str>,
+}
+
+impl KnownIndex {
+    /// Whether the index holds document `id` at version `key` (what it stores as the content
+    /// hash), made with this run's pipeline.
+    pub fn holds(&self, id: &str, key: &str) -> bool {
+        self.documents
+            .get(id)
+            .is_some_and(|d| d.content_hash == key && *d.fingerprint == *self.fingerprint)
+    }
+}
+
+/// A document the connector knows unchanged without reading it (the index holds its version
+/// `key`): published without its text, stopped by the incremental stage before anything
+/// reads it, counted as unchanged.
+pub fn known_unchanged(id: String, source: String, key: String) -> crate::document::Document {
+    let mut doc = crate::document::Document::new(id, String::new());
+    doc.fields.source = Some(source);
+    doc.content_hash = Some(key);
+    doc
+}
+
+/// A version key: what a connector that knows an item's version without its content (a row's
+/// `updated` column, an object's ETag) stores as the content hash, the length of the
+/// incremental stage's hashes (32 hex digits). `parts` name the item and everything that
+/// changes what is made of it.
+pub fn version_key(parts: &[&str]) -> String {
+    let mut h = blake3::Hasher::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update(b"\0");
+    }
+    h.finalize().to_hex()[..32].to_string()
 }
 
 /// How the bytes of a file turned out.

@@ -100,6 +100,8 @@ pub struct SourceConfig {
     pub title_field: String,
     /// JSONL: put the title at the head of the text, so it is chunked and embedded with it.
     pub title_in_text: bool,
+    /// Object stores: how many objects are downloaded at once.
+    pub fetch_concurrency: usize,
 }
 
 impl Default for SourceConfig {
@@ -116,6 +118,7 @@ impl Default for SourceConfig {
             text_field: "text".into(),
             title_field: "title".into(),
             title_in_text: false,
+            fetch_concurrency: crate::connectors::DEFAULT_FETCH_CONCURRENCY,
         }
     }
 }

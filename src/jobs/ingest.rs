@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::connectors::filesystem::{FilesystemConfig, FilesystemConnector};
 use crate::connectors::jsonl::JsonlFields;
 use crate::connectors::sql::{is_database_url, is_table_source, TableConnector};
-use crate::connectors::{Connector, KnownIndex};
+use crate::connectors::{is_object_url, Connector, KnownIndex};
 use crate::embed::device;
 use crate::embed::pool::EmbedderPool;
 use crate::embed::tokenizer::TextTokenizer;
@@ -313,7 +313,17 @@ pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connecto
     }
     let mut out: Vec<Box<dyn Connector>> = Vec::new();
     let mut files = Vec::new();
+    let jsonl = JsonlFields {
+        id: src.id_field.clone(),
+        text: src.text_field.clone(),
+        title: src.title_field.clone(),
+        title_in_text: src.title_in_text,
+    };
     for path in &src.paths {
+        if let Some(url) = path.to_str().filter(|p| is_object_url(p)) {
+            out.push(object_connector(url, src, jsonl.clone())?);
+            continue;
+        }
         match path.to_str().filter(|p| is_database_url(p)) {
             Some(url) if is_table_source(url) => {
                 out.push(table_connector(url, src.max_file_bytes)?)
@@ -338,14 +348,44 @@ pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connecto
     fs.include = src.include.clone();
     fs.exclude = src.exclude.clone();
     fs.max_file_bytes = src.max_file_bytes;
-    let fs = fs.validate(JsonlFields {
-        id: src.id_field.clone(),
-        text: src.text_field.clone(),
-        title: src.title_field.clone(),
-        title_in_text: src.title_in_text,
-    })?;
+    let fs = fs.validate(jsonl)?;
     out.push(Box::new(FilesystemConnector::new(fs)));
     Ok(out)
+}
+
+/// The connector of an object store URL, with the source's selection and limits.
+fn object_connector(
+    url: &str,
+    src: &crate::jobs::config::SourceConfig,
+    jsonl: JsonlFields,
+) -> Result<Box<dyn Connector>, JobError> {
+    #[cfg(feature = "object-store")]
+    {
+        use crate::connectors::filesystem::{Selection, DEFAULT_EXTENSIONS};
+        let default: Vec<String>;
+        let ext = if src.ext.is_empty() {
+            default = DEFAULT_EXTENSIONS.iter().map(|s| s.to_string()).collect();
+            &default
+        } else {
+            &src.ext
+        };
+        let selection = Selection::new(ext, &src.include, &src.exclude)?;
+        Ok(Box::new(crate::connectors::object::ObjectConnector::new(
+            url,
+            selection,
+            jsonl,
+            src.max_file_bytes,
+            src.fetch_concurrency,
+        )?))
+    }
+    #[cfg(not(feature = "object-store"))]
+    {
+        let _ = (src, jsonl);
+        Err(JobError::Setup(format!(
+            "{}: this build has no object store support; rebuild with `--features object-store`",
+            crate::secret::redact_url(url)
+        )))
+    }
 }
 
 /// The connector of a table URL (`sqlite://FILE?table=...`, `postgres://...?table=...`).

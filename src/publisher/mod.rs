@@ -30,6 +30,27 @@ pub struct Publisher {
     announced: Arc<AtomicU64>,
     /// The ids published, when the run needs them (to find documents gone from the source).
     ids: Option<Arc<Mutex<HashSet<String>>>>,
+    /// What connectors that download (object stores) fetched.
+    fetched: Arc<FetchCounters>,
+}
+
+/// What connectors that download items (object stores) fetched, for the run's summary: a
+/// re-run with nothing changed shows it downloaded nothing.
+#[derive(Default)]
+struct FetchCounters {
+    /// A connector that fetches ran (the summary then shows the counts, zeros included).
+    counted: std::sync::atomic::AtomicBool,
+    items: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// What was downloaded during a run (see [`Publisher::count_fetches`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Fetched {
+    /// Items downloaded (objects, pages).
+    pub items: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 impl Publisher {
@@ -46,7 +67,31 @@ impl Publisher {
             signal,
             announced: Arc::new(AtomicU64::new(0)),
             ids: track_ids.then(|| Arc::new(Mutex::new(HashSet::new()))),
+            fetched: Arc::default(),
         }
+    }
+
+    /// A connector that downloads says so before it starts: the run's summary then shows what
+    /// was fetched (zero included).
+    pub fn count_fetches(&self) {
+        self.fetched.counted.store(true, Ordering::Relaxed);
+    }
+
+    /// One item downloaded, `bytes` long.
+    pub fn fetched(&self, bytes: u64) {
+        self.fetched.items.fetch_add(1, Ordering::Relaxed);
+        self.fetched.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// What was downloaded, when a connector that downloads ran.
+    pub fn fetched_counts(&self) -> Option<Fetched> {
+        self.fetched
+            .counted
+            .load(Ordering::Relaxed)
+            .then(|| Fetched {
+                items: self.fetched.items.load(Ordering::Relaxed),
+                bytes: self.fetched.bytes.load(Ordering::Relaxed),
+            })
     }
 
     fn remember(&self, id: &str) {

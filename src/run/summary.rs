@@ -49,6 +49,10 @@ pub struct RunSummary {
     /// notes say whose, and until when).
     #[serde(skip_serializing_if = "is_zero")]
     pub held_by_others: u64,
+    /// What connectors that download (object stores) fetched: a re-run with nothing changed
+    /// fetches nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fetched: Option<crate::publisher::Fetched>,
     /// What else the run has to say (a migration switched, a stage is paused...).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -102,6 +106,7 @@ impl RunSummary {
             encoder: None,
             remote: None,
             held_by_others: 0,
+            fetched: None,
             notes: Vec::new(),
             published_ids: None,
         }

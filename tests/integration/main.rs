@@ -13,6 +13,7 @@ mod index;
 mod layers;
 mod lifecycle;
 mod llm;
+mod objects;
 mod parquet;
 mod pipeline;
 mod postgres;

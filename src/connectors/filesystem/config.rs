@@ -69,27 +69,64 @@ impl FilesystemConfig {
             }
         }
         Ok(ValidFilesystemConfig {
+            selection: Selection::new(&self.extensions, &self.include, &self.exclude)?,
             roots: self.paths,
-            extensions: self
-                .extensions
-                .iter()
-                .map(|e| e.trim_start_matches('.').to_ascii_lowercase())
-                .collect(),
-            include: globs(&self.include, "--include")?,
-            exclude: globs(&self.exclude, "--exclude")?,
             max_file_bytes: self.max_file_bytes,
             jsonl,
         })
     }
 }
 
+/// Which paths a source takes (relative to its root, or an object's key under its prefix):
+/// by extension, or by `--include` globs when given, less the `--exclude` globs.
+#[derive(Clone, Debug)]
+pub struct Selection {
+    extensions: Vec<String>,
+    include: GlobSet,
+    exclude: GlobSet,
+}
+
+impl Selection {
+    pub fn new(
+        extensions: &[String],
+        include: &[String],
+        exclude: &[String],
+    ) -> Result<Selection, ConnectorError> {
+        Ok(Selection {
+            extensions: extensions
+                .iter()
+                .map(|e| e.trim_start_matches('.').to_ascii_lowercase())
+                .collect(),
+            include: globs(include, "--include")?,
+            exclude: globs(exclude, "--exclude")?,
+        })
+    }
+
+    /// Does the source take the file (or object) at relative path `rel`?
+    pub fn selects(&self, rel: &str) -> bool {
+        let ext = std::path::Path::new(rel)
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        let by_extension = ext.is_some_and(|e| self.extensions.contains(&e));
+        let included = if self.include.is_empty() {
+            by_extension
+        } else {
+            matches(&self.include, rel)
+        };
+        included && !matches(&self.exclude, rel)
+    }
+}
+
+fn matches(set: &GlobSet, rel: &str) -> bool {
+    !set.is_empty() && set.is_match(rel)
+}
+
 /// A configuration that passed [`FilesystemConfig::validate`].
 #[derive(Clone, Debug)]
 pub struct ValidFilesystemConfig {
     pub(super) roots: Vec<PathBuf>,
-    pub(super) extensions: Vec<String>,
-    pub(super) include: GlobSet,
-    pub(super) exclude: GlobSet,
+    pub(super) selection: Selection,
     pub(super) max_file_bytes: u64,
     pub(super) jsonl: JsonlFields,
 }

@@ -17,10 +17,9 @@ use std::io::{BufReader, Read};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use globset::GlobSet;
 use walkdir::WalkDir;
 
-pub use config::{FilesystemConfig, ValidFilesystemConfig, DEFAULT_EXTENSIONS};
+pub use config::{FilesystemConfig, Selection, ValidFilesystemConfig, DEFAULT_EXTENSIONS};
 
 use super::jsonl::publish_lines;
 use super::{decode, Connector, ConnectorError, Decoded};
@@ -134,7 +133,7 @@ impl FilesystemConnector {
             if file_type.is_dir() {
                 continue;
             }
-            if !self.config.selects(&rel) {
+            if !self.config.selection.selects(&rel) {
                 continue;
             }
             let problem = if file_type.is_symlink() {
@@ -290,6 +289,15 @@ pub fn read_document_in(
         return Err(too_large(bytes.len() as u64));
     }
     let format = format_of(path);
+    let mut doc = document_of(id, bytes, format)?;
+    doc.fields.source = Some(path.display().to_string());
+    Ok(doc)
+}
+
+/// The document of a file's (or an object's) bytes in `format`: text formats decoded as
+/// UTF-8, binary ones (PDF, DOCX) kept as bytes for the extract stage; the format in its
+/// metadata.
+pub fn document_of(id: String, bytes: Vec<u8>, format: &str) -> Result<Document, Unusable> {
     let mut doc = if is_binary_format(format) {
         if bytes.is_empty() {
             return Err(Unusable::Dropped("empty file".into()));
@@ -307,7 +315,6 @@ pub fn read_document_in(
             Decoded::Invalid(reason) => return Err(Unusable::Failed(reason)),
         }
     };
-    doc.fields.source = Some(path.display().to_string());
     doc.fields.metadata.insert("format".into(), format.into());
     Ok(doc)
 }
@@ -369,38 +376,17 @@ pub fn is_binary_format(format: &str) -> bool {
     matches!(format, "pdf" | "docx" | "doc")
 }
 
-impl ValidFilesystemConfig {
-    /// Does the walk take the file at relative path `rel`?
-    fn selects(&self, rel: &str) -> bool {
-        let ext = Path::new(rel)
-            .extension()
-            .and_then(|e| e.to_str())
-            .map(str::to_ascii_lowercase);
-        let by_extension = ext.is_some_and(|e| self.extensions.contains(&e));
-        let included = if self.include.is_empty() {
-            by_extension
-        } else {
-            matches(&self.include, rel)
-        };
-        included && !matches(&self.exclude, rel)
-    }
-}
-
-fn matches(set: &GlobSet, rel: &str) -> bool {
-    !set.is_empty() && set.is_match(rel)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::connectors::jsonl::JsonlFields;
 
-    fn config(include: &[&str], exclude: &[&str]) -> ValidFilesystemConfig {
+    fn config(include: &[&str], exclude: &[&str]) -> Selection {
         let dir = std::env::temp_dir();
         let mut c = FilesystemConfig::new(vec![dir]);
         c.include = include.iter().map(|s| s.to_string()).collect();
         c.exclude = exclude.iter().map(|s| s.to_string()).collect();
-        c.validate(JsonlFields::default()).unwrap()
+        c.validate(JsonlFields::default()).unwrap().selection
     }
 
     #[test]

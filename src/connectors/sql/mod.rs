@@ -20,7 +20,7 @@ mod sqlite;
 
 use serde_json::{Map, Value};
 
-use super::{Connector, ConnectorError, KnownIndex};
+use super::{known_unchanged, Connector, ConnectorError, KnownIndex};
 use crate::document::Document;
 use crate::publisher::Publisher;
 
@@ -169,16 +169,14 @@ impl TableSpec {
     /// The version key a row with `updated` value `version` has: what the index stores as its
     /// content hash, so a row whose version it holds is known unchanged without its text.
     fn version_key(&self, version: &Value) -> String {
-        let spec = format!(
-            "sql-row\0{}\0{}\0{}\0{}\0{}",
-            self.text.join(","),
+        super::version_key(&[
+            "sql-row",
+            &self.text.join(","),
             self.title.as_deref().unwrap_or(""),
-            self.format,
+            &self.format,
             self.updated.as_deref().unwrap_or(""),
-            version
-        );
-        // The length of the incremental stage's content hashes (32 hex digits).
-        blake3::hash(spec.as_bytes()).to_hex()[..32].to_string()
+            &version.to_string(),
+        ])
     }
 }
 
@@ -272,11 +270,7 @@ impl TableConnector {
 
     /// Whether the index holds the row `id` at version `key`, made with this pipeline.
     fn holds(&self, id: &str, key: &str) -> bool {
-        self.known.as_ref().is_some_and(|k| {
-            k.documents
-                .get(id)
-                .is_some_and(|d| d.content_hash == key && *d.fingerprint == *k.fingerprint)
-        })
+        self.known.as_ref().is_some_and(|k| k.holds(id, key))
     }
 
     fn publish_row(&mut self, row: Row, publisher: &Publisher) -> Result<(), ConnectorError> {
@@ -302,12 +296,7 @@ impl TableConnector {
             let doc_id = format!("{}/{id}", self.spec.name());
             let key = self.spec.version_key(&version);
             if self.holds(&doc_id, &key) {
-                // Known unchanged: published without its text, stopped by the incremental
-                // stage before anything reads it.
-                let mut doc = Document::new(doc_id.clone(), String::new());
-                doc.fields.source = Some(doc_id);
-                doc.content_hash = Some(key);
-                publisher.publish(doc)?;
+                publisher.publish(known_unchanged(doc_id.clone(), doc_id, key))?;
             } else {
                 fetch.push(raw_id);
             }
