@@ -113,8 +113,13 @@ pub struct IngestArgs {
     #[arg(long)]
     pub(super) max_file_bytes: Option<u64>,
 
-    /// Object stores (s3://, gs://, az://): how many objects are downloaded at once.
-    /// [default: 16]
+    /// Feeds (http:// and https:// URLs): index the page each entry links to (on the feed's
+    /// own host) instead of the entry's content.
+    #[arg(long)]
+    pub(super) follow_links: bool,
+
+    /// Object stores (s3://, gs://, az://) and feeds with --follow-links: how many objects or
+    /// pages are downloaded at once. [default: 16]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub(super) fetch_concurrency: Option<u16>,
 
@@ -193,6 +198,9 @@ impl IngestArgs {
         }
         if let Some(n) = self.fetch_concurrency {
             src.fetch_concurrency = n.into();
+        }
+        if self.follow_links {
+            src.follow_links = true;
         }
         if let Some(n) = self.max_extract_mb {
             src.max_extract_mb = n;

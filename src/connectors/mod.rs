@@ -4,6 +4,7 @@
 //! malformed JSONL line is published as a failed document (or a dropped one, for empty and
 //! binary files) with its id and the reason, and the connector carries on.
 
+pub mod feed;
 pub mod filesystem;
 pub mod jsonl;
 #[cfg(feature = "object-store")]
@@ -15,6 +16,21 @@ pub mod sql;
 /// `object-store` feature, so a build without it says why instead of looking for a folder.
 pub fn is_object_url(s: &str) -> bool {
     ["s3://", "gs://", "az://"].iter().any(|p| s.starts_with(p))
+}
+
+/// Run a connector's asynchronous I/O (downloads) to its end on a small runtime of its own
+/// (`threads` named `name`), from the connector's thread.
+pub fn block_on_io<F>(name: &str, work: F) -> Result<(), ConnectorError>
+where
+    F: std::future::Future<Output = Result<(), ConnectorError>>,
+{
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(|e| ConnectorError::Source(format!("cannot start the I/O runtime: {e}")))?
+        .block_on(work)
 }
 
 /// How many items a connector that downloads (an object store) fetches at once by default.

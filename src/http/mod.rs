@@ -25,6 +25,7 @@
 pub mod chat;
 pub mod circuit;
 pub mod embed;
+pub mod fetch;
 pub mod limit;
 
 use std::future::Future;
@@ -587,13 +588,13 @@ fn refused(url: &str, status: u16, bytes: &[u8]) -> CallError {
 }
 
 /// Why a body was not read whole.
-enum Body {
+pub(crate) enum Body {
     TooLarge(usize),
     Failed(reqwest::Error),
 }
 
 /// The body of `resp`, refused once it passes `max` bytes (whatever Content-Length says).
-async fn read_bounded(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, Body> {
+pub(crate) async fn read_bounded(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, Body> {
     if let Some(n) = resp.content_length() {
         if n > max as u64 {
             return Err(Body::TooLarge(n as usize));
@@ -610,7 +611,7 @@ async fn read_bounded(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>
 }
 
 /// A transport error, said plainly.
-fn transport_reason(e: &reqwest::Error) -> String {
+pub(crate) fn transport_reason(e: &reqwest::Error) -> String {
     if e.is_timeout() {
         "timed out".into()
     } else if e.is_connect() {

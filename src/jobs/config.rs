@@ -100,8 +100,10 @@ pub struct SourceConfig {
     pub title_field: String,
     /// JSONL: put the title at the head of the text, so it is chunked and embedded with it.
     pub title_in_text: bool,
-    /// Object stores: how many objects are downloaded at once.
+    /// Object stores: how many objects are downloaded at once (feeds: linked pages).
     pub fetch_concurrency: usize,
+    /// Feeds: index the page each entry links to instead of the entry's content.
+    pub follow_links: bool,
 }
 
 impl Default for SourceConfig {
@@ -119,6 +121,7 @@ impl Default for SourceConfig {
             title_field: "title".into(),
             title_in_text: false,
             fetch_concurrency: crate::connectors::DEFAULT_FETCH_CONCURRENCY,
+            follow_links: false,
         }
     }
 }

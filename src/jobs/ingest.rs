@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::connectors::feed::{is_feed_url, FeedConnector};
 use crate::connectors::filesystem::{FilesystemConfig, FilesystemConnector};
 use crate::connectors::jsonl::JsonlFields;
 use crate::connectors::sql::{is_database_url, is_table_source, TableConnector};
@@ -322,6 +323,15 @@ pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connecto
     for path in &src.paths {
         if let Some(url) = path.to_str().filter(|p| is_object_url(p)) {
             out.push(object_connector(url, src, jsonl.clone())?);
+            continue;
+        }
+        if let Some(url) = path.to_str().filter(|p| is_feed_url(p)) {
+            out.push(Box::new(FeedConnector::new(
+                url,
+                src.follow_links,
+                src.max_file_bytes,
+                src.fetch_concurrency,
+            )));
             continue;
         }
         match path.to_str().filter(|p| is_database_url(p)) {

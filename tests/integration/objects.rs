@@ -130,8 +130,8 @@ fn ingest_command(index: &str) -> std::process::Command {
     cmd
 }
 
-/// (document id, chunk texts joined) of every document the index holds, by id.
-fn documents(db: &Path) -> Vec<(String, String)> {
+/// (document id, chunk texts joined) of every document the SQLite index `db` holds, by id.
+pub fn documents(db: &Path) -> Vec<(String, String)> {
     let conn = rusqlite::Connection::open(db).unwrap();
     let mut s = conn
         .prepare(

@@ -449,13 +449,7 @@ impl Connector for ObjectConnector {
 
     fn run(&mut self, publisher: &Publisher) -> Result<(), ConnectorError> {
         publisher.count_fetches();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("ragline-objects")
-            .enable_all()
-            .build()
-            .map_err(|e| ConnectorError::Source(format!("cannot start the I/O runtime: {e}")))?;
-        runtime.block_on(self.publish_all(publisher))
+        super::block_on_io("ragline-objects", self.publish_all(publisher))
     }
 }
 

@@ -1,0 +1,110 @@
+//! A local HTTP server the web tests change as they go: pages by path with their status,
+//! content type and body, and a count of the GETs of each path (a test shows what a run
+//! downloaded). HTTP/1.1, one request per connection (`Connection: close`).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+
+#[derive(Clone)]
+struct Page {
+    status: u16,
+    content_type: String,
+    body: Vec<u8>,
+}
+
+#[derive(Default)]
+struct State {
+    pages: HashMap<String, Page>,
+    hits: HashMap<String, usize>,
+}
+
+pub struct Site {
+    base: String,
+    state: Arc<Mutex<State>>,
+}
+
+impl Site {
+    /// A server on a free port of 127.0.0.1, serving until the test process ends.
+    pub fn start() -> Site {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let state = Arc::new(Mutex::new(State::default()));
+        let served = Arc::clone(&state);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let state = Arc::clone(&served);
+                std::thread::spawn(move || {
+                    let _ = answer(stream, &state);
+                });
+            }
+        });
+        Site { base, state }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Serve `body` at `path` with status 200.
+    pub fn put(&self, path: &str, content_type: &str, body: &str) {
+        self.put_status(path, 200, content_type, body);
+    }
+
+    pub fn put_status(&self, path: &str, status: u16, content_type: &str, body: &str) {
+        self.state.lock().unwrap().pages.insert(
+            path.to_string(),
+            Page {
+                status,
+                content_type: content_type.to_string(),
+                body: body.as_bytes().to_vec(),
+            },
+        );
+    }
+
+    /// How many GETs `path` has had.
+    pub fn hits(&self, path: &str) -> usize {
+        self.state
+            .lock()
+            .unwrap()
+            .hits
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+fn answer(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut request = String::new();
+    reader.read_line(&mut request)?;
+    // The headers, up to the blank line (GETs have no body).
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 || line == "\r\n" || line == "\n" {
+            break;
+        }
+    }
+    let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let page = {
+        let mut s = state.lock().unwrap();
+        *s.hits.entry(path.clone()).or_default() += 1;
+        s.pages.get(&path).cloned()
+    };
+    let page = page.unwrap_or(Page {
+        status: 404,
+        content_type: "text/plain".into(),
+        body: b"not found".to_vec(),
+    });
+    let mut out = stream;
+    write!(
+        out,
+        "HTTP/1.1 {} X\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        page.status,
+        page.content_type,
+        page.body.len()
+    )?;
+    out.write_all(&page.body)?;
+    out.flush()
+}
