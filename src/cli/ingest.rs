@@ -118,6 +118,24 @@ pub struct IngestArgs {
     #[arg(long)]
     pub(super) follow_links: bool,
 
+    /// Web crawls (an http:// or https:// URL of an HTML page): how many links from the start
+    /// page are followed (0: the start page only). [default: 5]
+    #[arg(long, value_name = "N")]
+    pub(super) crawl_depth: Option<u32>,
+
+    /// Web crawls and sitemaps: read at most this many pages. [default: 10000]
+    #[arg(long, value_name = "N")]
+    pub(super) crawl_max_pages: Option<usize>,
+
+    /// Web crawls and sitemaps: requests per second to the site (robots.txt's Crawl-delay
+    /// slows it further). [default: 8]
+    #[arg(long, value_name = "R")]
+    pub(super) crawl_rps: Option<f64>,
+
+    /// Web sources: seconds one GET may take; a page past it fails. [default: 30]
+    #[arg(long, value_name = "SECS")]
+    pub(super) fetch_timeout: Option<f64>,
+
     /// Object stores (s3://, gs://, az://) and feeds with --follow-links: how many objects or
     /// pages are downloaded at once. [default: 16]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -201,6 +219,18 @@ impl IngestArgs {
         }
         if self.follow_links {
             src.follow_links = true;
+        }
+        if let Some(n) = self.crawl_depth {
+            src.crawl_depth = n;
+        }
+        if let Some(n) = self.crawl_max_pages {
+            src.crawl_max_pages = n;
+        }
+        if let Some(r) = self.crawl_rps {
+            src.crawl_rps = r;
+        }
+        if let Some(t) = self.fetch_timeout {
+            src.fetch_timeout = t;
         }
         if let Some(n) = self.max_extract_mb {
             src.max_extract_mb = n;

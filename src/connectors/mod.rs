@@ -11,6 +11,7 @@ pub mod jsonl;
 pub mod object;
 pub mod requeue;
 pub mod sql;
+pub mod web;
 
 /// Is `s` an object store URL (`s3://`, `gs://`, `az://`)? Recognised with or without the
 /// `object-store` feature, so a build without it says why instead of looking for a folder.

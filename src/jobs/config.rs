@@ -104,6 +104,14 @@ pub struct SourceConfig {
     pub fetch_concurrency: usize,
     /// Feeds: index the page each entry links to instead of the entry's content.
     pub follow_links: bool,
+    /// Web crawls: links followed from the start page.
+    pub crawl_depth: u32,
+    /// Web crawls and sitemaps: pages read at most.
+    pub crawl_max_pages: usize,
+    /// Web crawls and sitemaps: requests per second to the site.
+    pub crawl_rps: f64,
+    /// Web sources: seconds one GET may take.
+    pub fetch_timeout: f64,
 }
 
 impl Default for SourceConfig {
@@ -122,6 +130,10 @@ impl Default for SourceConfig {
             title_in_text: false,
             fetch_concurrency: crate::connectors::DEFAULT_FETCH_CONCURRENCY,
             follow_links: false,
+            crawl_depth: 5,
+            crawl_max_pages: 10_000,
+            crawl_rps: 8.0,
+            fetch_timeout: 30.0,
         }
     }
 }

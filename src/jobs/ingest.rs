@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::connectors::feed::{is_feed_url, FeedConnector};
 use crate::connectors::filesystem::{FilesystemConfig, FilesystemConnector};
 use crate::connectors::jsonl::JsonlFields;
 use crate::connectors::sql::{is_database_url, is_table_source, TableConnector};
+use crate::connectors::web::{is_web_url, WebConnector, WebSettings};
 use crate::connectors::{is_object_url, Connector, KnownIndex};
 use crate::embed::device;
 use crate::embed::pool::EmbedderPool;
@@ -325,13 +325,24 @@ pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connecto
             out.push(object_connector(url, src, jsonl.clone())?);
             continue;
         }
-        if let Some(url) = path.to_str().filter(|p| is_feed_url(p)) {
-            out.push(Box::new(FeedConnector::new(
-                url,
-                src.follow_links,
-                src.max_file_bytes,
-                src.fetch_concurrency,
-            )));
+        if let Some(url) = path.to_str().filter(|p| is_web_url(p)) {
+            let settings = WebSettings {
+                follow_links: src.follow_links,
+                max_bytes: src.max_file_bytes,
+                concurrency: src.fetch_concurrency,
+                crawl_depth: src.crawl_depth,
+                crawl_max_pages: src.crawl_max_pages,
+                crawl_rps: src.crawl_rps,
+                timeout: Duration::try_from_secs_f64(src.fetch_timeout)
+                    .ok()
+                    .filter(|t| !t.is_zero())
+                    .ok_or_else(|| {
+                        JobError::Setup(
+                            "--fetch-timeout must be a number of seconds above 0".into(),
+                        )
+                    })?,
+            };
+            out.push(Box::new(WebConnector::new(url, settings)?));
             continue;
         }
         match path.to_str().filter(|p| is_database_url(p)) {

@@ -174,8 +174,25 @@ impl Publisher {
         );
     }
 
+    /// An item the source says is gone (a page answering 404 or 410): counted as dropped with
+    /// the reason, and not seen by the run, so `--prune` removes what the index holds of it.
+    pub fn publish_gone(&self, id: &str, source: Option<&str>, stage: &str, reason: &str) {
+        self.publish_event(
+            id,
+            source,
+            EventKind::Drop {
+                stage: stage.to_string(),
+                reason: reason.to_string(),
+            },
+        );
+    }
+
     fn publish_terminal(&self, id: &str, source: Option<&str>, kind: EventKind) {
         self.remember(id);
+        self.publish_event(id, source, kind);
+    }
+
+    fn publish_event(&self, id: &str, source: Option<&str>, kind: EventKind) {
         let mut doc = Document::new(id, String::new());
         doc.run_id = self.run_id;
         doc.fields.source = source.map(str::to_string);

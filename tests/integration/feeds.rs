@@ -50,14 +50,7 @@ fn page(title: &str, text: &str) -> String {
 }
 
 fn failure<'a>(r: &'a Value, id: &str) -> &'a str {
-    r["failures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["id"] == id)
-        .unwrap_or_else(|| panic!("no failure for {id}: {r}"))["reason"]
-        .as_str()
-        .unwrap()
+    crate::web::outcome(r, "failures", id)
 }
 
 #[test]

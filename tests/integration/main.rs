@@ -23,3 +23,4 @@ mod site;
 mod tables;
 mod tokenizer;
 mod util;
+mod web;

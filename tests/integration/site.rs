@@ -12,6 +12,10 @@ struct Page {
     status: u16,
     content_type: String,
     body: Vec<u8>,
+    /// A redirect's target.
+    location: Option<String>,
+    /// How long the server waits before answering.
+    delay: std::time::Duration,
 }
 
 #[derive(Default)]
@@ -53,14 +57,57 @@ impl Site {
     }
 
     pub fn put_status(&self, path: &str, status: u16, content_type: &str, body: &str) {
-        self.state.lock().unwrap().pages.insert(
-            path.to_string(),
+        self.insert(
+            path,
             Page {
                 status,
                 content_type: content_type.to_string(),
                 body: body.as_bytes().to_vec(),
+                location: None,
+                delay: std::time::Duration::ZERO,
             },
         );
+    }
+
+    /// Answer `path` with a 301 to `to` (a path or a URL).
+    pub fn redirect(&self, path: &str, to: &str) {
+        self.insert(
+            path,
+            Page {
+                status: 301,
+                content_type: "text/plain".into(),
+                body: Vec::new(),
+                location: Some(to.to_string()),
+                delay: std::time::Duration::ZERO,
+            },
+        );
+    }
+
+    /// Serve `body` at `path` after `delay`.
+    pub fn put_slow(&self, path: &str, body: &str, delay: std::time::Duration) {
+        self.insert(
+            path,
+            Page {
+                status: 200,
+                content_type: "text/html".into(),
+                body: body.as_bytes().to_vec(),
+                location: None,
+                delay,
+            },
+        );
+    }
+
+    /// Stop serving `path` (404).
+    pub fn remove(&self, path: &str) {
+        self.state.lock().unwrap().pages.remove(path);
+    }
+
+    fn insert(&self, path: &str, page: Page) {
+        self.state
+            .lock()
+            .unwrap()
+            .pages
+            .insert(path.to_string(), page);
     }
 
     /// How many GETs `path` has had.
@@ -96,11 +143,18 @@ fn answer(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         status: 404,
         content_type: "text/plain".into(),
         body: b"not found".to_vec(),
+        location: None,
+        delay: std::time::Duration::ZERO,
     });
+    std::thread::sleep(page.delay);
+    let location = page
+        .location
+        .map(|l| format!("Location: {l}\r\n"))
+        .unwrap_or_default();
     let mut out = stream;
     write!(
         out,
-        "HTTP/1.1 {} X\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {} X\r\nContent-Type: {}\r\nContent-Length: {}\r\n{location}Connection: close\r\n\r\n",
         page.status,
         page.content_type,
         page.body.len()

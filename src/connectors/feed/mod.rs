@@ -12,30 +12,20 @@
 //! `--prune` removes them (usually not what a feed index wants).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use feed_rs::model::{Entry, Feed};
 use futures::StreamExt;
 
 use super::filesystem::{document_of, Unusable};
-use super::{known_unchanged, version_key, Connector, ConnectorError, KnownIndex};
+use super::{known_unchanged, version_key, ConnectorError, KnownIndex};
 use crate::document::Document;
 use crate::http::fetch::{FetchError, Fetcher, Page};
 use crate::publisher::Publisher;
 
-/// How long one GET (the feed, a page) may take.
-const FETCH_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Is `s` a URL this connector reads (`http://`, `https://`)?
-pub fn is_feed_url(s: &str) -> bool {
-    s.starts_with("http://") || s.starts_with("https://")
-}
-
-/// Reads one feed.
+/// Reads one feed (the web connector hands it a page that is not HTML).
 pub struct FeedConnector {
     url: String,
     follow_links: bool,
-    max_bytes: u64,
     concurrency: usize,
     known: Option<KnownIndex>,
 }
@@ -49,34 +39,33 @@ enum Made {
 }
 
 impl FeedConnector {
-    pub fn new(url: &str, follow_links: bool, max_bytes: u64, concurrency: usize) -> Self {
+    pub fn new(
+        url: &str,
+        follow_links: bool,
+        concurrency: usize,
+        known: Option<KnownIndex>,
+    ) -> Self {
         FeedConnector {
             url: url.to_string(),
             follow_links,
-            max_bytes,
             concurrency: concurrency.max(1),
-            known: None,
+            known,
         }
     }
 
-    async fn publish_all(&self, publisher: &Publisher) -> Result<(), ConnectorError> {
-        let fetcher = Arc::new(
-            Fetcher::new(self.max_bytes, FETCH_TIMEOUT)
-                .map_err(|e| ConnectorError::Source(format!("cannot start HTTP: {e}")))?,
-        );
-        let page = fetcher
-            .get(&self.url)
-            .await
-            .map_err(|e| ConnectorError::Source(format!("the feed: {e}")))?;
-        publisher.fetched(page.body.len() as u64);
+    /// Publish the entries of the feed `page` (already downloaded and counted).
+    pub async fn publish_feed(
+        &self,
+        page: Page,
+        fetcher: &Arc<Fetcher>,
+        publisher: &Publisher,
+    ) -> Result<(), ConnectorError> {
         let feed = parse(&page)?;
         let feed_host = url::Url::parse(&page.url)
             .ok()
             .and_then(|u| u.host_str().map(str::to_string));
         let made = futures::stream::iter(feed.entries.iter().enumerate())
-            .map(|(n, entry)| {
-                self.entry(&feed, n, entry, feed_host.as_deref(), &fetcher, publisher)
-            })
+            .map(|(n, entry)| self.entry(&feed, n, entry, feed_host.as_deref(), fetcher, publisher))
             .buffered(self.concurrency);
         futures::pin_mut!(made);
         while let Some(m) = made.next().await {
@@ -278,16 +267,7 @@ async fn fetch_page(fetcher: &Fetcher, link: &str, id: &str) -> Result<(Page, Do
             e => e.to_string(),
         },
     })?;
-    let media = page.content_type.clone().unwrap_or_default();
-    let format = if media.contains("html") || media.is_empty() {
-        "html"
-    } else if media.contains("markdown") {
-        "markdown"
-    } else if media.contains("pdf") {
-        "pdf"
-    } else {
-        "text"
-    };
+    let format = super::web::format_of_page(&page);
     match document_of(id.to_string(), page.body.clone(), format) {
         Ok(doc) => Ok((page, doc)),
         Err(Unusable::Failed(reason)) => Err(Made::Failed {
@@ -298,21 +278,6 @@ async fn fetch_page(fetcher: &Fetcher, link: &str, id: &str) -> Result<(Page, Do
             id: id.to_string(),
             reason,
         }),
-    }
-}
-
-impl Connector for FeedConnector {
-    fn name(&self) -> &'static str {
-        "feed"
-    }
-
-    fn know(&mut self, index: &KnownIndex) {
-        self.known = Some(index.clone());
-    }
-
-    fn run(&mut self, publisher: &Publisher) -> Result<(), ConnectorError> {
-        publisher.count_fetches();
-        super::block_on_io("ragline-feed", self.publish_all(publisher))
     }
 }
 
@@ -340,7 +305,7 @@ mod tests {
                </channel></rss>"#,
         );
         let feed = parse(&rss).unwrap();
-        let c = FeedConnector::new("https://blog.example/feed.xml", false, 1 << 20, 4);
+        let c = FeedConnector::new("https://blog.example/feed.xml", false, 4, None);
         let ids: Vec<Option<String>> = feed.entries.iter().map(|e| c.entry_id(&e.id)).collect();
         assert_eq!(
             ids,

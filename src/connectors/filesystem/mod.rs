@@ -180,12 +180,8 @@ impl FilesystemConnector {
                     self.config.max_file_bytes,
                     publisher,
                 ),
-                Err(Unusable::Failed(reason)) => {
-                    publisher.publish_failed(&found.id, Some(&source), "read", &reason);
-                    Ok(())
-                }
-                Err(Unusable::Dropped(reason)) => {
-                    publisher.publish_dropped(&found.id, Some(&source), "read", &reason);
+                Err(why) => {
+                    why.publish(publisher, &found.id, Some(&source), "read");
                     Ok(())
                 }
             };
@@ -198,12 +194,7 @@ impl FilesystemConnector {
         );
         match read {
             Ok(doc) => publisher.publish(doc)?,
-            Err(Unusable::Failed(reason)) => {
-                publisher.publish_failed(&found.id, Some(&source), "read", &reason)
-            }
-            Err(Unusable::Dropped(reason)) => {
-                publisher.publish_dropped(&found.id, Some(&source), "read", &reason)
-            }
+            Err(why) => why.publish(publisher, &found.id, Some(&source), "read"),
         }
         Ok(())
     }
@@ -216,6 +207,17 @@ pub enum Unusable {
     Failed(String),
     /// It holds nothing to index (empty, binary).
     Dropped(String),
+}
+
+impl Unusable {
+    /// Publish the item `id` (read from `source`) as failed or dropped at `stage`, with the
+    /// reason.
+    pub fn publish(self, publisher: &Publisher, id: &str, source: Option<&str>, stage: &str) {
+        match self {
+            Unusable::Failed(reason) => publisher.publish_failed(id, source, stage, &reason),
+            Unusable::Dropped(reason) => publisher.publish_dropped(id, source, stage, &reason),
+        }
+    }
 }
 
 /// Read one file (not JSONL) into a document with id `id`: text formats decoded as UTF-8,

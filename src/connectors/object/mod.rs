@@ -323,7 +323,7 @@ impl ObjectConnector {
             Fetched::Unchanged { id, key } => {
                 publisher.publish(known_unchanged(id.clone(), id, key))?;
             }
-            Fetched::Unusable { id, why } => unusable(publisher, &id, why),
+            Fetched::Unusable { id, why } => why.publish(publisher, &id, Some(&id), "read"),
             Fetched::Read {
                 id,
                 meta,
@@ -357,18 +357,11 @@ impl ObjectConnector {
                         doc.fields.source = Some(id);
                         publisher.publish(doc)?;
                     }
-                    Err(why) => unusable(publisher, &id, why),
+                    Err(why) => why.publish(publisher, &id, Some(&id), "read"),
                 }
             }
         }
         Ok(())
-    }
-}
-
-fn unusable(publisher: &Publisher, id: &str, why: Unusable) {
-    match why {
-        Unusable::Failed(reason) => publisher.publish_failed(id, Some(id), "read", &reason),
-        Unusable::Dropped(reason) => publisher.publish_dropped(id, Some(id), "read", &reason),
     }
 }
 

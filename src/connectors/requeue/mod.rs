@@ -75,12 +75,7 @@ impl Connector for RequeueConnector {
         for r in &self.documents {
             match restore(r, self.max_file_bytes) {
                 Ok(doc) => publisher.publish(doc)?,
-                Err(Unusable::Failed(reason)) => {
-                    publisher.publish_failed(&r.id, r.source.as_deref(), "requeue", &reason)
-                }
-                Err(Unusable::Dropped(reason)) => {
-                    publisher.publish_dropped(&r.id, r.source.as_deref(), "requeue", &reason)
-                }
+                Err(why) => why.publish(publisher, &r.id, r.source.as_deref(), "requeue"),
             }
         }
         Ok(())

@@ -1,0 +1,552 @@
+//! The web as a source: an `http://` or `https://` URL is a site to crawl (an HTML page), a
+//! sitemap (`.../sitemap.xml`, or any `.xml` URL whose body is a `<urlset>` or
+//! `<sitemapindex>`), or a feed (anything else the feed parser reads: see `feed/`).
+//!
+//! **Crawl.** From the start page, links are followed breadth-first within the start URL's
+//! prefix (same scheme, host and port, the path under the start's folder), to `--crawl-depth`
+//! links from the start and at most `--crawl-max-pages` pages. robots.txt is obeyed (Google's
+//! matcher, user agent `ragline`; its `Crawl-delay` slows the crawl further; a robots.txt that
+//! cannot be read for a server error stops the crawl, as RFC 9309 says). Requests to the host
+//! are spaced by `--crawl-rps`. A page's id is its canonical URL (`<link rel="canonical">`
+//! within the prefix), else the URL it was read from after redirects (same host only); a page
+//! reached twice under two URLs is indexed once. A 404 or 410 is dropped as gone (and
+//! `--prune` removes what the index held of it), other errors fail the page, a redirect out of
+//! the prefix drops it, each with its URL and the reason.
+//!
+//! **Incremental.** A sitemap's `<lastmod>` is the page's version: a page whose date the index
+//! holds is not downloaded. A crawl downloads every page it reaches (its links are in the
+//! page), and unchanged pages are told by their content hash: nothing is chunked or embedded
+//! again.
+
+pub mod links;
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use url::Url;
+
+use self::links::{normalize, page_links, sitemap};
+use super::feed::FeedConnector;
+use super::filesystem::{document_of, Unusable};
+use super::{known_unchanged, version_key, Connector, ConnectorError, KnownIndex};
+use crate::document::Document;
+use crate::http::fetch::{FetchError, Fetcher, Page};
+use crate::publisher::Publisher;
+
+/// robots.txt is read no further than this (Google's limit is 500 KiB).
+const MAX_ROBOTS_BYTES: usize = 500 << 10;
+/// A sitemap index names at most this many sitemaps that are read.
+const MAX_SITEMAPS: usize = 1000;
+
+/// Is `s` a URL this connector reads?
+pub fn is_web_url(s: &str) -> bool {
+    s.starts_with("http://") || s.starts_with("https://")
+}
+
+/// How a web source is read.
+#[derive(Clone, Debug)]
+pub struct WebSettings {
+    /// Feeds: index the pages entries link to.
+    pub follow_links: bool,
+    pub max_bytes: u64,
+    /// Feeds: pages fetched at once.
+    pub concurrency: usize,
+    /// Links followed from the start page (0: the start page only).
+    pub crawl_depth: u32,
+    pub crawl_max_pages: usize,
+    /// Requests per second to the host.
+    pub crawl_rps: f64,
+    /// How long one GET may take.
+    pub timeout: Duration,
+}
+
+pub struct WebConnector {
+    url: String,
+    settings: WebSettings,
+    known: Option<KnownIndex>,
+}
+
+/// Spaces the requests to a host.
+struct Pace {
+    interval: Duration,
+    next: tokio::time::Instant,
+}
+
+impl Pace {
+    async fn wait(&mut self) {
+        tokio::time::sleep_until(self.next).await;
+        self.next = tokio::time::Instant::now() + self.interval;
+    }
+}
+
+/// The format of a downloaded page, from its content type (HTML when it says nothing).
+pub fn format_of_page(page: &Page) -> &'static str {
+    let media = page
+        .content_type
+        .as_deref()
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if media.is_empty() || media.contains("html") {
+        "html"
+    } else if media.contains("markdown") {
+        "markdown"
+    } else if media.contains("pdf") {
+        "pdf"
+    } else if media.contains("wordprocessingml") {
+        "docx"
+    } else {
+        "text"
+    }
+}
+
+fn looks_like_html(page: &Page) -> bool {
+    let media = page
+        .content_type
+        .as_deref()
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if media.contains("html") {
+        return true;
+    }
+    if !media.is_empty() {
+        return false;
+    }
+    let head = String::from_utf8_lossy(&page.body[..page.body.len().min(512)]).to_ascii_lowercase();
+    head.trim_start().starts_with("<!doctype html") || head.contains("<html")
+}
+
+fn looks_like_sitemap(page: &Page) -> bool {
+    let head = String::from_utf8_lossy(&page.body[..page.body.len().min(2048)]);
+    head.contains("<urlset") || head.contains("<sitemapindex")
+}
+
+/// The rules of a site's robots.txt for ragline.
+struct Robots {
+    body: String,
+    delay: Option<Duration>,
+}
+
+impl Robots {
+    fn allows(&self, url: &Url) -> bool {
+        self.body.is_empty()
+            || robotstxt::DefaultMatcher::default().one_agent_allowed_by_robots(
+                &self.body,
+                "ragline",
+                url.as_str(),
+            )
+    }
+}
+
+/// The largest `Crawl-delay` of the groups for `*` or `ragline` (Google's matcher ignores it).
+fn crawl_delay(body: &str) -> Option<Duration> {
+    let mut agents_apply = false;
+    let mut in_agents = false;
+    let mut delay: Option<f64> = None;
+    for line in body.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let (key, value) = (key.trim().to_ascii_lowercase(), value.trim());
+        if key == "user-agent" {
+            let applies = value == "*" || value.eq_ignore_ascii_case("ragline");
+            agents_apply = if in_agents {
+                agents_apply || applies
+            } else {
+                applies
+            };
+            in_agents = true;
+            continue;
+        }
+        in_agents = false;
+        if key == "crawl-delay" && agents_apply {
+            if let Ok(d) = value.parse::<f64>() {
+                if d.is_finite() && d > 0.0 {
+                    delay = Some(delay.map_or(d, |x: f64| x.max(d)).min(60.0));
+                }
+            }
+        }
+    }
+    delay.map(Duration::from_secs_f64)
+}
+
+impl WebConnector {
+    pub fn new(url: &str, settings: WebSettings) -> Result<Self, ConnectorError> {
+        let parsed = Url::parse(url).map_err(|e| {
+            ConnectorError::Config(format!(
+                "{}: not a URL ({e})",
+                crate::secret::redact_url(url)
+            ))
+        })?;
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(ConnectorError::Config(format!(
+                "{}: a web source does not take credentials in its URL",
+                crate::secret::redact_url(url)
+            )));
+        }
+        if !(settings.crawl_rps > 0.0 && settings.crawl_rps.is_finite()) {
+            return Err(ConnectorError::Config(
+                "--crawl-rps must be a number above 0".into(),
+            ));
+        }
+        Ok(WebConnector {
+            url: url.to_string(),
+            settings,
+            known: None,
+        })
+    }
+
+    async fn publish_all(&self, publisher: &Publisher) -> Result<(), ConnectorError> {
+        let s = &self.settings;
+        let fetcher = Arc::new(
+            Fetcher::new(s.max_bytes, s.timeout)
+                .map_err(|e| ConnectorError::Source(format!("cannot start HTTP: {e}")))?,
+        );
+        let start = fetcher
+            .get(&self.url)
+            .await
+            .map_err(|e| ConnectorError::Source(format!("the start of the source: {e}")))?;
+        publisher.fetched(start.body.len() as u64);
+        if looks_like_html(&start) {
+            return self.crawl(start, &fetcher, publisher).await;
+        }
+        if looks_like_sitemap(&start) {
+            return self.sitemap(start, &fetcher, publisher).await;
+        }
+        FeedConnector::new(&self.url, s.follow_links, s.concurrency, self.known.clone())
+            .publish_feed(start, &fetcher, publisher)
+            .await
+    }
+
+    /// The robots.txt of `url`'s site (empty: everything allowed).
+    async fn robots(&self, url: &Url, fetcher: &Fetcher) -> Result<Robots, ConnectorError> {
+        let Ok(at) = url.join("/robots.txt") else {
+            return Ok(Robots {
+                body: String::new(),
+                delay: None,
+            });
+        };
+        match fetcher.get(at.as_str()).await {
+            Ok(page) => {
+                let body = &page.body[..page.body.len().min(MAX_ROBOTS_BYTES)];
+                let body = String::from_utf8_lossy(body).into_owned();
+                Ok(Robots {
+                    delay: crawl_delay(&body),
+                    body,
+                })
+            }
+            // No robots.txt (4xx): no rules.
+            Err(FetchError::Status { status, .. }) if (400..500).contains(&status) => Ok(Robots {
+                body: String::new(),
+                delay: None,
+            }),
+            Err(e) => Err(ConnectorError::Source(format!(
+                "robots.txt cannot be read ({e}); RFC 9309 has a crawler take that as \"crawl \
+                 nothing\": try again when the site answers"
+            ))),
+        }
+    }
+
+    fn pace(&self, robots: &Robots) -> Pace {
+        let interval = Duration::from_secs_f64(1.0 / self.settings.crawl_rps)
+            .max(robots.delay.unwrap_or_default());
+        Pace {
+            interval,
+            next: tokio::time::Instant::now() + interval,
+        }
+    }
+
+    async fn crawl(
+        &self,
+        start: Page,
+        fetcher: &Fetcher,
+        publisher: &Publisher,
+    ) -> Result<(), ConnectorError> {
+        let s = &self.settings;
+        let start_url = Url::parse(&self.url)
+            .map_err(|e| ConnectorError::Config(format!("{}: {e}", self.url)))?;
+        let scope = Scope::of(&start_url);
+        let robots = self.robots(&start_url, fetcher).await?;
+        if !robots.allows(&start_url) {
+            return Err(ConnectorError::Source(format!(
+                "robots.txt of {} disallows {}: nothing to crawl",
+                start_url.origin().ascii_serialization(),
+                self.url
+            )));
+        }
+        let mut pace = self.pace(&robots);
+        let mut seen: HashSet<Url> = HashSet::from([normalize(start_url.clone())]);
+        let mut ids: HashSet<String> = HashSet::new();
+        let mut queue: VecDeque<(Url, u32, Option<Page>)> =
+            VecDeque::from([(normalize(start_url), 0, Some(start))]);
+        let mut pages = 0usize;
+        while let Some((url, depth, fetched)) = queue.pop_front() {
+            if pages >= s.crawl_max_pages {
+                break;
+            }
+            if !robots.allows(&url) {
+                publisher.publish_dropped(
+                    url.as_str(),
+                    Some(&self.url),
+                    "read",
+                    "robots.txt disallows it for ragline; not read",
+                );
+                continue;
+            }
+            let page = match fetched {
+                Some(page) => page,
+                None => {
+                    pace.wait().await;
+                    match fetcher.get(url.as_str()).await {
+                        Ok(page) => {
+                            publisher.fetched(page.body.len() as u64);
+                            page
+                        }
+                        Err(e) => {
+                            self.unusable(publisher, url.as_str(), e);
+                            continue;
+                        }
+                    }
+                }
+            };
+            pages += 1;
+            let read_from = Url::parse(&page.url).map(normalize).unwrap_or(url.clone());
+            if !scope.holds(&read_from) {
+                publisher.publish_dropped(
+                    url.as_str(),
+                    Some(&self.url),
+                    "read",
+                    &format!(
+                        "redirected to {read_from}, outside the crawl's prefix {}; not read",
+                        scope.prefix
+                    ),
+                );
+                continue;
+            }
+            let html = looks_like_html(&page);
+            let found = html.then(|| page_links(&String::from_utf8_lossy(&page.body), &read_from));
+            let id = found
+                .as_ref()
+                .and_then(|f| f.canonical.clone())
+                .filter(|c| scope.holds(c))
+                .unwrap_or_else(|| read_from.clone());
+            if depth < s.crawl_depth {
+                for link in found.iter().flat_map(|f| f.links.iter()) {
+                    if scope.holds(link) && seen.insert(link.clone()) {
+                        queue.push_back((link.clone(), depth + 1, None));
+                    }
+                }
+            }
+            if !ids.insert(id.to_string()) {
+                // The same page under another URL (its canonical one was indexed).
+                continue;
+            }
+            match page_document(id.as_str(), &page) {
+                Ok(mut doc) => {
+                    let m = &mut doc.fields.metadata;
+                    m.insert("depth".into(), depth.into());
+                    if read_from != url {
+                        m.insert("redirected_from".into(), url.as_str().into());
+                    }
+                    doc.fields.source = Some(self.url.clone());
+                    publisher.publish(doc)?;
+                }
+                Err(why) => why.publish(publisher, id.as_str(), Some(&self.url), "read"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The pages a sitemap (or a sitemap index's sitemaps) lists, on the sitemap's host.
+    async fn sitemap(
+        &self,
+        first: Page,
+        fetcher: &Fetcher,
+        publisher: &Publisher,
+    ) -> Result<(), ConnectorError> {
+        let s = &self.settings;
+        let map_url = Url::parse(&first.url)
+            .map_err(|e| ConnectorError::Config(format!("{}: {e}", self.url)))?;
+        let robots = self.robots(&map_url, fetcher).await?;
+        let mut pace = self.pace(&robots);
+        let same_host = |u: &Url| u.host_str() == map_url.host_str() && u.port() == map_url.port();
+        let mut map = sitemap(&String::from_utf8_lossy(&first.body));
+        if map.index {
+            let mut entries = Vec::new();
+            for (loc, _) in map.entries.iter().take(MAX_SITEMAPS) {
+                let Some(child) = Url::parse(loc).ok().filter(same_host) else {
+                    continue;
+                };
+                pace.wait().await;
+                let page = fetcher
+                    .get(child.as_str())
+                    .await
+                    .map_err(|e| ConnectorError::Source(format!("a sitemap of the index: {e}")))?;
+                publisher.fetched(page.body.len() as u64);
+                entries.extend(sitemap(&String::from_utf8_lossy(&page.body)).entries);
+            }
+            map.entries = entries;
+        }
+        let mut seen = HashSet::new();
+        let mut pages = 0usize;
+        for (loc, lastmod) in map.entries {
+            if pages >= s.crawl_max_pages {
+                break;
+            }
+            let Some(url) = Url::parse(&loc).ok().map(normalize) else {
+                publisher.publish_failed(&loc, Some(&self.url), "read", "not a URL");
+                continue;
+            };
+            if !same_host(&url) || !seen.insert(url.clone()) {
+                continue;
+            }
+            pages += 1;
+            let id = url.as_str();
+            if !robots.allows(&url) {
+                publisher.publish_dropped(
+                    id,
+                    Some(&self.url),
+                    "read",
+                    "robots.txt disallows it for ragline; not read",
+                );
+                continue;
+            }
+            let key = lastmod.map(|m| version_key(&["sitemap-page", id, &m]));
+            if let (Some(key), Some(known)) = (&key, &self.known) {
+                if known.holds(id, key) {
+                    publisher.publish(known_unchanged(id.into(), self.url.clone(), key.clone()))?;
+                    continue;
+                }
+            }
+            pace.wait().await;
+            let page = match fetcher.get(id).await {
+                Ok(page) => page,
+                Err(e) => {
+                    self.unusable(publisher, id, e);
+                    continue;
+                }
+            };
+            publisher.fetched(page.body.len() as u64);
+            match page_document(id, &page) {
+                Ok(mut doc) => {
+                    doc.content_hash = key;
+                    doc.fields.source = Some(self.url.clone());
+                    publisher.publish(doc)?;
+                }
+                Err(why) => why.publish(publisher, id, Some(&self.url), "read"),
+            }
+        }
+        Ok(())
+    }
+
+    /// A page that could not be read: gone (404, 410), or failed.
+    fn unusable(&self, publisher: &Publisher, id: &str, e: FetchError) {
+        match e {
+            FetchError::Status {
+                status: 404 | 410, ..
+            } => publisher.publish_gone(
+                id,
+                Some(&self.url),
+                "read",
+                &format!("gone: {e} (a broken link, or a page removed)"),
+            ),
+            FetchError::OtherHost { .. } => {
+                publisher.publish_dropped(id, Some(&self.url), "read", &e.to_string())
+            }
+            e => publisher.publish_failed(id, Some(&self.url), "read", &e.to_string()),
+        }
+    }
+}
+
+/// The document of a downloaded page, with its URL, validators and content type as metadata.
+fn page_document(id: &str, page: &Page) -> Result<Document, Unusable> {
+    let mut doc = document_of(id.to_string(), page.body.clone(), format_of_page(page))?;
+    let m = &mut doc.fields.metadata;
+    m.insert("url".into(), page.url.clone().into());
+    for (key, value) in [
+        ("etag", &page.etag),
+        ("last_modified", &page.last_modified),
+        ("content_type", &page.content_type),
+    ] {
+        if let Some(v) = value {
+            m.insert(key.into(), v.clone().into());
+        }
+    }
+    Ok(doc)
+}
+
+/// What a crawl may read: the start URL's scheme, host and port, under its folder.
+struct Scope {
+    origin: url::Origin,
+    prefix: String,
+}
+
+impl Scope {
+    fn of(start: &Url) -> Scope {
+        let path = start.path();
+        let folder = &path[..path.rfind('/').map_or(0, |i| i + 1)];
+        Scope {
+            origin: start.origin(),
+            prefix: format!("{}{folder}", start.origin().ascii_serialization()),
+        }
+    }
+
+    fn holds(&self, url: &Url) -> bool {
+        url.origin() == self.origin && url.as_str().starts_with(&self.prefix)
+    }
+}
+
+impl Connector for WebConnector {
+    fn name(&self) -> &'static str {
+        "web"
+    }
+
+    fn know(&mut self, index: &KnownIndex) {
+        self.known = Some(index.clone());
+    }
+
+    fn run(&mut self, publisher: &Publisher) -> Result<(), ConnectorError> {
+        publisher.count_fetches();
+        super::block_on_io("ragline-web", self.publish_all(publisher))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crawl_stays_under_the_start_folder_of_its_origin() {
+        let s = Scope::of(&Url::parse("https://site.example/docs/intro.html").unwrap());
+        let holds = |u: &str| s.holds(&Url::parse(u).unwrap());
+        assert!(holds("https://site.example/docs/a/b.html"));
+        assert!(holds("https://site.example/docs/"));
+        assert!(!holds("https://site.example/blog/x.html"));
+        assert!(!holds("http://site.example/docs/a.html"));
+        assert!(!holds("https://site.example:8443/docs/a.html"));
+        assert!(!holds("https://evil.example/docs/a.html"));
+    }
+
+    #[test]
+    fn crawl_delay_is_read_from_the_groups_that_apply() {
+        let body = "User-agent: googlebot\nCrawl-delay: 30\n\nUser-agent: *\nUser-agent: other\n\
+                    Disallow: /private/\nCrawl-delay: 2 # seconds\n";
+        assert_eq!(crawl_delay(body), Some(Duration::from_secs(2)));
+        assert_eq!(crawl_delay("User-agent: bingbot\nCrawl-delay: 5\n"), None);
+        assert_eq!(
+            crawl_delay("User-agent: ragline\nCrawl-delay: 9999\n"),
+            Some(Duration::from_secs(60))
+        );
+    }
+
+    #[test]
+    fn robots_rules_apply_to_ragline() {
+        let r = Robots {
+            body: "User-agent: *\nDisallow: /docs/private/\n".into(),
+            delay: None,
+        };
+        assert!(r.allows(&Url::parse("https://s.example/docs/a.html").unwrap()));
+        assert!(!r.allows(&Url::parse("https://s.example/docs/private/b.html").unwrap()));
+    }
+}
