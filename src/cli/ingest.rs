@@ -303,22 +303,25 @@ pub fn run(args: IngestArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
         std::fs::File::create(report)
             .with_context(|| format!("cannot write --report {}", report.display()))?;
     }
+    // Listening before the first pass: a change made during it is not missed.
+    let changes = args.follow.then(|| Changes::open(&config));
     let mut observer = super::observer(config.run.progress);
     let summary = execute(&args, &config, observer.as_mut())?;
     print_summary(&mut std::io::stdout().lock(), &summary, config.index.prune)?;
     write_report(args.report.as_deref(), &summary)?;
-    if args.follow {
-        follow(&args, &config);
+    if let Some(changes) = changes {
+        follow(&args, &config, changes);
     }
     Ok(exit_code(&summary))
 }
 
-/// `--follow`: a pass every `--poll-interval` seconds, for as long as the process runs. A
-/// failed pass (the database away a moment) is reported and the next one tried.
-fn follow(args: &IngestArgs, config: &PipelineConfig) {
+/// `--follow`: a pass every `--poll-interval` seconds, for as long as the process runs, or as
+/// soon as a PostgreSQL table with `notify=CHANNEL` gets a notification on it. A failed pass
+/// (the database away a moment) is reported and the next one tried.
+fn follow(args: &IngestArgs, config: &PipelineConfig, mut changes: Changes) {
     let every = std::time::Duration::from_secs(args.poll_interval);
     loop {
-        std::thread::sleep(every);
+        changes.wait(config, every);
         let mut observer = super::observer(config.run.progress);
         match execute(args, config, observer.as_mut()) {
             Ok(summary) => {
@@ -332,6 +335,60 @@ fn follow(args: &IngestArgs, config: &PipelineConfig) {
                 args.poll_interval
             ),
         }
+    }
+}
+
+/// What `--follow` waits on between passes: the LISTEN connections of the tables with
+/// `notify=`, opened again after a failure; else the poll interval alone.
+#[derive(Default)]
+struct Changes {
+    #[cfg(feature = "postgres")]
+    listeners: Option<Vec<ragline::connectors::sql::postgres::Listener>>,
+}
+
+impl Changes {
+    fn open(config: &PipelineConfig) -> Changes {
+        let mut changes = Changes::default();
+        changes.listen(config);
+        changes
+    }
+
+    #[cfg(feature = "postgres")]
+    fn listen(&mut self, config: &PipelineConfig) {
+        if self.listeners.is_none() {
+            match ragline::jobs::ingest::change_listeners(config) {
+                Ok(l) => self.listeners = Some(l),
+                Err(e) => tracing::warn!("--follow: cannot listen ({e}); polling instead"),
+            }
+        }
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    fn listen(&mut self, _config: &PipelineConfig) {}
+
+    #[cfg(feature = "postgres")]
+    fn wait(&mut self, config: &PipelineConfig, every: std::time::Duration) {
+        self.listen(config);
+        let Some(listeners) = self.listeners.as_mut().filter(|l| !l.is_empty()) else {
+            std::thread::sleep(every);
+            return;
+        };
+        // The first table's channel is waited on; the others' notifications are taken
+        // without waiting (any of them starts the pass).
+        let (first, others) = listeners.split_at_mut(1);
+        let mut outcome = first[0].wait(every);
+        for l in others {
+            outcome = outcome.and(l.wait(std::time::Duration::ZERO));
+        }
+        if let Err(e) = outcome {
+            tracing::warn!("--follow: {e}; listening again after the next pass");
+            self.listeners = None;
+        }
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    fn wait(&mut self, _config: &PipelineConfig, every: std::time::Duration) {
+        std::thread::sleep(every);
     }
 }
 

@@ -409,6 +409,39 @@ fn object_connector(
     }
 }
 
+/// The listeners of the config's PostgreSQL tables with `notify=CHANNEL`: what
+/// `ingest --follow` waits on between passes.
+#[cfg(feature = "postgres")]
+pub fn change_listeners(
+    config: &PipelineConfig,
+) -> Result<Vec<crate::connectors::sql::postgres::Listener>, JobError> {
+    use crate::connectors::sql::TableSpec;
+    use crate::indexers::postgres::target::PgTarget;
+    let mut out = Vec::new();
+    for path in &config.source.paths {
+        let Some(url) = path.to_str().filter(|p| p.starts_with("postgres")) else {
+            continue;
+        };
+        if !is_table_source(url) {
+            continue;
+        }
+        let (spec, rest) = TableSpec::parse(url)?;
+        let Some(channel) = spec.notify else {
+            continue;
+        };
+        let target = PgTarget::parse(&rest).map_err(|e| JobError::Setup(e.to_string()))?;
+        let connect = Box::new(move || {
+            target
+                .connect()
+                .map_err(|e| crate::connectors::ConnectorError::Source(e.to_string()))
+        });
+        out.push(crate::connectors::sql::postgres::Listener::new(
+            connect, &channel,
+        )?);
+    }
+    Ok(out)
+}
+
 /// The connector of a table URL (`sqlite://FILE?table=...`, `postgres://...?table=...`).
 fn table_connector(url: &str, max_row_bytes: u64) -> Result<Box<dyn Connector>, JobError> {
     if url.starts_with("sqlite://") {

@@ -351,3 +351,56 @@ fn ingest_follow_keeps_the_index_in_sync_with_the_table() {
     assert!(child.try_wait().unwrap().is_none());
     kill9(&mut child);
 }
+
+/// `notify=CHANNEL` on a PostgreSQL table: `--follow` listens, and a pass starts when the
+/// application notifies (here by a trigger), long before the poll interval (10 minutes) is up.
+#[test]
+fn ingest_follow_on_postgres_wakes_on_notify() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut source) = sources(dir.path(), "notify")
+        .into_iter()
+        .find(|s| s.name() == "postgres")
+    else {
+        return;
+    };
+    let channel = format!("ragline_notes_{}", std::process::id());
+    source.exec(&format!(
+        "CREATE TABLE notes (id integer PRIMARY KEY, body text, updated_at integer);
+         INSERT INTO notes VALUES (1, 'Hooks let you use state.', 1);
+         CREATE FUNCTION notes_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $$;
+         CREATE TRIGGER notes_changed AFTER INSERT OR UPDATE OR DELETE ON notes
+           FOR EACH STATEMENT EXECUTE FUNCTION notes_changed();"
+    ));
+    let db = dir.path().join("notify-index.db");
+    let mut child = ragline()
+        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
+        .arg(model_dir())
+        .arg("--index")
+        .arg(format!("sqlite://{}", db.display()))
+        .args(["--prune", "--follow", "--poll-interval", "600"])
+        .arg(source.url(&format!(
+            "table=notes&text=body&updated=updated_at&notify={channel}"
+        )))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let count = || -> usize {
+        if !db.exists() {
+            // Opening would make an empty file before ragline makes the index.
+            return 0;
+        }
+        rusqlite::Connection::open(&db)
+            .and_then(|c| c.query_row("SELECT count(*) FROM documents", [], |r| r.get(0)))
+            .unwrap_or(0)
+    };
+    let limit = std::time::Duration::from_secs(120);
+    wait_for("the first pass", limit, || count() == 1);
+    source.exec("INSERT INTO notes VALUES (2, 'A router maps URLs to pages.', 1)");
+    wait_for("the notified row", limit, || count() == 2);
+    source.exec("DELETE FROM notes WHERE id = 1");
+    wait_for("the notified deletion", limit, || count() == 1);
+    assert!(child.try_wait().unwrap().is_none(), "still following");
+    kill9(&mut child);
+}

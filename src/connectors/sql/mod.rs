@@ -15,7 +15,7 @@
 //! before anything is published, naming what the table has.
 
 #[cfg(feature = "postgres")]
-mod postgres;
+pub mod postgres;
 mod sqlite;
 
 use serde_json::{Map, Value};
@@ -47,6 +47,9 @@ pub struct TableSpec {
     pub updated: Option<String>,
     /// How the text is extracted: `text` (default), `markdown` or `html`.
     pub format: String,
+    /// PostgreSQL: the channel `ingest --follow` listens on (`LISTEN`), a pass starting as soon
+    /// as a notification comes instead of at the next poll.
+    pub notify: Option<String>,
 }
 
 /// Whether `source` names a table (a `sqlite://` or `postgres://` URL with `table=`) rather
@@ -81,6 +84,7 @@ impl TableSpec {
             title: None,
             updated: None,
             format: "text".into(),
+            notify: None,
         };
         let mut rest = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -105,6 +109,7 @@ impl TableSpec {
                 }
                 "title" => spec.title = Some(column(value)?),
                 "updated" => spec.updated = Some(column(value)?),
+                "notify" => spec.notify = Some(column(value)?),
                 "format" => {
                     if !FORMATS.contains(&value) {
                         return Err(bad(format!(
@@ -242,6 +247,13 @@ impl TableConnector {
     /// A SQLite table: `url` is `sqlite://FILE?table=...`. The file is opened read-only.
     pub fn sqlite(url: &str, max_row_bytes: u64) -> Result<Self, ConnectorError> {
         let (spec, rest) = TableSpec::parse(url)?;
+        if spec.notify.is_some() {
+            return Err(ConnectorError::Config(format!(
+                "{}: `notify=` is PostgreSQL's LISTEN/NOTIFY; SQLite has none (--follow polls \
+                 every --poll-interval)",
+                crate::secret::redact_url(url)
+            )));
+        }
         let rows = sqlite::SqliteRows::open(&rest)?;
         Ok(TableConnector {
             spec,
@@ -518,7 +530,7 @@ mod tests {
     fn the_options_are_split_from_the_databases() {
         let (s, rest) = TableSpec::parse(
             "postgres://u:pw@h/db?sslmode=require&table=docs.articles&id=aid&text=title,body\
-             &updated=updated_at&format=markdown",
+             &updated=updated_at&format=markdown&notify=articles_changed",
         )
         .unwrap();
         assert_eq!(rest, "postgres://u:pw@h/db?sslmode=require");
@@ -528,6 +540,7 @@ mod tests {
         assert_eq!((s.id.as_str(), s.text.len()), ("aid", 2));
         assert_eq!(s.updated.as_deref(), Some("updated_at"));
         assert_eq!(s.format, "markdown");
+        assert_eq!(s.notify.as_deref(), Some("articles_changed"));
         assert!(is_table_source("sqlite://x.db?table=t"));
         assert!(!is_table_source("sqlite://x.db"));
         assert!(!is_table_source("docs/table=x"));
@@ -542,6 +555,7 @@ mod tests {
             "sqlite://x.db?table=1t",
             "sqlite://x.db?id=x",
             "postgres://u:hunter2@h/db?table=t&format=pdf",
+            "postgres://u:hunter2@h/db?table=t&notify=a-b",
         ] {
             let err = TableSpec::parse(bad).unwrap_err().to_string();
             assert!(!err.contains("hunter2"), "{err}");

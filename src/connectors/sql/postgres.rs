@@ -187,3 +187,39 @@ impl Rows for PgRows {
         self.shown.clone()
     }
 }
+
+/// `LISTEN` on a channel: `ingest --follow` waits on it between passes, so a change the
+/// application announces (`NOTIFY channel`, or `pg_notify` in a trigger) starts a pass at once.
+pub struct Listener {
+    client: Client,
+    channel: String,
+}
+
+impl Listener {
+    /// A connection listening on `channel` (a plain identifier, checked by `TableSpec`).
+    pub fn new(mut connect: PgConnect, channel: &str) -> Result<Listener, ConnectorError> {
+        let mut client = connect()?;
+        client
+            .batch_execute(&format!("LISTEN {}", quote(channel)))
+            .map_err(|e| ConnectorError::Source(format!("LISTEN {channel}: {e}")))?;
+        Ok(Listener {
+            client,
+            channel: channel.to_string(),
+        })
+    }
+
+    /// Wait up to `timeout` for a notification: true when one (or more: they are taken
+    /// together) came, false when the time ran out.
+    pub fn wait(&mut self, timeout: std::time::Duration) -> Result<bool, ConnectorError> {
+        let failed =
+            |e: postgres::Error| ConnectorError::Source(format!("LISTEN {}: {e}", self.channel));
+        let mut notes = self.client.notifications();
+        let first = notes.timeout_iter(timeout).next().map_err(failed)?;
+        if first.is_none() {
+            return Ok(false);
+        }
+        // Those that came with it start the same pass.
+        while notes.iter().next().map_err(failed)?.is_some() {}
+        Ok(true)
+    }
+}
