@@ -50,7 +50,7 @@ pub struct Fetcher {
 
 impl Fetcher {
     /// A fetcher reading no more than `max_bytes` of a body, each GET done within `timeout`.
-    pub fn new(max_bytes: u64, timeout: Duration) -> Result<Fetcher, String> {
+    pub fn new(max_bytes: u64, timeout: Duration) -> Result<Fetcher, reqwest::Error> {
         let policy = reqwest::redirect::Policy::custom(|attempt| {
             let same_host = attempt
                 .previous()
@@ -69,8 +69,7 @@ impl Fetcher {
             .connect_timeout(Duration::from_secs(10).min(timeout))
             .timeout(timeout)
             .redirect(policy)
-            .build()
-            .map_err(|e| e.to_string())?;
+            .build()?;
         Ok(Fetcher {
             client,
             max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),

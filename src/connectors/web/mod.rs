@@ -390,6 +390,11 @@ impl WebConnector {
             .unwrap_or_else(|| read_from.clone());
         if depth < self.settings.crawl_depth {
             for link in found.iter().flat_map(|f| f.links.iter()) {
+                // What a crawl remembers is bounded by what it may read, not by what pages
+                // link to (a page of a million links).
+                if crawl.seen.len() >= self.settings.crawl_max_pages.saturating_mul(4) {
+                    break;
+                }
                 if crawl.scope.holds(link) && crawl.seen.insert(link.clone()) {
                     crawl.queue.push_back((link.clone(), depth + 1));
                 }
