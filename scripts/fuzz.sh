@@ -4,7 +4,8 @@
 #
 #   scripts/fuzz.sh TARGET|all SECONDS [--deep]
 #
-# TARGET: wire, run_record, jsonl, html, markdown, rst, pdf, docx, serve_request, retry_after
+# TARGET: wire, run_record, jsonl, html, markdown, rst, pdf, docx, serve_request, retry_after,
+# broker_message
 # (all: each in turn, SECONDS each). The corpus starts from tests/fuzz/TARGET/ (seeds, and
 # every input that once broke a target) and grows in $RAGLINE_FUZZ_DIR/corpus/TARGET
 # (default /var/tmp/ragline-fuzz). An input that crashes, hangs (20 s), or takes more than
@@ -27,7 +28,7 @@ seconds=${2:?usage: scripts/fuzz.sh TARGET|all SECONDS [--deep]}
 deep=0
 [ "${3:-}" = "--deep" ] && deep=1
 DIR=${RAGLINE_FUZZ_DIR:-/var/tmp/ragline-fuzz}
-ALL=(wire run_record jsonl html markdown rst pdf docx serve_request retry_after)
+ALL=(wire run_record jsonl html markdown rst pdf docx serve_request retry_after broker_message)
 if [ "$target" = all ]; then targets=("${ALL[@]}"); else targets=("$target"); fi
 
 export RAGLINE_SANCOV="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \

@@ -13,6 +13,7 @@
 //! | `pdf`, `docx` | a binary file of that format |
 //! | `serve_request` | the body of a POST to `ragline serve` (OpenAI and TEI shapes) |
 //! | `retry_after` | a service's `Retry-After` header |
+//! | `broker_message` | a document message on a broker subject (`ingest nats://.../SUBJECT`) |
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -38,6 +39,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("docx", docx),
     ("serve_request", serve_request),
     ("retry_after", retry_after),
+    ("broker_message", broker_message),
 ];
 
 /// The target called `name`.
@@ -134,6 +136,13 @@ pub fn docx(data: &[u8]) {
 
 pub fn serve_request(data: &[u8]) {
     crate::serve::fuzz_request(data);
+}
+
+pub fn broker_message(data: &[u8]) {
+    #[cfg(feature = "nats")]
+    crate::connectors::nats::message::fuzz(data);
+    #[cfg(not(feature = "nats"))]
+    let _ = data;
 }
 
 pub fn retry_after(data: &[u8]) {

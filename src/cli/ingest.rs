@@ -17,8 +17,9 @@ pub struct IngestArgs {
     /// Files and folders to ingest [default: `paths` under [source] in ragline.toml]. Folders
     /// are walked for .md, .markdown, .mdx, .html, .htm, .txt, .rst and .jsonl files (one
     /// document per line). A database table is a URL: 'sqlite://FILE?table=T&text=body' or
-    /// 'postgres://user@host/db?table=T&id=id&text=title,body&updated=updated_at' (README:
-    /// Sources).
+    /// 'postgres://user@host/db?table=T&id=id&text=title,body&updated=updated_at'; also
+    /// s3://, gs://, az:// prefixes, http(s):// sites, sitemaps and feeds, and a NATS
+    /// JetStream subject, 'nats://HOST:4222/docs.>' (README: Sources).
     pub(super) paths: Vec<PathBuf>,
 
     /// Where to write: sqlite://PATH (the embedded index: vectors, full text, incremental
@@ -339,18 +340,76 @@ fn follow(args: &IngestArgs, config: &PipelineConfig, mut changes: Changes) {
 }
 
 /// What `--follow` waits on between passes: the LISTEN connections of the tables with
-/// `notify=`, opened again after a failure; else the poll interval alone.
+/// `notify=`, opened again after a failure; the consumers of broker subjects (a pass starts
+/// as soon as one has messages waiting); else the poll interval alone.
 #[derive(Default)]
 struct Changes {
     #[cfg(feature = "postgres")]
     listeners: Option<Vec<ragline::connectors::sql::postgres::Listener>>,
+    #[cfg(feature = "nats")]
+    subjects: Option<Vec<ragline::connectors::nats::Waiter>>,
 }
+
+/// How often `--follow` asks a broker subject's consumer whether messages wait.
+#[cfg(feature = "nats")]
+const SUBJECT_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Changes {
     fn open(config: &PipelineConfig) -> Changes {
         let mut changes = Changes::default();
         changes.listen(config);
         changes
+    }
+
+    /// Wait for a change or `every`: with broker subjects, in short steps, asking their
+    /// consumers between them.
+    fn wait(&mut self, config: &PipelineConfig, every: std::time::Duration) {
+        #[cfg(feature = "nats")]
+        {
+            if self.subjects.is_none() {
+                match ragline::jobs::ingest::subject_waiters(config) {
+                    Ok(w) => self.subjects = Some(w),
+                    Err(e) => tracing::warn!("--follow: {e}; polling instead"),
+                }
+            }
+            if self.subjects.as_ref().is_some_and(|w| !w.is_empty()) {
+                let deadline = std::time::Instant::now() + every;
+                loop {
+                    if self.messages_waiting() {
+                        return;
+                    }
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return;
+                    }
+                    if self.wait_tables(config, left.min(SUBJECT_CHECK)) {
+                        return;
+                    }
+                }
+            }
+        }
+        self.wait_tables(config, every);
+    }
+
+    /// Whether a broker subject's consumer has messages waiting (a consumer that cannot be
+    /// asked is opened again at the next wait).
+    #[cfg(feature = "nats")]
+    fn messages_waiting(&mut self) -> bool {
+        let Some(waiters) = self.subjects.as_mut() else {
+            return false;
+        };
+        for w in waiters.iter_mut() {
+            match w.pending() {
+                Ok(0) => {}
+                Ok(_) => return true,
+                Err(e) => {
+                    tracing::warn!("--follow: {e}; asking again");
+                    self.subjects = None;
+                    return false;
+                }
+            }
+        }
+        false
     }
 
     #[cfg(feature = "postgres")]
@@ -366,29 +425,38 @@ impl Changes {
     #[cfg(not(feature = "postgres"))]
     fn listen(&mut self, _config: &PipelineConfig) {}
 
+    /// Wait up to `every` for a table's notification: true when one came.
     #[cfg(feature = "postgres")]
-    fn wait(&mut self, config: &PipelineConfig, every: std::time::Duration) {
+    fn wait_tables(&mut self, config: &PipelineConfig, every: std::time::Duration) -> bool {
         self.listen(config);
         let Some(listeners) = self.listeners.as_mut().filter(|l| !l.is_empty()) else {
             std::thread::sleep(every);
-            return;
+            return false;
         };
         // The first table's channel is waited on; the others' notifications are taken
         // without waiting (any of them starts the pass).
         let (first, others) = listeners.split_at_mut(1);
         let mut outcome = first[0].wait(every);
         for l in others {
-            outcome = outcome.and(l.wait(std::time::Duration::ZERO));
+            outcome = match (outcome, l.wait(std::time::Duration::ZERO)) {
+                (Ok(a), Ok(b)) => Ok(a || b),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
         }
-        if let Err(e) = outcome {
-            tracing::warn!("--follow: {e}; listening again after the next pass");
-            self.listeners = None;
+        match outcome {
+            Ok(notified) => notified,
+            Err(e) => {
+                tracing::warn!("--follow: {e}; listening again after the next pass");
+                self.listeners = None;
+                true
+            }
         }
     }
 
     #[cfg(not(feature = "postgres"))]
-    fn wait(&mut self, _config: &PipelineConfig, every: std::time::Duration) {
+    fn wait_tables(&mut self, _config: &PipelineConfig, every: std::time::Duration) -> bool {
         std::thread::sleep(every);
+        false
     }
 }
 

@@ -7,6 +7,8 @@
 pub mod feed;
 pub mod filesystem;
 pub mod jsonl;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "object-store")]
 pub mod object;
 pub mod requeue;
@@ -17,6 +19,12 @@ pub mod web;
 /// `object-store` feature, so a build without it says why instead of looking for a folder.
 pub fn is_object_url(s: &str) -> bool {
     ["s3://", "gs://", "az://"].iter().any(|p| s.starts_with(p))
+}
+
+/// Is `s` a broker subject URL (`nats://HOST:PORT/SUBJECT`)? Recognised with or without the
+/// `nats` feature, so a build without it says why.
+pub fn is_nats_url(s: &str) -> bool {
+    s.starts_with("nats://")
 }
 
 /// Run a connector's asynchronous I/O (downloads) to its end on a small runtime of its own
@@ -71,6 +79,27 @@ pub trait Connector: Send {
     /// Told before `run` what the index holds: a connector that can tell an unchanged item
     /// without reading it (a table's `updated=` column) uses it; the others ignore it.
     fn know(&mut self, _index: &KnownIndex) {}
+
+    /// Whether each run publishes the whole source (a folder, a bucket, a table), so that a
+    /// document the index holds and the run did not publish is gone from it. A stream of
+    /// changes (a broker subject) publishes what is new and says what is gone.
+    fn whole_source(&self) -> bool {
+        true
+    }
+
+    /// What to do once the run is over (a broker's messages acknowledged), taken before it
+    /// starts.
+    fn settlement(&mut self) -> Option<Box<dyn Settlement>> {
+        None
+    }
+}
+
+/// A connector's last step, after the run: [`Settlement::settle`] is told whether every
+/// document the run published was accounted for (indexed, failed or dropped, and the index
+/// finished) or the run stopped first.
+pub trait Settlement: Send {
+    /// Settle; what comes back are notes for the run's summary.
+    fn settle(self: Box<Self>, accounted: bool) -> Vec<String>;
 }
 
 /// What the index holds: its complete documents and the pipeline fingerprint of this run

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::ingest::{connectors, finish_ingest};
+use super::ingest::{connectors, finish_ingest, ready, settle};
 use super::model::embedder_pool;
 use super::places::{adopt, Uses};
 use super::{devices, load_model, model_files, prepare, Build, JobError, PipelineConfig, Scope};
@@ -75,13 +75,7 @@ pub(crate) fn ingest_from(
 ) -> Result<RunSummary, JobError> {
     let mut prepared = prepare(config, Build::NoEmbedders)?;
     let mut connectors = connectors;
-    for c in &mut connectors {
-        c.know(&prepared.known);
-    }
-    if scope == Scope::SomeDocuments {
-        prepared.options.track_ids = false;
-        prepared.in_index = None;
-    }
+    let settlements = ready(&mut connectors, &mut prepared, scope);
     let broker = connect(url)?;
     let run_id = RunId::generate();
     let shared = shared_config(config, prepared.model.as_ref().map(|m| m.dir.as_str()));
@@ -119,9 +113,12 @@ pub(crate) fn ingest_from(
         observer,
     );
     observer.finish();
-    let mut summary = result?;
-    finish_ingest(config, &prepared.backend, &prepared.in_index, &mut summary)?;
-    Ok(summary)
+    let outcome = (|| {
+        let mut summary = result?;
+        finish_ingest(config, &prepared.backend, &prepared.in_index, &mut summary)?;
+        Ok(summary)
+    })();
+    settle(settlements, outcome)
 }
 
 /// Where the publishing process dead-letters the messages the broker gave up on: the

@@ -8,7 +8,7 @@ use crate::connectors::filesystem::{FilesystemConfig, FilesystemConnector};
 use crate::connectors::jsonl::JsonlFields;
 use crate::connectors::sql::{is_database_url, is_table_source, TableConnector};
 use crate::connectors::web::{is_web_url, WebConnector, WebSettings};
-use crate::connectors::{is_object_url, Connector, KnownIndex};
+use crate::connectors::{is_nats_url, is_object_url, Connector, KnownIndex, Settlement};
 use crate::embed::device;
 use crate::embed::pool::EmbedderPool;
 use crate::embed::tokenizer::TextTokenizer;
@@ -333,16 +333,13 @@ pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connecto
                 crawl_depth: src.crawl_depth,
                 crawl_max_pages: src.crawl_max_pages,
                 crawl_rps: src.crawl_rps,
-                timeout: Duration::try_from_secs_f64(src.fetch_timeout)
-                    .ok()
-                    .filter(|t| !t.is_zero())
-                    .ok_or_else(|| {
-                        JobError::Setup(
-                            "--fetch-timeout must be a number of seconds above 0".into(),
-                        )
-                    })?,
+                timeout: fetch_timeout(src.fetch_timeout)?,
             };
             out.push(Box::new(WebConnector::new(url, settings)?));
+            continue;
+        }
+        if let Some(url) = path.to_str().filter(|p| is_nats_url(p)) {
+            out.push(subject_connector(url, config)?);
             continue;
         }
         match path.to_str().filter(|p| is_database_url(p)) {
@@ -407,6 +404,67 @@ fn object_connector(
             crate::secret::redact_url(url)
         )))
     }
+}
+
+/// The index a broker subject feeds, as its durable consumer is named after it: a file's
+/// absolute path, so the same index read from another folder resumes the same consumer.
+fn index_key(config: &PipelineConfig) -> String {
+    match &config.index.uri.value {
+        indexers::IndexUri::Sqlite(p) => std::path::absolute(p)
+            .map_or_else(|_| p.display().to_string(), |a| a.display().to_string()),
+        other => other.to_string(),
+    }
+}
+
+/// The connector of a broker subject URL (`nats://HOST:PORT/SUBJECT`).
+fn subject_connector(url: &str, config: &PipelineConfig) -> Result<Box<dyn Connector>, JobError> {
+    #[cfg(feature = "nats")]
+    {
+        let src = &config.source;
+        let fetch = crate::connectors::nats::FetchSettings {
+            max_bytes: src.max_file_bytes,
+            timeout: fetch_timeout(src.fetch_timeout)?,
+            concurrency: src.fetch_concurrency,
+        };
+        Ok(Box::new(crate::connectors::nats::NatsConnector::new(
+            url,
+            &index_key(config),
+            fetch,
+        )?))
+    }
+    #[cfg(not(feature = "nats"))]
+    {
+        let _ = (config, index_key);
+        Err(JobError::Setup(format!(
+            "{}: this ragline was built without NATS (the `nats` feature)",
+            crate::secret::redact_url(url)
+        )))
+    }
+}
+
+/// What `ingest --follow` waits on for the config's broker subjects: each one's consumer.
+#[cfg(feature = "nats")]
+pub fn subject_waiters(
+    config: &PipelineConfig,
+) -> Result<Vec<crate::connectors::nats::Waiter>, JobError> {
+    let key = index_key(config);
+    config
+        .source
+        .paths
+        .iter()
+        .filter_map(|p| p.to_str().filter(|p| is_nats_url(p)))
+        .map(|url| Ok(crate::connectors::nats::Waiter::open(url, &key)?))
+        .collect()
+}
+
+/// `--fetch-timeout` as a duration.
+fn fetch_timeout(seconds: f64) -> Result<Duration, JobError> {
+    Duration::try_from_secs_f64(seconds)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .ok_or_else(|| {
+            JobError::Setup("--fetch-timeout must be a number of seconds above 0".into())
+        })
 }
 
 /// The listeners of the config's PostgreSQL tables with `notify=CHANNEL`: what
@@ -499,13 +557,7 @@ pub(crate) fn ingest_from(
 ) -> Result<RunSummary, JobError> {
     let mut prepared = prepare(config, Build::Everything)?;
     let mut connectors = connectors;
-    for c in &mut connectors {
-        c.know(&prepared.known);
-    }
-    if scope == Scope::SomeDocuments {
-        prepared.options.track_ids = false;
-        prepared.in_index = None;
-    }
+    let settlements = ready(&mut connectors, &mut prepared, scope);
     let parts = RunParts {
         connectors,
         pipeline: prepared.pipeline.as_ref(),
@@ -514,14 +566,57 @@ pub(crate) fn ingest_from(
     };
     let result = run::execute(parts, &prepared.options, observer);
     observer.finish();
-    let mut summary = result?;
-    summary.encoder = prepared.encoder;
-    if let Some(r) = &prepared.remote {
-        summary.remote = Some(r.endpoint().stats().snapshot());
-        service_embedder::settle_circuit(r.endpoint(), &config.index.uri.value, EMBED);
+    let outcome = (|| {
+        let mut summary = result?;
+        summary.encoder = prepared.encoder;
+        if let Some(r) = &prepared.remote {
+            summary.remote = Some(r.endpoint().stats().snapshot());
+            service_embedder::settle_circuit(r.endpoint(), &config.index.uri.value, EMBED);
+        }
+        finish_ingest(config, &prepared.backend, &prepared.in_index, &mut summary)?;
+        Ok(summary)
+    })();
+    settle(settlements, outcome)
+}
+
+/// Before a run: the connectors learn what the index holds and hand over their settlements.
+/// A run of some documents (a requeue) or of a stream of changes (a broker subject) finds no
+/// gone documents by what it did not publish: only those its source says are gone.
+pub(crate) fn ready(
+    connectors: &mut [Box<dyn Connector>],
+    prepared: &mut Prepared,
+    scope: Scope,
+) -> Vec<Box<dyn Settlement>> {
+    for c in connectors.iter_mut() {
+        c.know(&prepared.known);
     }
-    finish_ingest(config, &prepared.backend, &prepared.in_index, &mut summary)?;
-    Ok(summary)
+    if scope == Scope::SomeDocuments {
+        prepared.options.track_ids = false;
+        prepared.in_index = None;
+    } else if connectors.iter().any(|c| !c.whole_source()) {
+        prepared.options.track_ids = false;
+    }
+    connectors
+        .iter_mut()
+        .filter_map(|c| c.settlement())
+        .collect()
+}
+
+/// After a run: the connectors' settlements, told whether the run was accounted for (it
+/// came to its summary, pruning included), their notes added to the summary.
+pub(crate) fn settle(
+    settlements: Vec<Box<dyn Settlement>>,
+    outcome: Result<RunSummary, JobError>,
+) -> Result<RunSummary, JobError> {
+    let accounted = outcome.is_ok();
+    let notes: Vec<String> = settlements
+        .into_iter()
+        .flat_map(|s| s.settle(accounted))
+        .collect();
+    outcome.map(|mut summary| {
+        summary.notes.extend(notes);
+        summary
+    })
 }
 
 /// After the run: the backend's last work (an HNSW index), documents gone from the source,
@@ -533,10 +628,23 @@ pub(crate) fn finish_ingest(
     summary: &mut RunSummary,
 ) -> Result<(), JobError> {
     let uri = &config.index.uri.value;
-    // Documents the index holds that this run's source no longer has.
-    if let (Some(before), Some(seen)) = (in_index, &summary.published_ids) {
-        let mut missing: Vec<String> = before.difference(seen).cloned().collect();
+    // Documents the index holds that this run's source no longer has: those it did not
+    // publish when it read the whole source, else those it said are gone.
+    let missing: Option<Vec<String>> = match (in_index, &summary.published_ids) {
+        (Some(before), Some(seen)) => Some(before.difference(seen).cloned().collect()),
+        (Some(before), None) => Some(
+            summary
+                .gone_ids
+                .iter()
+                .filter(|id| before.contains(*id))
+                .cloned()
+                .collect(),
+        ),
+        _ => None,
+    };
+    if let Some(mut missing) = missing {
         missing.sort();
+        missing.dedup();
         if config.index.prune && !missing.is_empty() {
             summary.pruned = backend.delete_documents(&missing)? as u64;
         }

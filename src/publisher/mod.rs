@@ -32,6 +32,8 @@ pub struct Publisher {
     ids: Option<Arc<Mutex<HashSet<String>>>>,
     /// What connectors that download (object stores) fetched.
     fetched: Arc<FetchCounters>,
+    /// The ids the source said are gone (see [`Publisher::publish_gone`]).
+    gone: Arc<Mutex<Vec<String>>>,
 }
 
 /// What connectors that download items (object stores) fetched, for the run's summary: a
@@ -68,6 +70,7 @@ impl Publisher {
             announced: Arc::new(AtomicU64::new(0)),
             ids: track_ids.then(|| Arc::new(Mutex::new(HashSet::new()))),
             fetched: Arc::default(),
+            gone: Arc::default(),
         }
     }
 
@@ -107,6 +110,11 @@ impl Publisher {
         self.ids
             .as_ref()
             .map(|ids| ids.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// The ids the source said are gone during the run.
+    pub fn gone_ids(&self) -> Vec<String> {
+        self.gone.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn run_id(&self) -> RunId {
@@ -174,9 +182,14 @@ impl Publisher {
         );
     }
 
-    /// An item the source says is gone (a page answering 404 or 410): counted as dropped with
-    /// the reason, and not seen by the run, so `--prune` removes what the index holds of it.
+    /// An item the source says is gone (a page answering 404 or 410, a broker's delete
+    /// message): counted as dropped with the reason, not seen by the run, and listed as gone,
+    /// so `--prune` removes what the index holds of it.
     pub fn publish_gone(&self, id: &str, source: Option<&str>, stage: &str, reason: &str) {
+        self.gone
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(id.to_string());
         self.publish_event(
             id,
             source,

@@ -511,6 +511,65 @@ async fn connect_options(config: &BrokerConfig) -> Result<async_nats::ConnectOpt
     Ok(options)
 }
 
+/// A client connected to one of `config`'s servers, trying until one answers or `wait` passes
+/// (it may be starting); a server that answers and refuses the credentials or the TLS
+/// handshake is an error at once, said plainly. The connection reconnects by itself for as
+/// long as the process runs.
+pub(crate) async fn connect_client(
+    config: &BrokerConfig,
+    wait: Duration,
+) -> Result<async_nats::Client, BrokerError> {
+    let addrs: Vec<ServerAddr> = config
+        .servers
+        .iter()
+        .map(|s| ServerAddr::from_str(s).expect("checked by BrokerConfig::parse"))
+        .collect();
+    let described = config.describe();
+    // Try until the server answers or `wait` passes (it may be starting); a server
+    // that answers and refuses the credentials or the TLS handshake is an error at
+    // once, said plainly.
+    let deadline = Instant::now() + wait;
+    let mut last = String::from("no answer");
+    loop {
+        let options = connect_options(config).await.map_err(BrokerError::Config)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, options.connect(addrs.clone())).await {
+            Ok(Ok(client)) => return Ok(client),
+            Ok(Err(e)) => {
+                use async_nats::ConnectErrorKind as K;
+                match e.kind() {
+                    K::AuthorizationViolation | K::Authentication => {
+                        return Err(BrokerError::Connect(format!(
+                            "the NATS server at {described} refused this process's \
+                                 credentials ({e}): check the user and password or token \
+                                 in --queue (nats://USER:PASS@HOST:PORT, nats://TOKEN@HOST) \
+                                 or the ?creds= file"
+                        )))
+                    }
+                    _ if tls_failure(&e) => {
+                        return Err(BrokerError::Connect(format!(
+                            "TLS with the NATS server at {described} failed ({}): \
+                                 check ?tls_ca= (the CA that signed the server's \
+                                 certificate) and that the address is the name in it",
+                            root_cause(&e)
+                        )))
+                    }
+                    _ => last = root_cause(&e),
+                }
+            }
+            Err(_) => {}
+        }
+        if Instant::now() >= deadline {
+            return Err(BrokerError::Connect(format!(
+                "cannot reach the NATS server at {described} within {}s ({last}): is \
+                     it running (`scripts/nats.sh start`), and is the address right?",
+                wait.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A TLS handshake that failed (a certificate not trusted, a name that does not match):
 /// the server answered, so waiting longer cannot help.
 fn tls_failure(e: &async_nats::ConnectError) -> bool {
@@ -667,59 +726,7 @@ impl Broker {
             .enable_all()
             .build()
             .map_err(|e| BrokerError::Connect(format!("cannot start the broker client: {e}")))?;
-        let addrs: Vec<ServerAddr> = config
-            .servers
-            .iter()
-            .map(|s| ServerAddr::from_str(s).expect("checked by BrokerConfig::parse"))
-            .collect();
-        let described = config.describe();
-        let client = rt.block_on(async {
-            // Try until the server answers or `wait` passes (it may be starting); a server
-            // that answers and refuses the credentials or the TLS handshake is an error at
-            // once, said plainly.
-            let deadline = Instant::now() + wait;
-            let mut last = String::from("no answer");
-            loop {
-                let options = connect_options(&config)
-                    .await
-                    .map_err(BrokerError::Config)?;
-                let left = deadline.saturating_duration_since(Instant::now());
-                match tokio::time::timeout(left, options.connect(addrs.clone())).await {
-                    Ok(Ok(client)) => return Ok(client),
-                    Ok(Err(e)) => {
-                        use async_nats::ConnectErrorKind as K;
-                        match e.kind() {
-                            K::AuthorizationViolation | K::Authentication => {
-                                return Err(BrokerError::Connect(format!(
-                                    "the NATS server at {described} refused this process's \
-                                     credentials ({e}): check the user and password or token \
-                                     in --queue (nats://USER:PASS@HOST:PORT, nats://TOKEN@HOST) \
-                                     or the ?creds= file"
-                                )))
-                            }
-                            _ if tls_failure(&e) => {
-                                return Err(BrokerError::Connect(format!(
-                                    "TLS with the NATS server at {described} failed ({}): \
-                                     check ?tls_ca= (the CA that signed the server's \
-                                     certificate) and that the address is the name in it",
-                                    root_cause(&e)
-                                )))
-                            }
-                            _ => last = root_cause(&e),
-                        }
-                    }
-                    Err(_) => {}
-                }
-                if Instant::now() >= deadline {
-                    return Err(BrokerError::Connect(format!(
-                        "cannot reach the NATS server at {described} within {}s ({last}): is \
-                         it running (`scripts/nats.sh start`), and is the address right?",
-                        wait.as_secs()
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        })?;
+        let client = rt.block_on(connect_client(&config, wait))?;
         let _in_runtime = rt.enter();
         let js = jetstream::new(client.clone());
         let (tx, rx) = tokio::sync::mpsc::channel(OUTGOING);

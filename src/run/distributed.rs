@@ -154,6 +154,7 @@ pub fn publish(
     summary.tokens_embedded = tokens;
     summary.tokens_per_sec = tokens as f64 / started.elapsed().as_secs_f64().max(1e-9);
     summary.published_ids = publisher.published_ids();
+    summary.gone_ids = publisher.gone_ids();
     summary.fetched = publisher.fetched_counts();
     summary.unreadable = publisher.tracker().unreadable().to_vec();
     Ok(summary)

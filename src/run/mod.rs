@@ -171,6 +171,7 @@ pub fn execute(
     );
     drop(tracker);
     summary.published_ids = publisher.published_ids();
+    summary.gone_ids = publisher.gone_ids();
     summary.fetched = publisher.fetched_counts();
     Ok(summary)
 }

@@ -59,6 +59,9 @@ pub struct RunSummary {
     /// The ids published, when the run tracked them.
     #[serde(skip)]
     pub published_ids: Option<std::collections::HashSet<String>>,
+    /// The ids the source said are gone (a page answering 404, a broker's delete message).
+    #[serde(skip)]
+    pub gone_ids: Vec<String>,
 }
 
 impl RunSummary {
@@ -109,6 +112,7 @@ impl RunSummary {
             fetched: None,
             notes: Vec::new(),
             published_ids: None,
+            gone_ids: Vec::new(),
         }
     }
 

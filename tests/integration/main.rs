@@ -20,6 +20,7 @@ mod pipeline;
 mod postgres;
 mod serve;
 mod site;
+mod subjects;
 mod tables;
 mod tokenizer;
 mod util;

@@ -521,7 +521,7 @@ impl WebConnector {
 }
 
 /// The document of a downloaded page, with its URL, validators and content type as metadata.
-fn page_document(id: &str, page: &Page) -> Result<Document, Unusable> {
+pub(crate) fn page_document(id: &str, page: &Page) -> Result<Document, Unusable> {
     let mut doc = document_of(id.to_string(), page.body.clone(), format_of_page(page))?;
     let m = &mut doc.fields.metadata;
     m.insert("url".into(), page.url.clone().into());
