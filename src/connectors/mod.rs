@@ -108,6 +108,8 @@ pub trait Settlement: Send {
 pub struct KnownIndex {
     pub documents: Arc<HashMap<String, KnownDocument>>,
     pub fingerprint: Arc<str>,
+    /// The index, for what a connector asks of it on its own (a crawl's known pages).
+    pub backend: Option<Arc<dyn crate::indexers::BackendFactory>>,
 }
 
 impl KnownIndex {
@@ -117,6 +119,34 @@ impl KnownIndex {
         self.documents
             .get(id)
             .is_some_and(|d| d.content_hash == key && *d.fingerprint == *self.fingerprint)
+    }
+
+    /// The version the index holds of document `id`, when it holds it completely, made with
+    /// this run's pipeline.
+    pub fn version_of(&self, id: &str) -> Option<&str> {
+        self.documents
+            .get(id)
+            .filter(|d| *d.fingerprint == *self.fingerprint)
+            .map(|d| d.content_hash.as_str())
+    }
+
+    /// The web pages the index holds from `source` (a crawl's start URL) that it holds
+    /// completely; none when the index cannot tell (a failure is logged: the crawl then reads
+    /// every page).
+    pub fn pages(&self, source: &str) -> Vec<crate::lifecycle::KnownPage> {
+        let Some(backend) = &self.backend else {
+            return Vec::new();
+        };
+        match backend.known_pages(source) {
+            Ok(pages) => pages
+                .into_iter()
+                .filter(|p| self.version_of(&p.id).is_some())
+                .collect(),
+            Err(e) => {
+                tracing::warn!("the pages the index holds from {source} cannot be read: {e}");
+                Vec::new()
+            }
+        }
     }
 }
 

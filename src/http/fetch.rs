@@ -22,6 +22,21 @@ pub struct Page {
     pub body: Vec<u8>,
 }
 
+/// What a conditional GET sends: the validators of the copy the index holds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Validators<'a> {
+    pub etag: Option<&'a str>,
+    pub last_modified: Option<&'a str>,
+}
+
+/// What a conditional GET got.
+#[derive(Debug)]
+pub enum Fetched {
+    Page(Page),
+    /// 304: the copy the index holds is current.
+    NotModified,
+}
+
 /// Why a page was not downloaded, with what to do about it.
 #[derive(Debug, Error)]
 pub enum FetchError {
@@ -78,17 +93,44 @@ impl Fetcher {
 
     /// GET `url`: the page, or why not.
     pub async fn get(&self, url: &str) -> Result<Page, FetchError> {
+        match self.get_if_changed(url, None).await? {
+            Fetched::Page(page) => Ok(page),
+            Fetched::NotModified => Err(FetchError::Status {
+                status: 304,
+                url: crate::secret::redact_url(url),
+            }),
+        }
+    }
+
+    /// GET `url`, conditional on `known` (the validators of the copy the index holds): the
+    /// page, or that it did not change since (304, no body sent).
+    pub async fn get_if_changed(
+        &self,
+        url: &str,
+        known: Option<&Validators<'_>>,
+    ) -> Result<Fetched, FetchError> {
         let shown = crate::secret::redact_url(url);
-        let resp = self
-            .client
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| FetchError::Transport {
-                url: shown.clone(),
-                reason: transport_reason(&e),
-            })?;
+        let mut request = self.client.get(url);
+        // Validators the index kept from an earlier answer: sent when they are still valid
+        // header values (a stored value is not trusted to be).
+        let header =
+            |v: Option<&str>| v.and_then(|v| reqwest::header::HeaderValue::from_str(v).ok());
+        if let Some(v) = known {
+            if let Some(etag) = header(v.etag) {
+                request = request.header(reqwest::header::IF_NONE_MATCH, etag);
+            }
+            if let Some(date) = header(v.last_modified) {
+                request = request.header(reqwest::header::IF_MODIFIED_SINCE, date);
+            }
+        }
+        let resp = request.send().await.map_err(|e| FetchError::Transport {
+            url: shown.clone(),
+            reason: transport_reason(&e),
+        })?;
         let status = resp.status();
+        if status == reqwest::StatusCode::NOT_MODIFIED && known.is_some() {
+            return Ok(Fetched::NotModified);
+        }
         if status.is_redirection() {
             // Stopped by the policy: a redirect to another host.
             let to = resp
@@ -130,12 +172,12 @@ impl Fetcher {
                     reason: transport_reason(&e),
                 },
             })?;
-        Ok(Page {
+        Ok(Fetched::Page(Page {
             url: final_url,
             content_type,
             etag,
             last_modified,
             body,
-        })
+        }))
     }
 }

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 use crate::document::Document;
-pub use crate::lifecycle::{KnownDocument, StoredVectors};
+pub use crate::lifecycle::{KnownDocument, KnownPage, StoredVectors};
 pub use batch::{BatchConfig, Indexer};
 pub use identity::{IndexIdentity, ModelIdentity};
 pub use sqlite::{ChunkRow, IndexMeta};
@@ -141,6 +141,12 @@ pub trait BackendFactory: Send + Sync {
     /// tell): the incremental stage skips these when their content is unchanged.
     fn known_documents(&self) -> Result<HashMap<String, KnownDocument>, BackendError> {
         Ok(HashMap::new())
+    }
+
+    /// The web pages the index holds from `source` (a crawl's start URL), with their URL,
+    /// validators and depth from their metadata (empty for backends that cannot tell).
+    fn known_pages(&self, _source: &str) -> Result<Vec<KnownPage>, BackendError> {
+        Ok(Vec::new())
     }
 
     /// A reader of the vectors the index holds, for backends that can look them up by input

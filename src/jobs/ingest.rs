@@ -95,6 +95,7 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, JobErr
     let known = KnownIndex {
         documents: Arc::new(backend.known_documents()?),
         fingerprint: setup.fingerprint.into(),
+        backend: Some(Arc::clone(&backend)),
     };
     let pipeline = stage_factory(config, &backend, known.clone(), setup.chunking)?;
     let options = run_options(config, backend.as_ref(), in_index.is_some());
@@ -249,6 +250,7 @@ fn stage_factory(
     let KnownIndex {
         documents: known,
         fingerprint,
+        ..
     } = known;
     let truncate = config.chunk.truncate;
     let extract = ExtractConfig {

@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 pub use owner::Owner;
 pub use store::{
     ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText, EnrichStore, KnownDocument,
-    LifecycleStore, Maintenance, PendingChunk, StoreError, StoredVectors, WorkItem, WorkKey,
+    KnownPage, LifecycleStore, Maintenance, PendingChunk, StoreError, StoredVectors, WorkItem,
+    WorkKey,
 };
 
 /// The chunk stage: done by `ingest` (extract, chunk, write documents and chunks).

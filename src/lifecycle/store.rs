@@ -28,6 +28,23 @@ pub struct KnownDocument {
     pub fingerprint: String,
 }
 
+/// A web page the index holds, with what a conditional GET needs to ask whether it changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KnownPage {
+    pub id: String,
+    /// The URL it was read from (after redirects).
+    pub url: String,
+    pub etag: Option<String>,
+    pub last_modified: Option<String>,
+    /// Links from the crawl's start page, when a crawl read it.
+    pub depth: Option<u32>,
+    /// The links in the crawl's scope the page had (what a crawl follows from it), when the
+    /// index kept them: only then can the page be asked for conditionally.
+    pub links: Option<Vec<String>>,
+    /// The URL a redirect to it came from, when one did.
+    pub redirected_from: Option<String>,
+}
+
 /// The vectors an index already holds, looked up by the model input they were computed from
 /// ([`crate::document::Chunk::input_key_of`]). One per worker.
 pub trait StoredVectors: Send {

@@ -22,6 +22,8 @@ struct Page {
 struct State {
     pages: HashMap<String, Page>,
     hits: HashMap<String, usize>,
+    /// GETs of each path answered 304 (the client's If-None-Match was the page's ETag).
+    not_modified: HashMap<String, usize>,
 }
 
 pub struct Site {
@@ -110,6 +112,17 @@ impl Site {
             .insert(path.to_string(), page);
     }
 
+    /// How many GETs of `path` were answered 304 Not Modified.
+    pub fn not_modified(&self, path: &str) -> usize {
+        self.state
+            .lock()
+            .unwrap()
+            .not_modified
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// How many GETs `path` has had.
     pub fn hits(&self, path: &str) -> usize {
         self.state
@@ -127,10 +140,16 @@ fn answer(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     let mut request = String::new();
     reader.read_line(&mut request)?;
     // The headers, up to the blank line (GETs have no body).
+    let mut if_none_match = None;
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line)? == 0 || line == "\r\n" || line == "\n" {
             break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("if-none-match") {
+                if_none_match = Some(value.trim().to_string());
+            }
         }
     }
     let path = request.split_whitespace().nth(1).unwrap_or("/").to_string();
@@ -147,6 +166,27 @@ fn answer(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         delay: std::time::Duration::ZERO,
     });
     std::thread::sleep(page.delay);
+    // A 200 carries the ETag of its body; a GET that names it gets a 304 without one.
+    let etag = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        page.body.hash(&mut h);
+        format!("\"{:016x}\"", h.finish())
+    };
+    if page.status == 200 && if_none_match.as_deref() == Some(etag.as_str()) {
+        *state.lock().unwrap().not_modified.entry(path).or_default() += 1;
+        let mut out = stream;
+        write!(
+            out,
+            "HTTP/1.1 304 Not Modified\r\nETag: {etag}\r\nConnection: close\r\n\r\n"
+        )?;
+        return out.flush();
+    }
+    let etag = if page.status == 200 {
+        format!("ETag: {etag}\r\n")
+    } else {
+        String::new()
+    };
     let location = page
         .location
         .map(|l| format!("Location: {l}\r\n"))
@@ -154,7 +194,7 @@ fn answer(stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     let mut out = stream;
     write!(
         out,
-        "HTTP/1.1 {} X\r\nContent-Type: {}\r\nContent-Length: {}\r\n{location}Connection: close\r\n\r\n",
+        "HTTP/1.1 {} X\r\nContent-Type: {}\r\nContent-Length: {}\r\n{etag}{location}Connection: close\r\n\r\n",
         page.status,
         page.content_type,
         page.body.len()

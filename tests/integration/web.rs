@@ -166,13 +166,44 @@ fn a_site_is_crawled_within_its_prefix_obeying_robots_and_reporting_each_page() 
     // The page reached under a second URL was read and recognised by its canonical URL.
     assert_eq!(site.hits("/docs/a.html?ref=nav"), 1);
 
-    // Nothing changed: the pages are read again (their links are in them), nothing embedded.
+    // Nothing changed: every page the index holds is asked for with a conditional GET and
+    // answers 304 (no body): nothing chunked or embedded, and nothing downloaded but the page
+    // reached under a second URL (`?ref=nav`: the index knows its canonical URL only). Their
+    // stored links are followed as if they had been read: the slow page is tried again, the
+    // 404 found again.
     let (_, same) = ingest_into(Path::new(&start), &uri, &report, CRAWL);
+    let c = &same["counts"];
     assert_eq!(
-        (&same["counts"]["unchanged"], &same["chunks_embedded"]),
-        (&json!(6), &json!(0)),
+        (
+            &c["published"],
+            &c["unchanged"],
+            &c["failed"],
+            &c["dropped"]
+        ),
+        (&json!(9), &json!(6), &json!(1), &json!(2)),
         "{same}"
     );
+    for path in [
+        "/docs/index.html",
+        "/docs/a.html",
+        "/docs/b.html",
+        "/docs/c1.html",
+        "/docs/c2.html",
+        "/docs/moved.html",
+    ] {
+        assert_eq!(site.not_modified(path), 1, "{path}: {same}");
+    }
+    assert_eq!(
+        (
+            &same["fetched"]["items"],
+            &c["children_created"],
+            &same["chunks_embedded"]
+        ),
+        (&json!(1), &json!(0), &json!(0)),
+        "{same}"
+    );
+    assert_eq!(site.hits("/docs/a.html?ref=nav"), 2);
+    assert!(outcome(&same, "failures", &u("slow.html")).contains("timed out"));
 
     // b changed, d added (linked from the index, which changes too), c2 removed (404).
     site.put(
@@ -202,6 +233,8 @@ fn a_site_is_crawled_within_its_prefix_obeying_robots_and_reporting_each_page() 
         (&json!(6), &json!(3), &json!(1)),
         "{third}"
     );
+    // Downloaded: what changed (the index page, b), what is new (d), and the second URL.
+    assert_eq!(third["fetched"]["items"], 4, "{third}");
     let ids: Vec<String> = documents(&db).into_iter().map(|d| d.0).collect();
     assert!(
         ids.contains(&u("d.html")) && !ids.contains(&u("c2.html")),

@@ -578,8 +578,7 @@ impl Consume<'_> {
         let parsed = url::Url::parse(url)
             .map_err(|e| Made::Failed(format!("\"url\" {}: {e}", shorten(url))))?;
         let host = parsed.host_str().unwrap_or("").to_ascii_lowercase();
-        if !matches!(parsed.scheme(), "http" | "https")
-            || !self.source.fetch_hosts.contains(&host)
+        if !matches!(parsed.scheme(), "http" | "https") || !self.source.fetch_hosts.contains(&host)
         {
             return Err(Made::Failed(format!(
                 "\"url\" {}: not an http(s) URL on a host in fetch_hosts ({}); a message may \

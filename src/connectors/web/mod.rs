@@ -14,13 +14,17 @@
 //! the prefix drops it, each with its URL and the reason.
 //!
 //! **Incremental.** A sitemap's `<lastmod>` is the page's version: a page whose date the index
-//! holds is not downloaded. A crawl downloads every page it reaches (its links are in the
-//! page), and unchanged pages are told by their content hash: nothing is chunked or embedded
-//! again.
+//! holds is not downloaded. A crawl keeps each page's links in the crawl's scope in its
+//! metadata (`links`, up to 1,000), so a re-crawl asks for a page the index holds with a
+//! conditional GET (`If-None-Match` with the stored ETag, `If-Modified-Since` with the stored
+//! Last-Modified): a 304 is the page unchanged, no body sent, and its stored links are followed
+//! as if it had been read. The crawl therefore reaches what a full one would (a changed page's
+//! new links, pages that failed last time, a page gone dropped and, with `--prune`, removed)
+//! while downloading only what changed.
 
 pub mod links;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +36,8 @@ use super::feed::FeedConnector;
 use super::filesystem::{document_of, Unusable};
 use super::{known_unchanged, version_key, Connector, ConnectorError, KnownIndex};
 use crate::document::Document;
-use crate::http::fetch::{FetchError, Fetcher, Page};
+use crate::http::fetch::{FetchError, Fetched, Fetcher, Page, Validators};
+use crate::lifecycle::KnownPage;
 use crate::publisher::Publisher;
 
 /// robots.txt is read no further than this (Google's limit is 500 KiB).
@@ -42,6 +47,8 @@ const MAX_ROBOTS_BYTES: usize = 500 << 10;
 /// http.server, whose listen backlog is 5: 16 in flight lost connections to SYN retries (146 s
 /// for 2,000 pages), 4 took 3.2 s, 1 took 3.3 s.
 const CRAWL_IN_FLIGHT: usize = 4;
+/// A crawled page keeps at most this many links in its metadata (more: no conditional GET).
+const MAX_KEPT_LINKS: usize = 1000;
 /// A sitemap index names at most this many sitemaps that are read.
 const MAX_SITEMAPS: usize = 1000;
 
@@ -111,6 +118,8 @@ struct CrawlState {
     ids: HashSet<String>,
     /// URLs to read, with their depth.
     queue: VecDeque<(Url, u32)>,
+    /// The pages the index holds from this crawl, by the URL they were read from.
+    known: HashMap<Url, KnownPage>,
 }
 
 /// The format of a downloaded page, from its content type (HTML when it says nothing).
@@ -230,19 +239,36 @@ impl WebConnector {
         })
     }
 
-    async fn publish_all(&self, publisher: &Publisher) -> Result<(), ConnectorError> {
+    /// Read the source; `known`: the pages earlier crawls from here read, as the index holds
+    /// them.
+    async fn publish_all(
+        &self,
+        publisher: &Publisher,
+        known: HashMap<Url, KnownPage>,
+    ) -> Result<(), ConnectorError> {
         let s = &self.settings;
         let fetcher = Arc::new(
             Fetcher::new(s.max_bytes, s.timeout)
                 .map_err(|e| ConnectorError::Source(format!("cannot start HTTP: {e}")))?,
         );
+        // The start, when a crawl from here read it before, is asked for conditionally (a
+        // 304: the start page of a crawl, unchanged).
+        let start_known = Url::parse(&self.url)
+            .ok()
+            .map(normalize)
+            .and_then(|u| known.get(&u))
+            .filter(|p| p.links.is_some());
         let start = fetcher
-            .get(&self.url)
+            .get_if_changed(&self.url, start_known.map(validators).as_ref())
             .await
             .map_err(|e| ConnectorError::Source(format!("the start of the source: {e}")))?;
+        let start = match start {
+            Fetched::NotModified => return self.crawl(None, known, &fetcher, publisher).await,
+            Fetched::Page(page) => page,
+        };
         publisher.fetched(start.body.len() as u64);
         if looks_like_html(&start) {
-            return self.crawl(start, &fetcher, publisher).await;
+            return self.crawl(Some(start), known, &fetcher, publisher).await;
         }
         if looks_like_sitemap(&start) {
             return self.sitemap(start, &fetcher, publisher).await;
@@ -290,9 +316,12 @@ impl WebConnector {
         }
     }
 
+    /// Crawl from the start page (`None`: unchanged since the index read it), with the pages
+    /// the index holds from earlier crawls.
     async fn crawl(
         &self,
-        start: Page,
+        start: Option<Page>,
+        known: HashMap<Url, KnownPage>,
         fetcher: &Fetcher,
         publisher: &Publisher,
     ) -> Result<(), ConnectorError> {
@@ -314,8 +343,12 @@ impl WebConnector {
             seen: HashSet::from([start_url.clone()]),
             ids: HashSet::new(),
             queue: VecDeque::new(),
+            known,
         };
-        self.take_page(&mut crawl, start_url, 0, start, publisher)?;
+        match start {
+            Some(page) => self.take_page(&mut crawl, start_url.clone(), 0, page, publisher)?,
+            None => self.unchanged(&mut crawl, &start_url, 0, publisher)?,
+        }
         let mut pages = 1usize;
         let in_flight = s.concurrency.clamp(1, CRAWL_IN_FLIGHT);
         while pages < s.crawl_max_pages && !crawl.queue.is_empty() {
@@ -338,24 +371,72 @@ impl WebConnector {
                 }
             }
             pages += wave.len();
+            let known = &crawl.known;
             let got: Vec<_> = futures::stream::iter(wave.iter().map(|(url, _, slot)| async move {
                 Pace::sleep_until(*slot).await;
-                fetcher.get(url.as_str()).await
+                let held = known.get(url).filter(|p| p.links.is_some()).map(validators);
+                fetcher.get_if_changed(url.as_str(), held.as_ref()).await
             }))
             .buffered(in_flight)
             .collect()
             .await;
             for ((url, depth, _), page) in wave.into_iter().zip(got) {
                 match page {
-                    Ok(page) => {
+                    Ok(Fetched::Page(page)) => {
                         publisher.fetched(page.body.len() as u64);
                         self.take_page(&mut crawl, url, depth, page, publisher)?;
+                    }
+                    Ok(Fetched::NotModified) => {
+                        self.unchanged(&mut crawl, &url, depth, publisher)?
                     }
                     Err(e) => self.unusable(publisher, url.as_str(), e),
                 }
             }
         }
         Ok(())
+    }
+
+    /// A page the server says is unchanged (304) since the index read it, asked for by `url`
+    /// `depth` links from the start: its stored links followed, and published as unchanged
+    /// under the id the index holds it by.
+    fn unchanged(
+        &self,
+        crawl: &mut CrawlState,
+        url: &Url,
+        depth: u32,
+        publisher: &Publisher,
+    ) -> Result<(), ConnectorError> {
+        let Some(page) = crawl.known.get(url) else {
+            return Ok(());
+        };
+        let (id, links) = (page.id.clone(), page.links.clone().unwrap_or_default());
+        let links: Vec<Url> = links.iter().filter_map(|l| Url::parse(l).ok()).collect();
+        self.follow(crawl, &links, depth);
+        let version = self.known.as_ref().and_then(|k| k.version_of(&id));
+        if let Some(version) = version {
+            if crawl.ids.insert(id.clone()) {
+                publisher.publish(known_unchanged(id, self.url.clone(), version.to_string()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queue the links of a page `depth` links from the start (those in the crawl's scope not
+    /// queued before), unless it is as deep as the crawl goes.
+    fn follow(&self, crawl: &mut CrawlState, links: &[Url], depth: u32) {
+        if depth >= self.settings.crawl_depth {
+            return;
+        }
+        for link in links {
+            // What a crawl remembers is bounded by what it may read, not by what pages link
+            // to (a page of a million links).
+            if crawl.seen.len() >= self.settings.crawl_max_pages.saturating_mul(4) {
+                break;
+            }
+            if crawl.scope.holds(link) && crawl.seen.insert(link.clone()) {
+                crawl.queue.push_back((link.clone(), depth + 1));
+            }
+        }
     }
 
     /// A page the crawl read from `url`, `depth` links from the start: its links queued, its
@@ -388,17 +469,8 @@ impl WebConnector {
             .and_then(|f| f.canonical.clone())
             .filter(|c| crawl.scope.holds(c))
             .unwrap_or_else(|| read_from.clone());
-        if depth < self.settings.crawl_depth {
-            for link in found.iter().flat_map(|f| f.links.iter()) {
-                // What a crawl remembers is bounded by what it may read, not by what pages
-                // link to (a page of a million links).
-                if crawl.seen.len() >= self.settings.crawl_max_pages.saturating_mul(4) {
-                    break;
-                }
-                if crawl.scope.holds(link) && crawl.seen.insert(link.clone()) {
-                    crawl.queue.push_back((link.clone(), depth + 1));
-                }
-            }
+        if let Some(f) = &found {
+            self.follow(crawl, &f.links, depth);
         }
         if !crawl.ids.insert(id.to_string()) {
             // The same page under another URL (its canonical one was indexed).
@@ -408,6 +480,19 @@ impl WebConnector {
             Ok(mut doc) => {
                 let m = &mut doc.fields.metadata;
                 m.insert("depth".into(), depth.into());
+                // The links a re-crawl follows when the page answers 304 (a page with more
+                // is always read whole).
+                let mut kept: Vec<&str> = found
+                    .iter()
+                    .flat_map(|f| f.links.iter())
+                    .filter(|l| crawl.scope.holds(l))
+                    .map(Url::as_str)
+                    .collect();
+                kept.sort_unstable();
+                kept.dedup();
+                if kept.len() <= MAX_KEPT_LINKS {
+                    m.insert("links".into(), kept.into());
+                }
                 if read_from != url {
                     m.insert("redirected_from".into(), url.as_str().into());
                 }
@@ -520,6 +605,36 @@ impl WebConnector {
     }
 }
 
+/// The pages the index holds, by each URL a crawl may ask for them by: the one they were read
+/// from, their id (the canonical URL), and the URL a redirect to them came from.
+fn known_by_url(pages: Vec<KnownPage>) -> HashMap<Url, KnownPage> {
+    let mut out = HashMap::new();
+    for page in pages {
+        let urls = [
+            Some(&page.url),
+            Some(&page.id),
+            page.redirected_from.as_ref(),
+        ];
+        let urls: Vec<Url> = urls
+            .into_iter()
+            .flatten()
+            .filter_map(|u| Url::parse(u).ok().map(normalize))
+            .collect();
+        for url in urls {
+            out.entry(url).or_insert_with(|| page.clone());
+        }
+    }
+    out
+}
+
+/// What a conditional GET of a page the index holds sends.
+fn validators(page: &KnownPage) -> Validators<'_> {
+    Validators {
+        etag: page.etag.as_deref(),
+        last_modified: page.last_modified.as_deref(),
+    }
+}
+
 /// The document of a downloaded page, with its URL, validators and content type as metadata.
 pub(crate) fn page_document(id: &str, page: &Page) -> Result<Document, Unusable> {
     let mut doc = document_of(id.to_string(), page.body.clone(), format_of_page(page))?;
@@ -569,7 +684,14 @@ impl Connector for WebConnector {
 
     fn run(&mut self, publisher: &Publisher) -> Result<(), ConnectorError> {
         publisher.count_fetches();
-        super::block_on_io("ragline-web", self.publish_all(publisher))
+        // Asked of the index before any I/O runtime starts (its client may block on its own).
+        let known = known_by_url(
+            self.known
+                .as_ref()
+                .map(|k| k.pages(&self.url))
+                .unwrap_or_default(),
+        );
+        super::block_on_io("ragline-web", self.publish_all(publisher, known))
     }
 }
 

@@ -40,8 +40,8 @@ pub use target::{PgTarget, VectorType};
 
 use super::identity::HeldModel;
 use super::{
-    Backend, BackendError, BackendFactory, IndexIdentity, KnownDocument, ModelIdentity, SetState,
-    StoredVectors, VectorSet,
+    Backend, BackendError, BackendFactory, IndexIdentity, KnownDocument, KnownPage, ModelIdentity,
+    SetState, StoredVectors, VectorSet,
 };
 use crate::document::InputKey;
 use crate::lifecycle::{StoreError, CHUNK, EMBED};
@@ -194,6 +194,41 @@ impl BackendFactory for PostgresFactory {
                         fingerprint: r.get(2),
                     },
                 )
+            })
+            .collect())
+    }
+
+    fn known_pages(&self, source: &str) -> Result<Vec<KnownPage>, BackendError> {
+        let mut client = self.client()?;
+        let s = self.target.schema_sql();
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT id, metadata->>'url', metadata->>'etag', metadata->>'last_modified',
+                            CASE WHEN jsonb_typeof(metadata->'depth') = 'number'
+                                 THEN (metadata->>'depth')::float8 END,
+                            metadata->>'links', metadata->>'redirected_from'
+                     FROM {s}.documents
+                     WHERE source = $1 AND jsonb_typeof(metadata->'url') = 'string'"
+                ),
+                &[&source],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| KnownPage {
+                id: r.get(0),
+                url: r.get(1),
+                etag: r.get(2),
+                last_modified: r.get(3),
+                depth: r
+                    .get::<_, Option<f64>>(4)
+                    .filter(|d| (0.0..=f64::from(u32::MAX)).contains(d))
+                    .map(|d| d as u32),
+                links: r
+                    .get::<_, Option<String>>(5)
+                    .and_then(|l| serde_json::from_str(&l).ok()),
+                redirected_from: r.get(6),
             })
             .collect())
     }

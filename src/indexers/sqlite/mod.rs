@@ -32,7 +32,7 @@ pub use sets::{SetState, VectorSet};
 
 use super::identity::HeldModel;
 use super::{
-    Backend, BackendError, BackendFactory, IndexIdentity, KnownDocument, ModelIdentity,
+    Backend, BackendError, BackendFactory, IndexIdentity, KnownDocument, KnownPage, ModelIdentity,
     StoredVectors,
 };
 use crate::document::InputKey;
@@ -352,6 +352,44 @@ impl BackendFactory for SqliteFactory {
                 ))
             })
             .and_then(|rows| rows.collect::<rusqlite::Result<HashMap<_, _>>>())
+            .map_err(|e| index_error(&self.path, e))?;
+        Ok(rows)
+    }
+
+    fn known_pages(&self, source: &str) -> Result<Vec<KnownPage>, BackendError> {
+        let conn = self.connection()?;
+        let mut stmt = conn
+            .prepare(
+                "SELECT id, json_extract(metadata, '$.url'), json_extract(metadata, '$.etag'),
+                        json_extract(metadata, '$.last_modified'), json_extract(metadata, '$.depth'),
+                        json_extract(metadata, '$.links'),
+                        json_extract(metadata, '$.redirected_from')
+                 FROM documents
+                 WHERE source = ?1 AND json_valid(metadata)
+                   AND json_type(metadata, '$.url') = 'text'",
+            )
+            .map_err(|e| index_error(&self.path, e))?;
+        let rows = stmt
+            .query_map([source], |r| {
+                Ok(KnownPage {
+                    id: r.get(0)?,
+                    url: r.get(1)?,
+                    etag: r.get::<_, Option<String>>(2).ok().flatten(),
+                    last_modified: r.get::<_, Option<String>>(3).ok().flatten(),
+                    depth: r
+                        .get::<_, Option<i64>>(4)
+                        .ok()
+                        .flatten()
+                        .and_then(|d| u32::try_from(d).ok()),
+                    links: r
+                        .get::<_, Option<String>>(5)
+                        .ok()
+                        .flatten()
+                        .and_then(|l| serde_json::from_str(&l).ok()),
+                    redirected_from: r.get::<_, Option<String>>(6).ok().flatten(),
+                })
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
             .map_err(|e| index_error(&self.path, e))?;
         Ok(rows)
     }
