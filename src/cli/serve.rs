@@ -87,12 +87,49 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = ServeOptions::DEFAULT_REQUEST_TIMEOUT.as_secs())]
     request_timeout: u64,
 
+    /// Also search this index (sqlite://PATH or postgres://...) and show it: GET /v1/search,
+    /// a search page at /, the lifecycle at /status. The model is the index's own unless
+    /// --model is given.
+    #[arg(long, value_name = "URI")]
+    index: Option<String>,
+
     #[command(flatten)]
     model: ModelArgs,
 }
 
+/// The index `--index` names: what the server needs to search it, and the model to load (the
+/// index's own unless --model names one).
+fn index_setup(
+    args: &ServeArgs,
+    config: &ragline::jobs::PipelineConfig,
+    model_config: &mut ragline::jobs::config::ModelConfig,
+) -> anyhow::Result<Option<std::sync::Arc<ragline::serve::pages::SearchSetup>>> {
+    if args.index.is_none() {
+        return Ok(None);
+    }
+    let uri = config.index.uri.value.clone();
+    let reader = ragline::search::Searcher::open(&uri, false)
+        .with_context(|| format!("cannot open --index {uri}"))?;
+    let spec = ragline::search::Searcher::model_spec(reader.as_ref()).context(
+        "the index holds no vectors (it was built with --no-chunk): nothing for serve to embed          queries for",
+    )?;
+    if args.model.model.is_none() {
+        model_config.name = spec;
+    }
+    Ok(Some(std::sync::Arc::new(
+        ragline::serve::pages::SearchSetup {
+            uri,
+            config: config.clone(),
+            dimension: reader.meta().dimension,
+        },
+    )))
+}
+
 pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
-    let model_config = args.model.resolve(&super::load_config(config_file)?);
+    let mut config = super::load_config(config_file)?;
+    super::apply_index(&mut config, &args.index)?;
+    let mut model_config = args.model.resolve(&config);
+    let index = index_setup(&args, &config, &mut model_config)?;
     let (files, devices, first) = load_first(&model_config)?;
     if args.max_inputs == 0 {
         bail!("--max-inputs must be at least 1");
@@ -172,14 +209,29 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         cors_origin: args.cors_origin.clone(),
         header_timeout: ServeOptions::DEFAULT_HEADER_TIMEOUT,
         request_timeout: Duration::from_secs(args.request_timeout),
+        index,
     };
+    if let Some(d) = options.index.as_ref().and_then(|i| i.dimension) {
+        if d > dimension {
+            bail!(
+                "--model `{}` makes {dimension}-dimensional vectors and the index holds                  {d}-dimensional ones: leave --model out to use the index's own model",
+                model_config.name
+            );
+        }
+    }
+    let searching = options.index.is_some();
     serve::serve(models, tokenizer, dimension, options, |addr| {
         // The first line on stdout, for scripts that start the server on port 0.
         println!("listening on http://{addr}");
         eprintln!(
             "serving {} on http://{addr}: POST /v1/embeddings (OpenAI), POST /embed (TEI), \
-             GET /health, GET /metrics",
-            model_config.name
+             GET /health, GET /metrics{}",
+            model_config.name,
+            if searching {
+                ", GET /v1/search, GET /v1/status; pages: / (search), /status"
+            } else {
+                ""
+            }
         );
     })
     .map_err(anyhow::Error::msg)

@@ -115,6 +115,11 @@ impl Searcher {
         self.reader.as_ref()
     }
 
+    /// The reader back (a pool of them keeps one open between searches).
+    pub fn into_reader(self) -> Box<dyn IndexReader> {
+        self.reader
+    }
+
     /// Chunk rowids and scores, best first, `depth` at most.
     pub fn ranked(
         &self,
@@ -133,9 +138,26 @@ impl Searcher {
         depth: usize,
         filter: &Where,
     ) -> Result<Vec<(i64, f64)>, SearchError> {
+        self.ranked_inner(query, None, mode, depth, filter)
+    }
+
+    /// Ranked, with the query's vector when the caller embedded it already (else the
+    /// searcher's model embeds it, when the mode needs one).
+    fn ranked_inner(
+        &self,
+        query: &str,
+        vector: Option<Vec<f32>>,
+        mode: Mode,
+        depth: usize,
+        filter: &Where,
+    ) -> Result<Vec<(i64, f64)>, SearchError> {
+        let vector = |this: &Self| match &vector {
+            Some(v) => Ok(v.clone()),
+            None => this.embed_query(query),
+        };
         match mode {
             Mode::Vector => {
-                let v = self.embed_query(query)?;
+                let v = vector(self)?;
                 Ok(self
                     .reader
                     .nearest_where(&v, depth, filter)?
@@ -160,7 +182,7 @@ impl Searcher {
             }
             Mode::Hybrid => {
                 let n = depth.max(HYBRID_DEPTH);
-                let v = self.embed_query(query)?;
+                let v = vector(self)?;
                 let vector = self.reader.nearest_where(&v, n, filter)?;
                 let keyword = self.reader.keyword_where(query, n, filter)?;
                 let outputs = if filter.is_empty() {
@@ -192,7 +214,20 @@ impl Searcher {
         k: usize,
         filter: &Where,
     ) -> Result<Vec<Hit>, SearchError> {
-        let ranked = self.ranked_where(query, mode, k, filter)?;
+        self.search_with(query, None, mode, k, filter)
+    }
+
+    /// [`Searcher::search_where`] with the query's vector embedded by the caller (a server
+    /// batching its queries with its other work); None: the searcher's model embeds it.
+    pub fn search_with(
+        &self,
+        query: &str,
+        vector: Option<Vec<f32>>,
+        mode: Mode,
+        k: usize,
+        filter: &Where,
+    ) -> Result<Vec<Hit>, SearchError> {
+        let ranked = self.ranked_inner(query, vector, mode, k, filter)?;
         let mut hits = Vec::with_capacity(ranked.len());
         for (i, (rowid, score)) in ranked.into_iter().enumerate() {
             if let Some(chunk) = self.reader.chunk(rowid)? {

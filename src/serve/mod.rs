@@ -23,6 +23,7 @@
 
 pub mod batcher;
 pub mod metrics;
+pub mod pages;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -88,6 +89,8 @@ pub struct ServeOptions {
     pub header_timeout: Duration,
     /// How long one request may take, its body included (408 past it).
     pub request_timeout: Duration,
+    /// The index searched by `/v1/search` and shown by `/` and `/status` (`--index`).
+    pub index: Option<Arc<pages::SearchSetup>>,
 }
 
 impl ServeOptions {
@@ -114,6 +117,8 @@ struct App {
     requests: Arc<tokio::sync::Semaphore>,
     /// Tokenization, off the I/O runtime; a panic in it fails one request.
     tokenize_pool: rayon::ThreadPool,
+    /// The index, when the server searches one.
+    search: Option<Arc<pages::SearchService>>,
 }
 
 /// Serve until SIGTERM/SIGINT or until `stop` resolves; `ready` hears the address bound.
@@ -141,6 +146,10 @@ pub fn serve(
             options.max_concurrent_requests.max(1),
         )),
         tokenize_pool,
+        search: options
+            .index
+            .clone()
+            .map(|setup| Arc::new(pages::SearchService::new(setup))),
     });
     let cors = match &options.cors_origin {
         None => None,
@@ -192,7 +201,15 @@ pub fn serve(
             .route("/v1/embeddings", post(openai_embeddings))
             .route("/embed", post(tei_embed))
             .route("/health", get(health))
-            .route("/metrics", get(metrics_text))
+            .route("/metrics", get(metrics_text));
+        if app.search.is_some() {
+            router = router
+                .route("/", get(pages::search_page))
+                .route("/status", get(pages::status_page))
+                .route("/v1/search", get(pages::search_json))
+                .route("/v1/status", get(pages::status_json));
+        }
+        let mut router = router
             .layer(DefaultBodyLimit::max(options.max_body_bytes))
             .layer(axum::middleware::from_fn_with_state(
                 Arc::clone(&app),

@@ -15,6 +15,7 @@ mod layers;
 mod lifecycle;
 mod llm;
 mod objects;
+mod pages;
 mod parquet;
 mod pipeline;
 mod postgres;

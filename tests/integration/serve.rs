@@ -40,11 +40,17 @@ impl Server {
         logs: &Path,
         name: &str,
     ) -> Server {
+        let mut args = vec!["--model", model.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        Server::start_args(&args, env, logs, name)
+    }
+
+    /// `ragline serve --port 0 --device cpu ARGS...` (no model unless ARGS name one).
+    pub fn start_args(args: &[&str], env: &[(&str, &str)], logs: &Path, name: &str) -> Server {
         let log = logs.join(format!("{name}.log"));
         let mut child = ragline()
-            .args(["serve", "--port", "0", "--device", "cpu", "--model"])
-            .arg(model)
-            .args(extra)
+            .args(["serve", "--port", "0", "--device", "cpu"])
+            .args(args)
             // A backtrace of a panic the test provokes would load the test build's debug
             // information (hundreds of MB) and swamp the memory measured.
             .env("RUST_BACKTRACE", "0")

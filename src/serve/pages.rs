@@ -1,0 +1,527 @@
+//! `ragline serve --index URI`: the index searched over HTTP, and seen in a browser.
+//!
+//! - `GET /v1/search?q=&k=&mode=&where=` answers what `ragline search --json` prints (the
+//!   hits, best first); `where` may repeat (`source=GLOB` or `KEY=VALUE`, ANDed).
+//! - `GET /` is a search page: the query lives in the URL (`/?q=...&mode=...&k=...` renders
+//!   its results, so a link can be shared); each hit shows its score, document (a link when it
+//!   has a URL), heading path, pages and a snippet with the query's words highlighted.
+//! - `GET /status` shows where the index's lifecycle stands (what `ragline status --json`
+//!   says), refreshed every few seconds; `GET /v1/status` is the same as JSON.
+//!
+//! Server-rendered HTML with a few lines of CSS, no JavaScript needed; every value from the
+//! index is escaped. The query is embedded through the server's own batcher (the model the
+//! index was built with), then searched on a reader of the index taken from a small pool.
+
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{RawQuery, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use super::{embed, ApiError, App};
+use crate::indexers::{IndexReader, IndexUri};
+use crate::jobs::PipelineConfig;
+use crate::search::{Hit, Mode, SearchError, Searcher, Where};
+
+/// Results a search may ask for, at most.
+pub const MAX_K: usize = 100;
+/// Readers kept open between searches.
+const POOLED_READERS: usize = 8;
+
+/// What `serve` needs to search an index and show its status.
+#[derive(Debug)]
+pub struct SearchSetup {
+    pub uri: IndexUri,
+    /// The pipeline config naming the index (for the status report).
+    pub config: PipelineConfig,
+    /// The index's vector dimension, when it holds vectors (a query vector is cut to it).
+    pub dimension: Option<usize>,
+}
+
+/// The index, searched by the server.
+pub(super) struct SearchService {
+    setup: Arc<SearchSetup>,
+    readers: Mutex<Vec<Box<dyn IndexReader>>>,
+}
+
+impl SearchService {
+    pub(super) fn new(setup: Arc<SearchSetup>) -> SearchService {
+        SearchService {
+            setup,
+            readers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Run `f` on a reader of the index (opened when none is free), off the I/O threads.
+    async fn with_reader<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Searcher) -> Result<T, SearchError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let this = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let pooled = this.readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let reader = match pooled {
+                Some(r) => r,
+                None => Searcher::open(&this.setup.uri, false)?,
+            };
+            let searcher = Searcher::new(reader, None);
+            let out = f(&searcher);
+            let mut readers = this.readers.lock().unwrap_or_else(|e| e.into_inner());
+            if readers.len() < POOLED_READERS {
+                readers.push(searcher.into_reader());
+            }
+            out
+        })
+        .await
+        .map_err(|e| format!("the search failed: {e}"))
+        .and_then(|r| r.map_err(|e| e.to_string()))
+        .map_err(|message| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "index_error",
+            message,
+            retry_after: None,
+        })
+    }
+}
+
+/// A search's parameters, from a query string.
+#[derive(Debug, PartialEq)]
+struct SearchParams {
+    q: String,
+    k: usize,
+    mode: Mode,
+    filters: Vec<String>,
+}
+
+impl SearchParams {
+    fn parse(raw: Option<&str>) -> Result<SearchParams, ApiError> {
+        let mut p = SearchParams {
+            q: String::new(),
+            k: 10,
+            mode: Mode::Hybrid,
+            filters: Vec::new(),
+        };
+        for (key, value) in url::form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
+            match key.as_ref() {
+                "q" => p.q = value.trim().to_string(),
+                "k" => {
+                    p.k = value
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|k| (1..=MAX_K).contains(k))
+                        .ok_or_else(|| {
+                            ApiError::bad(format!("`k` must be a number from 1 to {MAX_K}"))
+                        })?
+                }
+                "mode" => p.mode = value.parse().map_err(ApiError::bad)?,
+                "where" if !value.trim().is_empty() => p.filters.push(value.into_owned()),
+                _ => {}
+            }
+        }
+        Ok(p)
+    }
+}
+
+/// Search: the query embedded by the server's model when the mode needs it.
+async fn run_search(app: &Arc<App>, p: &SearchParams) -> Result<Vec<Hit>, ApiError> {
+    let service = app.search.as_ref().ok_or_else(|| ApiError {
+        status: StatusCode::NOT_FOUND,
+        kind: "not_found",
+        message: "this server has no index: start it with --index URI".into(),
+        retry_after: None,
+    })?;
+    let filter = Where::parse(&p.filters).map_err(|e| ApiError::bad(e.to_string()))?;
+    if p.q.is_empty() {
+        return Ok(Vec::new());
+    }
+    let vector = if p.mode == Mode::Keyword {
+        None
+    } else {
+        let prompt = app
+            .options
+            .prompts
+            .get("query")
+            .cloned()
+            .unwrap_or_default();
+        let (mut v, _) = embed(app, "search", vec![p.q.clone()], true, prompt).await?;
+        let mut v = v.pop().unwrap_or_default();
+        if let Some(d) = service.setup.dimension.filter(|d| *d < v.len()) {
+            v.truncate(d);
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+        Some(v)
+    };
+    let (q, mode, k) = (p.q.clone(), p.mode, p.k);
+    service
+        .with_reader(move |s| s.search_with(&q, vector, mode, k, &filter))
+        .await
+}
+
+/// `GET /v1/search`: the hits as `ragline search --json` prints them.
+pub(super) async fn search_json(State(app): State<Arc<App>>, RawQuery(raw): RawQuery) -> Response {
+    let p = match SearchParams::parse(raw.as_deref()) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    if p.q.is_empty() {
+        return ApiError::bad("`q` is missing: /v1/search?q=WORDS[&k=10&mode=hybrid&where=...]")
+            .into_response();
+    }
+    match run_search(&app, &p).await {
+        Ok(hits) => axum::Json(hits).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /v1/status`: the index's lifecycle, as `ragline status --json` prints it.
+pub(super) async fn status_json(State(app): State<Arc<App>>) -> Response {
+    match status_report(&app).await {
+        Ok(r) => axum::Json(r).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn status_report(app: &Arc<App>) -> Result<crate::lifecycle::report::StatusReport, ApiError> {
+    let service = app.search.as_ref().ok_or_else(|| ApiError {
+        status: StatusCode::NOT_FOUND,
+        kind: "not_found",
+        message: "this server has no index: start it with --index URI".into(),
+        retry_after: None,
+    })?;
+    let config = service.setup.config.clone();
+    tokio::task::spawn_blocking(move || crate::jobs::status(&config).map_err(|e| e.to_string()))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r)
+        .map_err(|message| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "index_error",
+            message,
+            retry_after: None,
+        })
+}
+
+/// `GET /`: the search page.
+pub(super) async fn search_page(State(app): State<Arc<App>>, RawQuery(raw): RawQuery) -> Response {
+    let (params, error) = match SearchParams::parse(raw.as_deref()) {
+        Ok(p) => (p, None),
+        Err(e) => (
+            SearchParams::parse(None).expect("defaults"),
+            Some(e.message),
+        ),
+    };
+    let mut body = String::new();
+    search_form(&mut body, &params);
+    if let Some(e) = error {
+        body.push_str(&format!("<p class=error role=alert>{}</p>", escape(&e)));
+    } else if !params.q.is_empty() {
+        match run_search(&app, &params).await {
+            Ok(hits) => results(&mut body, &hits, &params.q),
+            Err(e) => body.push_str(&format!(
+                "<p class=error role=alert>{}</p>",
+                escape(&e.message)
+            )),
+        }
+    }
+    let title = if params.q.is_empty() {
+        "ragline search".to_string()
+    } else {
+        format!("{} - ragline search", params.q)
+    };
+    html(&title, &body, None)
+}
+
+/// `GET /status`: the lifecycle dashboard.
+pub(super) async fn status_page(State(app): State<Arc<App>>) -> Response {
+    let body = match status_report(&app).await {
+        Ok(r) => status_html(&r),
+        Err(e) => format!("<p class=error role=alert>{}</p>", escape(&e.message)),
+    };
+    html("ragline status", &body, Some(5))
+}
+
+fn search_form(out: &mut String, p: &SearchParams) {
+    out.push_str(
+        "<form method=get action=/ role=search><label for=q>Search the index</label> \
+         <input id=q name=q type=search autofocus value=\"",
+    );
+    out.push_str(&escape(&p.q));
+    out.push_str("\"> <label for=mode>mode</label> <select id=mode name=mode>");
+    for m in Mode::ALL {
+        out.push_str(&format!(
+            "<option{}>{}</option>",
+            if m == p.mode { " selected" } else { "" },
+            m.name()
+        ));
+    }
+    out.push_str(&format!(
+        "</select> <label for=k>k</label> <input id=k name=k type=number min=1 max={MAX_K} \
+         value={}> <button type=submit>Search</button></form>",
+        p.k
+    ));
+}
+
+fn results(out: &mut String, hits: &[Hit], query: &str) {
+    if hits.is_empty() {
+        out.push_str("<p id=results>No results.</p>");
+        return;
+    }
+    out.push_str(&format!(
+        "<p>{} results</p><ol id=results class=hits>",
+        hits.len()
+    ));
+    for h in hits {
+        let c = &h.chunk;
+        let url = c.metadata.get("url").and_then(|u| u.as_str());
+        let doc = escape(&c.document_id);
+        let title = match url.filter(|u| u.starts_with("http://") || u.starts_with("https://")) {
+            Some(u) => format!("<a href=\"{}\">{doc}</a>", escape(u)),
+            None => doc,
+        };
+        let pages = match c.pages {
+            Some((a, b)) if a == b => format!(" &middot; p. {a}"),
+            Some((a, b)) => format!(" &middot; pp. {a}-{b}"),
+            None => String::new(),
+        };
+        out.push_str(&format!(
+            "<li class=hit data-document=\"{}\"><div class=head><span class=score>{:.4}</span> \
+             {title}{pages}</div><div class=path>{}</div><p class=snippet>{}</p></li>",
+            escape(&c.document_id),
+            h.score,
+            escape(&c.heading_path),
+            highlight(&snippet(&c.text, query, 320), query)
+        ));
+    }
+    out.push_str("</ol>");
+}
+
+fn status_html(r: &crate::lifecycle::report::StatusReport) -> String {
+    let mut out = format!(
+        "<h2>{}</h2><p><span id=documents>{}</span> documents, <span id=chunks>{}</span> \
+         chunks</p><table id=stages><caption>Stages</caption><tr><th scope=col>stage\
+         <th scope=col>pending<th scope=col>in progress<th scope=col>failed<th scope=col>dead\
+         <th scope=col>done<th scope=col>oldest pending<th scope=col>state</tr>",
+        escape(&r.index),
+        r.documents,
+        r.chunks
+    );
+    for (name, c) in &r.stages {
+        let state = match (&c.circuit, c.paused) {
+            (Some(open), _) => format!("circuit open: {}", escape(&open.reason)),
+            (None, true) => "paused".into(),
+            (None, false) => "running".into(),
+        };
+        out.push_str(&format!(
+            "<tr data-stage=\"{0}\"><th scope=row>{0}<td>{1}<td>{2}<td>{3}<td>{4}<td>{5}<td>{6}<td>{7}</tr>",
+            escape(name),
+            c.pending,
+            c.in_progress,
+            c.failed,
+            c.dead,
+            c.done,
+            c.oldest_pending_secs
+                .map(|s| format!("{s:.0} s"))
+                .unwrap_or_else(|| "-".into()),
+            state
+        ));
+    }
+    out.push_str("</table>");
+    if !r.vector_sets.is_empty() {
+        out.push_str(
+            "<table id=vector-sets><caption>Vector sets</caption><tr><th scope=col>set\
+             <th scope=col>model<th scope=col>dimensions<th scope=col>embedded<th scope=col>state</tr>",
+        );
+        for s in &r.vector_sets {
+            out.push_str(&format!(
+                "<tr><td>{}<td>{}<td>{}<td>{} of {}<td>{}</tr>",
+                s.id,
+                escape(&s.model),
+                s.dimension,
+                s.embedded,
+                s.total,
+                escape(&s.state)
+            ));
+        }
+        out.push_str("</table>");
+    }
+    if let Some(b) = &r.backfill {
+        out.push_str(&format!(
+            "<p id=backfill>Backfill to <code>{}</code>: {} of {} documents done, {} chunks \
+             embedded.</p>",
+            escape(&b.model),
+            b.documents_done,
+            b.documents_total,
+            b.chunks_embedded
+        ));
+    }
+    out
+}
+
+/// A page: the shared head and styles, `body`, and a refresh every `refresh` seconds.
+fn html(title: &str, body: &str, refresh: Option<u32>) -> Response {
+    let refresh = refresh
+        .map(|s| format!("<meta http-equiv=refresh content={s}>"))
+        .unwrap_or_default();
+    let page = format!(
+        "<!doctype html><html lang=en><head><meta charset=utf-8>\
+         <meta name=viewport content=\"width=device-width, initial-scale=1\">{refresh}\
+         <title>{}</title><style>{STYLE}</style></head><body><header><nav aria-label=pages>\
+         <a href=/>Search</a> <a href=/status>Status</a></nav></header><main>{body}</main>\
+         </body></html>",
+        escape(title)
+    );
+    let mut r = (StatusCode::OK, page).into_response();
+    let headers = r.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    // Nothing from elsewhere: no scripts, no frames, styles inline only.
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; \
+             frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+const STYLE: &str = "body{font:16px/1.5 system-ui,sans-serif;margin:0 auto;max-width:52rem;\
+padding:0 1rem;color:#1a1a1a}nav a{margin-right:1rem}form{display:flex;flex-wrap:wrap;gap:.5rem;\
+align-items:center;margin:1rem 0}input[type=search]{flex:1 1 16rem;font-size:1rem;padding:.4rem}\
+input,select,button{font-size:1rem}:focus{outline:3px solid #1d5fd6;outline-offset:2px}\
+.hits{padding-left:1.5rem}.hit{margin:0 0 1.2rem}.score{font-variant-numeric:tabular-nums;\
+color:#555}.path{color:#555;font-size:.9rem}.snippet{margin:.2rem 0}mark{background:#ffe08a}\
+.error{color:#a40000}table{border-collapse:collapse;margin:1rem 0;width:100%}caption{text-align:\
+left;font-weight:600}th,td{border-bottom:1px solid #ddd;padding:.3rem .5rem;text-align:left}\
+@media (max-width:30rem){table{font-size:.85rem}}";
+
+/// HTML-escape `s` (text and attribute values).
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The query's words (three letters or more) in `text`, marked; everything escaped.
+fn highlight(text: &str, query: &str) -> String {
+    let words: Vec<String> = query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.chars().count() >= 3)
+        .map(str::to_lowercase)
+        .collect();
+    let mut out = String::new();
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        if word.is_empty() {
+            return;
+        }
+        let lower = word.to_lowercase();
+        if words.iter().any(|w| lower.starts_with(w.as_str())) {
+            out.push_str(&format!("<mark>{}</mark>", escape(word)));
+        } else {
+            out.push_str(&escape(word));
+        }
+        word.clear();
+    };
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push_str(&escape(&c.to_string()));
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+/// About `width` bytes of `text` around the first query word found in it, on one line.
+fn snippet(text: &str, query: &str, width: usize) -> String {
+    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let lower = flat.to_lowercase();
+    let at = query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.chars().count() >= 3)
+        .filter_map(|w| lower.find(&w.to_lowercase()))
+        .min()
+        .unwrap_or(0);
+    // `lower` may differ in length from `flat` (a few characters change size in lowercase):
+    // clamp to a boundary of `flat`.
+    let mut start = at.min(flat.len()).saturating_sub(width / 3);
+    while !flat.is_char_boundary(start) {
+        start -= 1;
+    }
+    let mut end = (start + width).min(flat.len());
+    while !flat.is_char_boundary(end) {
+        end += 1;
+    }
+    format!(
+        "{}{}{}",
+        if start > 0 { "... " } else { "" },
+        &flat[start..end],
+        if end < flat.len() { " ..." } else { "" }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_come_from_the_query_string_with_bounds() {
+        let p = SearchParams::parse(Some("q=use+state&k=5&mode=keyword&where=lang%3Den&where="))
+            .unwrap();
+        assert_eq!(
+            p,
+            SearchParams {
+                q: "use state".into(),
+                k: 5,
+                mode: Mode::Keyword,
+                filters: vec!["lang=en".into()],
+            }
+        );
+        assert!(SearchParams::parse(Some("q=x&k=0")).is_err());
+        assert!(SearchParams::parse(Some("q=x&k=1000")).is_err());
+        assert!(SearchParams::parse(Some("q=x&mode=magic")).is_err());
+        assert_eq!(SearchParams::parse(None).unwrap().k, 10);
+    }
+
+    #[test]
+    fn pages_escape_what_the_index_holds_and_mark_the_query() {
+        assert_eq!(
+            escape("<script>alert('x')</script>&\""),
+            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;&quot;"
+        );
+        assert_eq!(
+            highlight("Hooks let <b>you</b> use state.", "state hooks"),
+            "<mark>Hooks</mark> let &lt;b&gt;you&lt;/b&gt; use <mark>state</mark>."
+        );
+        let s = snippet(
+            &format!("{} needle {}", "a ".repeat(400), "b ".repeat(400)),
+            "needle",
+            60,
+        );
+        assert!(
+            s.contains("needle") && s.starts_with("... ") && s.ends_with(" ..."),
+            "{s}"
+        );
+        // Lowercasing that changes a character's length never cuts inside one.
+        let _ = snippet("İİİİİİ needle ǅǅǅ", "needle", 4);
+    }
+}

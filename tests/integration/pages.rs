@@ -1,0 +1,137 @@
+//! `ragline serve --index`: the index searched over HTTP and shown in pages. `/v1/search`
+//! answers what `ragline search --json` prints for the same query; the search page renders a
+//! query from its URL with the hits, their documents and the query's words marked; `/status`
+//! and `/v1/status` show what `ragline status --json` says. The model is the index's own.
+
+use serde_json::Value;
+
+use crate::distributed::react_slice;
+use crate::serve::{get, Server};
+use crate::util::{model_dir, ragline, run};
+
+#[test]
+fn serve_with_an_index_searches_it_and_shows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(corpus) = react_slice(dir.path(), 8) else {
+        return;
+    };
+    let db = dir.path().join("react.db");
+    let index = format!("sqlite://{}", db.display());
+    let o = run(ragline()
+        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
+        .arg(model_dir())
+        .arg("--index")
+        .arg(&index)
+        .arg(&corpus));
+    assert!(o.status.success());
+
+    // No --model: the server loads the index's own.
+    let server = Server::start_args(&["--index", &index], &[], dir.path(), "pages");
+    let query = "how does a component remember state between renders";
+    for mode in ["hybrid", "vector", "keyword"] {
+        let o = run(ragline()
+            .args([
+                "search",
+                query,
+                "-k",
+                "5",
+                "--json",
+                "--no-promote",
+                "--mode",
+                mode,
+            ])
+            .arg("--index")
+            .arg(&index));
+        let want: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+        let (status, body) = get(&format!(
+            "{}/v1/search?q={}&k=5&mode={mode}",
+            server.url,
+            query.replace(' ', "+")
+        ));
+        assert_eq!(status, 200, "{body}");
+        let got: Vec<Value> = serde_json::from_str(&body).unwrap();
+        assert_eq!(got.len(), want.len(), "{mode}");
+        assert!(!got.is_empty());
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g["id"], w["id"], "{mode}: {body}");
+            assert_eq!(g["rank"], w["rank"]);
+            let (gs, ws) = (g["score"].as_f64().unwrap(), w["score"].as_f64().unwrap());
+            assert!((gs - ws).abs() < 1e-4, "{mode}: {gs} vs {ws}");
+        }
+    }
+
+    // The search page renders the query in its URL: the top hit's document, the words marked.
+    let o = run(ragline()
+        .args(["search", query, "-k", "3", "--json", "--no-promote"])
+        .arg("--index")
+        .arg(&index));
+    let want: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let top = want[0]["document_id"].as_str().unwrap();
+    let (status, page) = get(&format!(
+        "{}/?q={}&k=3&mode=hybrid",
+        server.url,
+        query.replace(' ', "+")
+    ));
+    assert_eq!(status, 200);
+    assert!(page.starts_with("<!doctype html>"), "{page}");
+    assert!(page.contains(&format!("data-document=\"{top}\"")), "{page}");
+    assert!(page.contains("<mark>"), "{page}");
+    assert_eq!(page.matches("class=hit ").count(), 3, "{page}");
+    assert!(
+        page.contains(&format!("value=\"{query}\"")),
+        "the query stays in the box"
+    );
+    // What a query carries is escaped, never markup.
+    let (_, page) = get(&format!(
+        "{}/?q=%3Cscript%3Ealert(1)%3C/script%3E",
+        server.url
+    ));
+    assert!(!page.contains("<script>") && page.contains("&lt;script&gt;"));
+
+    // Bad parameters are refused with the reason.
+    let (status, body) = get(&format!("{}/v1/search?q=x&k=0", server.url));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("`k`"), "{body}");
+    let (status, body) = get(&format!("{}/v1/search?k=3", server.url));
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = get(&format!("{}/v1/search?q=x&where=nonsense", server.url));
+    assert_eq!(status, 400, "{body}");
+
+    assert!(server.log().contains("GET /v1/search"), "{}", server.log());
+
+    // The status: what `ragline status --json` says.
+    let o = run(ragline().args(["status", "--json", "--index"]).arg(&index));
+    let status_cli: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let (code, body) = get(&format!("{}/v1/status", server.url));
+    assert_eq!(code, 200, "{body}");
+    let status_api: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status_api["documents"], status_cli["documents"]);
+    assert_eq!(status_api["chunks"], status_cli["chunks"]);
+    assert_eq!(status_api["stages"], status_cli["stages"]);
+    let (code, page) = get(&format!("{}/status", server.url));
+    assert_eq!(code, 200);
+    assert!(
+        page.contains(&format!(
+            "<span id=documents>{}</span>",
+            status_cli["documents"]
+        )) && page.contains(&format!("<span id=chunks>{}</span>", status_cli["chunks"])),
+        "{page}"
+    );
+    let done = &status_cli["stages"]["embed"]["done"];
+    assert!(
+        page.contains(&format!(
+            "<th scope=row>embed<td>0<td>0<td>0<td>0<td>{done}<td>"
+        )),
+        "{page}"
+    );
+}
+
+#[test]
+fn serve_without_an_index_has_no_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&model_dir(), &[], dir.path(), "no-index");
+    for path in ["/", "/status", "/v1/search?q=x"] {
+        let (status, _) = get(&format!("{}{path}", server.url));
+        assert_eq!(status, 404, "{path}");
+    }
+}
