@@ -207,7 +207,8 @@ pub fn serve(
                 .route("/", get(pages::search_page))
                 .route("/status", get(pages::status_page))
                 .route("/v1/search", get(pages::search_json))
-                .route("/v1/status", get(pages::status_json));
+                .route("/v1/status", get(pages::status_json))
+                .route("/login", get(pages::login_page).post(pages::login));
         }
         let mut router = router
             .layer(DefaultBodyLimit::max(options.max_body_bytes))
@@ -319,7 +320,12 @@ async fn guard(
 ) -> Response {
     let path = request.uri().path().to_string();
     if let Some(key) = &app.options.api_key {
-        if path != "/health" && !authorized(request.headers(), key) {
+        let open = path == "/health" || (app.search.is_some() && path == "/login");
+        if !open && !authorized(request.headers(), key) {
+            if app.search.is_some() && pages::is_page(&path) {
+                // A browser: to the login form.
+                return pages::to_login();
+            }
             app.metrics.error("unauthorized");
             let mut r = ApiError {
                 status: StatusCode::UNAUTHORIZED,
@@ -333,7 +339,7 @@ async fn guard(
             return r;
         }
     }
-    let embeds = request.method() == axum::http::Method::POST;
+    let embeds = request.method() == axum::http::Method::POST && path != "/login";
     if embeds && !is_json(request.headers()) {
         app.metrics.error("unsupported_media_type");
         return ApiError {
@@ -384,16 +390,25 @@ async fn guard(
     }
 }
 
-/// `Authorization: Bearer KEY` with the server's key, compared in constant time.
+/// `Authorization: Bearer KEY` with the server's key, or the session cookie the login page
+/// sets (a browser), compared in constant time.
 fn authorized(headers: &axum::http::HeaderMap, key: &Secret) -> bool {
     use subtle::ConstantTimeEq;
-    let Some(given) = headers
+    if let Some(given) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-    else {
-        return false;
-    };
-    bool::from(given.ct_eq(key.expose().as_bytes()))
+    {
+        return bool::from(given.ct_eq(key.expose().as_bytes()));
+    }
+    let session = pages::session_token(key);
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().strip_prefix(pages::SESSION_COOKIE))
+        .filter_map(|c| c.strip_prefix('='))
+        .any(|token| bool::from(token.as_bytes().ct_eq(session.as_bytes())))
 }
 
 /// `Content-Type: application/json` (or a `+json` type), parameters allowed.

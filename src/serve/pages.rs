@@ -23,6 +23,84 @@ use crate::indexers::{IndexReader, IndexUri};
 use crate::jobs::PipelineConfig;
 use crate::search::{Hit, Mode, SearchError, Searcher, Where};
 
+/// The cookie that carries a browser's session when the server has an API key: a keyed hash
+/// of the key, never the key itself.
+pub(super) const SESSION_COOKIE: &str = "ragline_session";
+
+/// The session token of `key` (what the cookie holds).
+pub(super) fn session_token(key: &crate::secret::Secret) -> String {
+    blake3::keyed_hash(
+        blake3::hash(key.expose().as_bytes()).as_bytes(),
+        b"ragline serve session",
+    )
+    .to_hex()
+    .to_string()
+}
+
+/// Whether `path` is one of the pages (a browser is sent to the login form for them).
+pub(super) fn is_page(path: &str) -> bool {
+    matches!(path, "/" | "/status")
+}
+
+/// 303 to the login form.
+pub(super) fn to_login() -> Response {
+    let mut r = StatusCode::SEE_OTHER.into_response();
+    r.headers_mut()
+        .insert(header::LOCATION, HeaderValue::from_static("/login"));
+    r
+}
+
+/// `GET /login`: the API key, asked for once per browser session.
+pub(super) async fn login_page() -> Response {
+    html(
+        "ragline: sign in",
+        "<form method=post action=/login><label for=key>This server needs its API key</label> \
+         <input id=key name=key type=password autocomplete=current-password autofocus required> \
+         <button type=submit>Sign in</button></form>",
+        None,
+    )
+}
+
+/// `POST /login`: the key checked in constant time; the session cookie (HttpOnly,
+/// SameSite=Strict) set for the right one.
+pub(super) async fn login(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Response {
+    use subtle::ConstantTimeEq;
+    let Some(key) = &app.options.api_key else {
+        return to_home();
+    };
+    let given = url::form_urlencoded::parse(&body)
+        .find(|(k, _)| k == "key")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default();
+    if !bool::from(given.as_bytes().ct_eq(key.expose().as_bytes())) {
+        app.metrics.error("unauthorized");
+        let mut r = html(
+            "ragline: sign in",
+            "<p class=error role=alert>That is not this server's key.</p>\
+             <p><a href=/login>Try again</a></p>",
+            None,
+        );
+        *r.status_mut() = StatusCode::UNAUTHORIZED;
+        return r;
+    }
+    let mut r = to_home();
+    let cookie = format!(
+        "{SESSION_COOKIE}={}; HttpOnly; SameSite=Strict; Path=/",
+        session_token(key)
+    );
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+fn to_home() -> Response {
+    let mut r = StatusCode::SEE_OTHER.into_response();
+    r.headers_mut()
+        .insert(header::LOCATION, HeaderValue::from_static("/"));
+    r
+}
+
 /// Results a search may ask for, at most.
 pub const MAX_K: usize = 100;
 /// Readers kept open between searches.

@@ -126,6 +126,103 @@ fn serve_with_an_index_searches_it_and_shows_it() {
     );
 }
 
+/// A GET or form POST that does not follow redirects: (status, Location, Set-Cookie, body).
+fn exchange(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    form: Option<&str>,
+) -> (u16, String, String, String) {
+    let agent = ureq::AgentBuilder::new().redirects(0).build();
+    let mut req = agent.request(method, url);
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    let answer = match form {
+        Some(body) => req
+            .set("Content-Type", "application/x-www-form-urlencoded")
+            .send_string(body),
+        None => req.call(),
+    };
+    let r = match answer {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {url}: {e}"),
+    };
+    let header = |name: &str| r.header(name).unwrap_or("").to_string();
+    let (status, location, cookie) = (r.status(), header("location"), header("set-cookie"));
+    (
+        status,
+        location,
+        cookie,
+        r.into_string().unwrap_or_default(),
+    )
+}
+
+/// With an API key, the API wants the bearer key and a browser signs in once: the login form
+/// sets a session cookie (HttpOnly, SameSite=Strict, not the key itself) that opens the pages.
+#[test]
+fn an_api_key_guards_the_pages_through_a_login() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(corpus) = react_slice(dir.path(), 2) else {
+        return;
+    };
+    let db = dir.path().join("react.db");
+    let index = format!("sqlite://{}", db.display());
+    let o = run(ragline()
+        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
+        .arg(model_dir())
+        .arg("--index")
+        .arg(&index)
+        .arg(&corpus));
+    assert!(o.status.success());
+    let key = "k3y-for-the-pages";
+    let server = Server::start_args(
+        &["--index", &index, "--api-key-env", "PAGES_KEY"],
+        &[("PAGES_KEY", key)],
+        dir.path(),
+        "pages-key",
+    );
+    let url = |p: &str| format!("{}{p}", server.url);
+    assert_eq!(
+        exchange("GET", &url("/v1/search?q=state"), &[], None).0,
+        401
+    );
+    let bearer = format!("Bearer {key}");
+    let (status, ..) = exchange(
+        "GET",
+        &url("/v1/search?q=state"),
+        &[("Authorization", &bearer)],
+        None,
+    );
+    assert_eq!(status, 200);
+    let (status, location, ..) = exchange("GET", &url("/?q=state"), &[], None);
+    assert_eq!((status, location.as_str()), (303, "/login"));
+    assert_eq!(exchange("GET", &url("/login"), &[], None).0, 200);
+    let (status, _, cookie, _) = exchange("POST", &url("/login"), &[], Some("key=wrong"));
+    assert_eq!((status, cookie.as_str()), (401, ""));
+    let (status, location, cookie, _) =
+        exchange("POST", &url("/login"), &[], Some(&format!("key={key}")));
+    assert_eq!((status, location.as_str()), (303, "/"));
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && !cookie.contains(key),
+        "{cookie}"
+    );
+    let session = cookie.split(';').next().unwrap();
+    let (status, _, _, page) = exchange("GET", &url("/?q=state"), &[("Cookie", session)], None);
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("class=hit "), "{page}");
+    assert_eq!(
+        exchange(
+            "GET",
+            &url("/status"),
+            &[("Cookie", "ragline_session=forged")],
+            None
+        )
+        .0,
+        303
+    );
+}
+
 #[test]
 fn serve_without_an_index_has_no_pages() {
     let dir = tempfile::tempdir().unwrap();
