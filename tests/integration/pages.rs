@@ -232,3 +232,123 @@ fn serve_without_an_index_has_no_pages() {
         assert_eq!(status, 404, "{path}");
     }
 }
+
+/// Debian's Chromium, or None (with a message) when the browser test is not asked for.
+fn chromium() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("RAGLINE_CHROMIUM")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/usr/bin/chromium".into());
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var("RAGLINE_REQUIRE_BROWSER").as_deref() != Ok("1"),
+        "no Chromium at {} and RAGLINE_REQUIRE_BROWSER=1: `apt-get install chromium` (or \
+         scripts/browser-venv.sh --chromium), or set RAGLINE_CHROMIUM",
+        path.display()
+    );
+    eprintln!(
+        "SKIPPED (browser): no Chromium at {}; `apt-get install chromium` to include the \
+         browser test",
+        path.display()
+    );
+    None
+}
+
+/// A real browser (headless Chromium driven by Playwright) types a query into the search
+/// page, submits it and finds the document `ragline search` ranks first among the results;
+/// the status page shows the counts `ragline status --json` gives; the page fits a phone's
+/// width. Screenshots of both pages land in the test target's `screenshots/`.
+#[test]
+fn a_browser_searches_the_index_and_reads_its_status() {
+    let Some(chromium) = chromium() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(corpus) = react_slice(dir.path(), 8) else {
+        return;
+    };
+    let db = dir.path().join("react.db");
+    let index = format!("sqlite://{}", db.display());
+    let o = run(ragline()
+        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
+        .arg(model_dir())
+        .arg("--index")
+        .arg(&index)
+        .arg(&corpus));
+    assert!(o.status.success());
+    let query = "how does a component remember state between renders";
+    let o = run(ragline()
+        .args([
+            "search",
+            query,
+            "-k",
+            "10",
+            "--json",
+            "--no-promote",
+            "--index",
+        ])
+        .arg(&index));
+    let want: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let top = want[0]["document_id"].as_str().unwrap().to_string();
+    let o = run(ragline().args(["status", "--json", "--index"]).arg(&index));
+    let status: Value = serde_json::from_slice(&o.stdout).unwrap();
+
+    let server = Server::start_args(&["--index", &index], &[], dir.path(), "browser");
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let python = std::process::Command::new(crate::util::root().join("scripts/browser-venv.sh"))
+        .output()
+        .expect("scripts/browser-venv.sh");
+    assert!(
+        python.status.success(),
+        "scripts/browser-venv.sh: {}",
+        String::from_utf8_lossy(&python.stderr)
+    );
+    let python = String::from_utf8_lossy(&python.stdout).trim().to_string();
+    let o = run(std::process::Command::new(python)
+        .arg(crate::util::root().join("scripts/browser-check.py"))
+        .arg(&server.url)
+        .arg(query)
+        .arg(&shots)
+        .arg("--chromium")
+        .arg(&chromium));
+    assert!(
+        o.status.success(),
+        "browser-check: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(seen["focused_on_load"], "q", "{seen}");
+    assert_eq!(seen["query_in_box"], query, "{seen}");
+    assert!(
+        seen["search_url"]
+            .as_str()
+            .unwrap()
+            .contains("q=how+does+a+component"),
+        "the query lives in the URL: {seen}"
+    );
+    let hits = seen["hits"].as_array().unwrap();
+    assert_eq!(hits.len(), want.len(), "{seen}");
+    assert_eq!(hits[0]["document"], top.as_str(), "{seen}");
+    assert!(
+        hits.iter().all(|h| h["marked"].as_u64().unwrap() > 0),
+        "{seen}"
+    );
+    assert_eq!(seen["phone_overflow"], false, "{seen}");
+    assert_eq!(
+        seen["status"]["documents"].as_str().unwrap(),
+        status["documents"].to_string()
+    );
+    assert_eq!(
+        seen["status"]["chunks"].as_str().unwrap(),
+        status["chunks"].to_string()
+    );
+    let embed = &seen["status"]["stages"]["embed"];
+    assert_eq!(
+        embed[4].as_str().unwrap(),
+        status["stages"]["embed"]["done"].to_string()
+    );
+    for shot in ["search.png", "search-phone.png", "status.png"] {
+        let size = std::fs::metadata(shots.join(shot)).map_or(0, |m| m.len());
+        assert!(size > 10_000, "{shot}: {size} bytes");
+    }
+}
