@@ -93,6 +93,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "URI")]
     index: Option<String>,
 
+    /// With --index: the status page gets buttons that change the index's lifecycle (requeue
+    /// dead documents, pause and resume stages, promote documents), each a POST carrying a
+    /// CSRF token. Off by default: the pages are read-only.
+    #[arg(long, requires = "index")]
+    admin: bool,
+
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -111,7 +117,8 @@ fn index_setup(
     let reader = ragline::search::Searcher::open(&uri, false)
         .with_context(|| format!("cannot open --index {uri}"))?;
     let spec = ragline::search::Searcher::model_spec(reader.as_ref()).context(
-        "the index holds no vectors (it was built with --no-chunk): nothing for serve to embed          queries for",
+        "the index holds no vectors (it was built with --no-chunk): nothing for serve to embed \
+         queries for",
     )?;
     if args.model.model.is_none() {
         model_config.name = spec;
@@ -121,6 +128,7 @@ fn index_setup(
             uri,
             config: config.clone(),
             dimension: reader.meta().dimension,
+            admin: args.admin,
         },
     )))
 }
@@ -214,7 +222,8 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     if let Some(d) = options.index.as_ref().and_then(|i| i.dimension) {
         if d > dimension {
             bail!(
-                "--model `{}` makes {dimension}-dimensional vectors and the index holds                  {d}-dimensional ones: leave --model out to use the index's own model",
+                "--model `{}` makes {dimension}-dimensional vectors and the index holds \
+                 {d}-dimensional ones: leave --model out to use the index's own model",
                 model_config.name
             );
         }

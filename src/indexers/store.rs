@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use super::{IndexUri, ModelIdentity};
 use crate::lifecycle::report::{
-    BackfillProgress, CircuitOpen, DeadLetter, DocumentLifecycle, StatusReport, VectorSetStatus,
+    BackfillProgress, CircuitOpen, DeadLetter, DocumentLifecycle, MinuteActivity, StatusReport,
+    VectorSetStatus,
 };
 use crate::lifecycle::rules::{self, QueueSql, StatusGroup};
 use crate::lifecycle::{EnrichStore, Maintenance, Priority, StoreError, CHUNK, EMBED};
@@ -227,6 +228,23 @@ pub(crate) trait StatusSql: QueueSql {
 
     /// Open circuits: (stage, reason, since).
     fn circuits(&mut self) -> Result<Vec<(String, String, i64)>, Self::Error>;
+
+    /// Per minute since `since` (ms), the minutes with any: (minute since the epoch,
+    /// documents chunked, chunks embedded).
+    fn activity(&mut self, since: i64) -> Result<Vec<(i64, u64, u64)>, Self::Error>;
+}
+
+/// The statement of [`StatusSql::activity`], for a backend's documents and enrichment tables
+/// (`$1`/`?1`: since, in ms).
+pub(crate) fn activity_sql(documents: &str, enrichment: &str, since: &str) -> String {
+    format!(
+        "SELECT e.done_at / 60000 AS minute,
+                SUM(CASE WHEN e.stage = 'chunk' THEN 1 ELSE 0 END),
+                SUM(CASE WHEN e.stage = 'embed' THEN d.chunk_count ELSE 0 END)
+         FROM {enrichment} e JOIN {documents} d ON d.id = e.document_id
+         WHERE e.status = 'done' AND e.done_at >= {since} AND e.stage IN ('chunk', 'embed')
+         GROUP BY minute ORDER BY minute"
+    )
 }
 
 /// Everything `ragline status` shows of `index`, at `now`: the same report from every backend.
@@ -292,6 +310,15 @@ pub(crate) fn status_report<Q: StatusSql>(
             });
         }
     }
+    let activity = q
+        .activity(now - 3_600_000)?
+        .into_iter()
+        .map(|(minute, documents, chunks)| MinuteActivity {
+            minute: minute * 60_000,
+            documents,
+            chunks,
+        })
+        .collect();
     Ok(StatusReport {
         index,
         documents,
@@ -299,6 +326,7 @@ pub(crate) fn status_report<Q: StatusSql>(
         stages,
         vector_sets,
         backfill,
+        activity,
     })
 }
 

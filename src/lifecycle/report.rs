@@ -72,6 +72,17 @@ pub struct StatusReport {
     pub stages: BTreeMap<String, StageCounts>,
     pub vector_sets: Vec<VectorSetStatus>,
     pub backfill: Option<BackfillProgress>,
+    /// The last hour, per minute with any work: documents chunked and chunks embedded.
+    pub activity: Vec<MinuteActivity>,
+}
+
+/// What a minute saw done.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MinuteActivity {
+    /// The minute's start, ms since the epoch.
+    pub minute: i64,
+    pub documents: u64,
+    pub chunks: u64,
 }
 
 /// A document in the dead-letter queue.

@@ -208,7 +208,8 @@ pub fn serve(
                 .route("/status", get(pages::status_page))
                 .route("/v1/search", get(pages::search_json))
                 .route("/v1/status", get(pages::status_json))
-                .route("/login", get(pages::login_page).post(pages::login));
+                .route("/login", get(pages::login_page).post(pages::login))
+                .route("/admin/{action}", post(pages::admin));
         }
         let mut router = router
             .layer(DefaultBodyLimit::max(options.max_body_bytes))
@@ -339,7 +340,9 @@ async fn guard(
             return r;
         }
     }
-    let embeds = request.method() == axum::http::Method::POST && path != "/login";
+    let embeds = request.method() == axum::http::Method::POST
+        && path != "/login"
+        && !path.starts_with("/admin/");
     if embeds && !is_json(request.headers()) {
         app.metrics.error("unsupported_media_type");
         return ApiError {

@@ -114,12 +114,16 @@ pub struct SearchSetup {
     pub config: PipelineConfig,
     /// The index's vector dimension, when it holds vectors (a query vector is cut to it).
     pub dimension: Option<usize>,
+    /// `--admin`: the status page's buttons (requeue, pause and resume, promote).
+    pub admin: bool,
 }
 
 /// The index, searched by the server.
 pub(super) struct SearchService {
     setup: Arc<SearchSetup>,
     readers: Mutex<Vec<Box<dyn IndexReader>>>,
+    /// The token the admin forms carry (CSRF): a keyed hash of a secret drawn at start.
+    csrf: String,
 }
 
 impl SearchService {
@@ -127,6 +131,9 @@ impl SearchService {
         SearchService {
             setup,
             readers: Mutex::new(Vec::new()),
+            csrf: blake3::keyed_hash(&process_secret(), b"ragline serve csrf")
+                .to_hex()
+                .to_string(),
         }
     }
 
@@ -160,6 +167,30 @@ impl SearchService {
             retry_after: None,
         })
     }
+}
+
+/// 32 bytes no one else knows, drawn once per process: from the OS (/dev/urandom), else from
+/// the standard library's randomly keyed hashers.
+fn process_secret() -> [u8; 32] {
+    use std::io::Read;
+    let mut key = [0u8; 32];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .is_ok()
+    {
+        return key;
+    }
+    use std::hash::{BuildHasher, Hasher};
+    for chunk in key.chunks_mut(8) {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        chunk.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    key
 }
 
 /// A search's parameters, from a query string.
@@ -310,13 +341,311 @@ pub(super) async fn search_page(State(app): State<Arc<App>>, RawQuery(raw): RawQ
     html(&title, &body, None)
 }
 
+/// Dead documents shown on the status page, at most (each with every attempt's error).
+const DEAD_SHOWN: usize = 50;
+
+/// What the status page shows beside the report: the dead letters (the first
+/// [`DEAD_SHOWN`], each with its stages and every attempt's error) and how many there are.
+struct Dead {
+    total: usize,
+    shown: Vec<crate::lifecycle::report::DocumentLifecycle>,
+}
+
 /// `GET /status`: the lifecycle dashboard.
-pub(super) async fn status_page(State(app): State<Arc<App>>) -> Response {
-    let body = match status_report(&app).await {
-        Ok(r) => status_html(&r),
+pub(super) async fn status_page(State(app): State<Arc<App>>, RawQuery(raw): RawQuery) -> Response {
+    let notice = url::form_urlencoded::parse(raw.as_deref().unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "done")
+        .map(|(_, v)| v.chars().take(200).collect::<String>());
+    let admin = app
+        .search
+        .as_ref()
+        .filter(|s| s.setup.admin)
+        .map(|s| s.csrf.clone());
+    let report = status_report(&app).await;
+    let dead = match app.search.as_ref() {
+        Some(service) => {
+            let config = service.setup.config.clone();
+            tokio::task::spawn_blocking(move || dead_letters(&config))
+                .await
+                .ok()
+                .and_then(Result::ok)
+        }
+        None => None,
+    };
+    let body = match report {
+        Ok(r) => {
+            let mut body = String::new();
+            if let Some(n) = notice {
+                body.push_str(&format!("<p class=notice role=status>{}</p>", escape(&n)));
+            }
+            body.push_str(&status_html(&r));
+            if let Some(token) = &admin {
+                admin_html(&mut body, &r, token);
+            }
+            if let Some(dead) = dead {
+                dead_html(&mut body, &dead, admin.as_deref());
+            }
+            body
+        }
         Err(e) => format!("<p class=error role=alert>{}</p>", escape(&e.message)),
     };
-    html("ragline status", &body, Some(5))
+    // An admin page is not refreshed under the operator's hands.
+    html(
+        "ragline status",
+        &body,
+        if admin.is_some() { None } else { Some(5) },
+    )
+}
+
+/// A form that POSTs one admin action (with the CSRF token and `fields`), as a button.
+fn action(out: &mut String, path: &str, token: &str, fields: &[(&str, &str)], label: &str) {
+    out.push_str(&format!(
+        "<form class=action method=post action=\"{}\"><input type=hidden name=csrf value=\"{}\">",
+        escape(path),
+        escape(token)
+    ));
+    for (k, v) in fields {
+        out.push_str(&format!(
+            "<input type=hidden name=\"{}\" value=\"{}\">",
+            escape(k),
+            escape(v)
+        ));
+    }
+    out.push_str(&format!(
+        "<button type=submit>{}</button></form>",
+        escape(label)
+    ));
+}
+
+/// The admin controls: pause or resume each stage, requeue every dead document, promote
+/// documents by id.
+fn admin_html(out: &mut String, r: &crate::lifecycle::report::StatusReport, token: &str) {
+    out.push_str("<section id=admin aria-label=\"admin\"><h3>Admin</h3><p>");
+    for (name, c) in &r.stages {
+        if c.paused {
+            action(
+                out,
+                "/admin/resume",
+                token,
+                &[("stage", name)],
+                &format!("Resume {name}"),
+            );
+        } else {
+            action(
+                out,
+                "/admin/pause",
+                token,
+                &[("stage", name)],
+                &format!("Pause {name}"),
+            );
+        }
+    }
+    action(
+        out,
+        "/admin/requeue",
+        token,
+        &[],
+        "Requeue every dead document",
+    );
+    out.push_str(&format!(
+        "</p><form class=action method=post action=/admin/promote>\
+         <input type=hidden name=csrf value=\"{}\"><label for=promote-ids>Embed first \
+         (document ids, comma-separated)</label> <input id=promote-ids name=ids> \
+         <button type=submit>Promote</button></form></section>",
+        escape(token)
+    ));
+}
+
+fn dead_letters(config: &PipelineConfig) -> Result<Dead, crate::jobs::JobError> {
+    let mut store = crate::jobs::lifecycle_store(config)?;
+    let all = store.dead_letters(None)?;
+    let mut shown = Vec::new();
+    let mut ids: Vec<&str> = Vec::new();
+    for d in &all {
+        if ids.len() >= DEAD_SHOWN {
+            break;
+        }
+        if ids.contains(&d.document_id.as_str()) {
+            continue;
+        }
+        ids.push(&d.document_id);
+        if let Some(doc) = store.document_lifecycle(&d.document_id)? {
+            shown.push(doc);
+        }
+    }
+    Ok(Dead {
+        total: all.len(),
+        shown,
+    })
+}
+
+fn dead_html(out: &mut String, dead: &Dead, admin: Option<&str>) {
+    out.push_str(&format!(
+        "<h3 id=dead-letters>Dead letters: <span id=dead-total>{}</span></h3>",
+        dead.total
+    ));
+    if dead.total > dead.shown.len() {
+        out.push_str(&format!(
+            "<p>The first {} (<code>ragline dlq list</code> shows them all).</p>",
+            dead.shown.len()
+        ));
+    }
+    for doc in &dead.shown {
+        out.push_str(&format!(
+            "<details class=dead data-document=\"{0}\" open><summary>{0}</summary>",
+            escape(&doc.document_id)
+        ));
+        if let Some(token) = admin {
+            action(
+                out,
+                "/admin/requeue",
+                token,
+                &[("doc", &doc.document_id)],
+                "Requeue",
+            );
+        }
+        out.push_str("<ul>");
+        for stage in doc.stages.iter().filter(|s| s.status == "dead") {
+            for e in &stage.errors {
+                out.push_str(&format!(
+                    "<li><b>{}</b> attempt {} ({}, {}): {}</li>",
+                    escape(&stage.stage),
+                    e.attempt,
+                    escape(&crate::lifecycle::report::format_ms(e.at)),
+                    escape(&e.worker),
+                    escape(&e.message)
+                ));
+            }
+        }
+        out.push_str("</ul></details>");
+    }
+}
+
+/// `POST /admin/{action}` (`--admin` only): requeue (`doc=ID`, or every dead document),
+/// pause or resume (`stage=NAME`), promote (`ids=A,B`). The form's CSRF token must be the
+/// server's, and a browser's Origin (when sent) this server; then 303 back to /status saying
+/// what was done.
+pub(super) async fn admin(
+    State(app): State<Arc<App>>,
+    axum::extract::Path(what): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    use subtle::ConstantTimeEq;
+    let Some(service) = app.search.as_ref().filter(|s| s.setup.admin) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let form: Vec<(String, String)> = url::form_urlencoded::parse(&body)
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let field = |name: &str| {
+        form.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let token = field("csrf").unwrap_or_default();
+    let same_origin = match (headers.get(header::ORIGIN), headers.get(header::HOST)) {
+        (Some(origin), Some(host)) => origin
+            .to_str()
+            .ok()
+            .and_then(|o| o.split_once("://"))
+            .is_some_and(|(_, o)| host.to_str().is_ok_and(|h| h == o)),
+        _ => true,
+    };
+    if !same_origin || !bool::from(token.as_bytes().ct_eq(service.csrf.as_bytes())) {
+        app.metrics.error("forbidden");
+        let mut r = html(
+            "ragline: refused",
+            "<p class=error role=alert>Refused: this form did not come from this server's \
+             status page (its CSRF token or origin is wrong). Reload <a href=/status>the status \
+             page</a> and try again.</p>",
+            None,
+        );
+        *r.status_mut() = StatusCode::FORBIDDEN;
+        return r;
+    }
+    let config = service.setup.config.clone();
+    let stage = field("stage");
+    let doc = field("doc").filter(|d| !d.is_empty());
+    let ids: Vec<String> = field("ids")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    let done = tokio::task::spawn_blocking(move || -> Result<String, crate::jobs::JobError> {
+        let mut store = crate::jobs::lifecycle_store(&config)?;
+        Ok(match what.as_str() {
+            "requeue" => {
+                let one = doc.map(|d| vec![d]);
+                let n = store.requeue(None, one.as_deref())?;
+                format!("{n} documents queued again")
+            }
+            "pause" | "resume" => {
+                let stage = stage.unwrap_or_default();
+                store.set_paused(&stage, what == "pause")?;
+                format!("{stage} {}d", what)
+            }
+            "promote" => {
+                let n = store.promote(&ids)?;
+                format!(
+                    "{n} of {} documents moved to the front of the queue",
+                    ids.len()
+                )
+            }
+            _ => return Ok(String::new()),
+        })
+    })
+    .await;
+    match done {
+        Ok(Ok(said)) if said.is_empty() => StatusCode::NOT_FOUND.into_response(),
+        Ok(Ok(said)) => {
+            let to = format!(
+                "/status?{}",
+                url::form_urlencoded::Serializer::new(String::new())
+                    .append_pair("done", &said)
+                    .finish()
+            );
+            let mut r = StatusCode::SEE_OTHER.into_response();
+            if let Ok(v) = HeaderValue::from_str(&to) {
+                r.headers_mut().insert(header::LOCATION, v);
+            }
+            r
+        }
+        Ok(Err(e)) => ApiError::bad(e.to_string()).into_response(),
+        Err(e) => ApiError::bad(format!("the action failed: {e}")).into_response(),
+    }
+}
+
+/// Bars of the last hour, one a minute, for one series; an SVG drawn on the server.
+fn chart(out: &mut String, id: &str, label: &str, now_minute: i64, per_minute: &[(i64, u64)]) {
+    let max = per_minute.iter().map(|(_, n)| *n).max().unwrap_or(0).max(1);
+    let total: u64 = per_minute.iter().map(|(_, n)| n).sum();
+    let (w, h) = (600.0_f64, 80.0_f64);
+    let bar = w / 60.0;
+    out.push_str(&format!(
+        "<figure id={id}><svg viewBox=\"0 0 {w} {h}\" width=100% role=img \
+         aria-label=\"{label}: {total} in the last hour, at most {max} a minute\">\
+         <rect width={w} height={h} fill=#f1f4f9></rect>"
+    ));
+    for (minute, n) in per_minute {
+        let age = now_minute - minute;
+        if !(0..60).contains(&age) || *n == 0 {
+            continue;
+        }
+        let x = w - (age as f64 + 1.0) * bar;
+        let bh = (*n as f64 / max as f64 * (h - 2.0)).max(1.0);
+        out.push_str(&format!(
+            "<rect x={x:.1} y={:.1} width={:.1} height={bh:.1} fill=#1d5fd6><title>{n}</title></rect>",
+            h - bh,
+            bar - 1.0
+        ));
+    }
+    out.push_str(&format!(
+        "</svg><figcaption><span>an hour ago</span><span>{label} per minute: {total} in the \
+         hour, at most {max} a minute</span><span>now</span></figcaption></figure>"
+    ));
 }
 
 fn search_form(out: &mut String, p: &SearchParams) {
@@ -423,6 +752,30 @@ fn status_html(r: &crate::lifecycle::report::StatusReport) -> String {
         }
         out.push_str("</table>");
     }
+    let now_minute = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+        / 60_000;
+    let series = |f: fn(&crate::lifecycle::report::MinuteActivity) -> u64| -> Vec<(i64, u64)> {
+        r.activity
+            .iter()
+            .map(|a| (a.minute / 60_000, f(a)))
+            .collect()
+    };
+    chart(
+        &mut out,
+        "documents-chart",
+        "Documents chunked",
+        now_minute,
+        &series(|a| a.documents),
+    );
+    chart(
+        &mut out,
+        "chunks-chart",
+        "Chunks embedded",
+        now_minute,
+        &series(|a| a.chunks),
+    );
     if let Some(b) = &r.backfill {
         out.push_str(&format!(
             "<p id=backfill>Backfill to <code>{}</code>: {} of {} documents done, {} chunks \
@@ -476,7 +829,9 @@ align-items:center;margin:1rem 0}input[type=search]{flex:1 1 16rem;font-size:1re
 input,select,button{font-size:1rem}:focus{outline:3px solid #1d5fd6;outline-offset:2px}\
 .hits{padding-left:1.5rem}.hit{margin:0 0 1.2rem}.score{font-variant-numeric:tabular-nums;\
 color:#555}.path{color:#555;font-size:.9rem}.snippet{margin:.2rem 0}mark{background:#ffe08a}\
-.error{color:#a40000}table{border-collapse:collapse;margin:1rem 0;width:100%}caption{text-align:\
+.error{color:#a40000}.notice{background:#e8f5e9;padding:.4rem .6rem}\
+form.action{display:inline-block;margin:0 .5rem .5rem 0}figure{margin:1rem 0}\
+figcaption{display:flex;justify-content:space-between;gap:1rem;font-size:.85rem;color:#555}table{border-collapse:collapse;margin:1rem 0;width:100%}caption{text-align:\
 left;font-weight:600}th,td{border-bottom:1px solid #ddd;padding:.3rem .5rem;text-align:left}\
 @media (max-width:30rem){table{font-size:.85rem}}";
 

@@ -1300,3 +1300,126 @@ fn enrich_through_the_broker_on(kind: &crate::backend::BackendKind, queue: &str)
     assert_eq!(s["stages"]["embed"]["dead"], 0);
     assert_eq!(vectors(&db).len() as u64, chunks);
 }
+
+/// `serve --index --admin`: a dead document requeued from the status page (a form POST with
+/// the page's CSRF token) is embedded by a running `enrich --follow`; a stage paused from the
+/// page shows paused; a POST without the token, or from another origin, is refused; without
+/// `--admin` there are no actions.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_dead_document_requeued_from_the_status_page_is_embedded_by_a_running_enrich() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = random_model(dir.path(), 32, 1);
+    let config = quick_config(dir.path(), &model, "");
+    let corpus = synthetic_corpus(dir.path(), 6, 3, &[2], "xyzzy");
+    let db = crate::backend::BackendKind::Sqlite.index(dir.path(), "admin");
+    ok(with_config(&config, &db, &["ingest", "--defer", "embed"]).arg(&corpus));
+    let o =
+        run(with_config(&config, &db, &["enrich"])
+            .env("FAILPOINTS", "embed::document=return(xyzzy)"));
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(status(&db)["stages"]["embed"]["dead"], 1);
+
+    let server = crate::serve::Server::start_args(
+        &["--index", &db.uri(), "--admin"],
+        &[],
+        dir.path(),
+        "admin",
+    );
+    let page = crate::serve::get(&format!("{}/status", server.url)).1;
+    assert!(
+        page.contains("data-document=\"doc002.md\"") && page.contains("injected failure"),
+        "{page}"
+    );
+    let token = page
+        .split("name=csrf value=\"")
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .expect("a CSRF token in the admin forms")
+        .to_string();
+    let post = |path: &str, form: &str, origin: Option<&str>| -> (u16, String) {
+        let agent = ureq::AgentBuilder::new().redirects(0).build();
+        let mut req = agent
+            .post(&format!("{}{path}", server.url))
+            .set("Content-Type", "application/x-www-form-urlencoded");
+        if let Some(o) = origin {
+            req = req.set("Origin", o);
+        }
+        match req.send_string(form) {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => {
+                (r.status(), r.header("location").unwrap_or("").to_string())
+            }
+            Err(e) => panic!("POST {path}: {e}"),
+        }
+    };
+    // Refused: no token, a wrong one, another origin.
+    assert_eq!(post("/admin/requeue", "doc=doc002.md", None).0, 403);
+    assert_eq!(
+        post("/admin/requeue", "doc=doc002.md&csrf=forged", None).0,
+        403
+    );
+    let form = format!("doc=doc002.md&csrf={token}");
+    assert_eq!(
+        post("/admin/requeue", &form, Some("http://evil.example")).0,
+        403
+    );
+    assert_eq!(status(&db)["stages"]["embed"]["dead"], 1);
+
+    // Pause and resume from the page.
+    let (code, to) = post("/admin/pause", &format!("stage=embed&csrf={token}"), None);
+    assert_eq!((code, to.as_str()), (303, "/status?done=embed+paused"));
+    assert_eq!(status(&db)["stages"]["embed"]["paused"], true);
+    assert_eq!(
+        post("/admin/resume", &format!("stage=embed&csrf={token}"), None).0,
+        303
+    );
+    assert_eq!(status(&db)["stages"]["embed"]["paused"], false);
+
+    // A running enrich (the fault gone) embeds the document requeued from the page.
+    let mut enrich = with_config(&config, &db, &["enrich", "--follow"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let own_origin = server.url.clone();
+    let (code, to) = post("/admin/requeue", &form, Some(&own_origin));
+    assert_eq!(
+        (code, to.as_str()),
+        (303, "/status?done=1+documents+queued+again")
+    );
+    let done = || {
+        let s = status(&db);
+        s["stages"]["embed"]["dead"] == 0 && s["stages"]["embed"]["done"] == 6
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let finished = done();
+    kill9(&mut enrich);
+    assert!(finished, "{}", status(&db));
+    let page = crate::serve::get(&format!(
+        "{}/status?done=1+documents+queued+again",
+        server.url
+    ))
+    .1;
+    assert!(
+        page.contains("<span id=dead-total>0</span>") && page.contains("1 documents queued again"),
+        "{page}"
+    );
+
+    // Read-only without --admin: no forms, no actions.
+    let plain = crate::serve::Server::start_args(&["--index", &db.uri()], &[], dir.path(), "plain");
+    let page = crate::serve::get(&format!("{}/status", plain.url)).1;
+    assert!(!page.contains("name=csrf"), "{page}");
+    let agent = ureq::AgentBuilder::new().redirects(0).build();
+    let code = match agent
+        .post(&format!("{}/admin/requeue", plain.url))
+        .set("Content-Type", "application/x-www-form-urlencoded")
+        .send_string(&form)
+    {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r.status(),
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(code, 404);
+}

@@ -324,6 +324,36 @@ impl<C: GenericClient> StatusSql for Sql<'_, C> {
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect())
     }
+
+    fn activity(&mut self, since: i64) -> Result<Vec<(i64, u64, u64)>, postgres::Error> {
+        let s = self.s;
+        let sql = crate::indexers::store::activity_sql(
+            &format!("{s}.documents"),
+            &format!("{s}.enrichment"),
+            "$1",
+        );
+        // SUM of integers is numeric in PostgreSQL: read as bigint.
+        let sql = sql
+            .replace(
+                "SUM(CASE WHEN e.stage = 'chunk' THEN 1 ELSE 0 END)",
+                "SUM(CASE WHEN e.stage = 'chunk' THEN 1 ELSE 0 END)::bigint",
+            )
+            .replace(
+                "SUM(CASE WHEN e.stage = 'embed' THEN d.chunk_count ELSE 0 END)",
+                "SUM(CASE WHEN e.stage = 'embed' THEN d.chunk_count ELSE 0 END)::bigint",
+            );
+        let rows = self.c.query(&sql, &[&since])?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<_, i64>(0),
+                    r.get::<_, i64>(1).max(0) as u64,
+                    r.get::<_, i64>(2).max(0) as u64,
+                )
+            })
+            .collect())
+    }
 }
 
 impl<C: GenericClient> AdminSql for Sql<'_, C> {

@@ -354,6 +354,23 @@ impl StatusSql for Sql<'_> {
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
             .collect()
     }
+
+    fn activity(&mut self, since: i64) -> rusqlite::Result<Vec<(i64, u64, u64)>> {
+        self.0
+            .prepare(&crate::indexers::store::activity_sql(
+                "documents",
+                "enrichment",
+                "?1",
+            ))?
+            .query_map([since], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get::<_, i64>(1)?.max(0) as u64,
+                    r.get::<_, i64>(2)?.max(0) as u64,
+                ))
+            })?
+            .collect()
+    }
 }
 
 impl AdminSql for Sql<'_> {
