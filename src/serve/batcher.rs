@@ -31,6 +31,9 @@ pub struct Job {
     /// Ids put before each input.
     pub prompt: Vec<u32>,
     pub enqueued: Instant,
+    /// A person waits for it (a search query): its window goes at once with whatever is
+    /// queued, without waiting `max_wait` for company.
+    pub interactive: bool,
     pub reply: tokio::sync::oneshot::Sender<JobResult>,
 }
 
@@ -201,7 +204,8 @@ impl Batcher {
                 taken.push(job);
             }
             let now = Instant::now();
-            let full = tokens >= window_tokens || !s.jobs.is_empty();
+            let urgent = taken.iter().any(|j| j.interactive);
+            let full = tokens >= window_tokens || !s.jobs.is_empty() || urgent;
             match deadline {
                 Some(d) if !full && now < d && !s.closed => {
                     s = self
@@ -402,10 +406,29 @@ mod tests {
                 inputs,
                 prompt: Vec::new(),
                 enqueued: Instant::now(),
+                interactive: false,
                 reply: tx,
             },
             rx,
         )
+    }
+
+    /// A search query's job does not wait `max_wait` for company: with an hour's wait, the
+    /// window comes back (a plain job would hold it for the hour).
+    #[test]
+    fn an_interactive_job_goes_at_once() {
+        let b = Arc::new(Batcher::new(1000));
+        let (mut query, _rx) = job(vec![vec![1; 4]]);
+        query.interactive = true;
+        assert_eq!(b.submit(query).0, Admission::Queued);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let b2 = Arc::clone(&b);
+        std::thread::spawn(move || {
+            let w = b2.next_window(1000, Duration::from_secs(3600));
+            let _ = tx.send(w.map(|w| w.len()));
+        });
+        // Generous: a liveness check, not a timing (a plain job would take an hour).
+        assert_eq!(rx.recv_timeout(Duration::from_secs(120)), Ok(Some(1)));
     }
 
     #[test]

@@ -866,6 +866,8 @@ async fn queue_and_wait(
         inputs: ids,
         prompt,
         enqueued: Instant::now(),
+        // A search query: someone is waiting for the page.
+        interactive: endpoint == "search",
         reply,
     };
     match app.batcher.submit(job).0 {
