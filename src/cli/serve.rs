@@ -126,7 +126,6 @@ fn index_setup(
     Ok(Some(std::sync::Arc::new(
         ragline::serve::pages::SearchSetup {
             uri,
-            config: config.clone(),
             dimension: reader.meta().dimension,
             admin: args.admin,
         },

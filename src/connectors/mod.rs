@@ -108,9 +108,14 @@ pub trait Settlement: Send {
 pub struct KnownIndex {
     pub documents: Arc<HashMap<String, KnownDocument>>,
     pub fingerprint: Arc<str>,
-    /// The index, for what a connector asks of it on its own (a crawl's known pages).
-    pub backend: Option<Arc<dyn crate::indexers::BackendFactory>>,
+    /// The web pages the index holds from a source (a crawl's start URL), with their
+    /// validators and links, asked of the index when a connector needs them (a failure to read
+    /// them is logged by the index's side, and reads as none).
+    pub pages: Option<KnownPages>,
 }
+
+/// See [`KnownIndex::pages`].
+pub type KnownPages = Arc<dyn Fn(&str) -> Vec<crate::lifecycle::KnownPage> + Send + Sync>;
 
 impl KnownIndex {
     /// Whether the index holds document `id` at version `key` (what it stores as the content
@@ -131,22 +136,15 @@ impl KnownIndex {
     }
 
     /// The web pages the index holds from `source` (a crawl's start URL) that it holds
-    /// completely; none when the index cannot tell (a failure is logged: the crawl then reads
-    /// every page).
+    /// completely; none when the index cannot tell (the crawl then reads every page).
     pub fn pages(&self, source: &str) -> Vec<crate::lifecycle::KnownPage> {
-        let Some(backend) = &self.backend else {
+        let Some(pages) = &self.pages else {
             return Vec::new();
         };
-        match backend.known_pages(source) {
-            Ok(pages) => pages
-                .into_iter()
-                .filter(|p| self.version_of(&p.id).is_some())
-                .collect(),
-            Err(e) => {
-                tracing::warn!("the pages the index holds from {source} cannot be read: {e}");
-                Vec::new()
-            }
-        }
+        pages(source)
+            .into_iter()
+            .filter(|p| self.version_of(&p.id).is_some())
+            .collect()
     }
 }
 

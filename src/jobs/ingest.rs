@@ -95,7 +95,7 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, JobErr
     let known = KnownIndex {
         documents: Arc::new(backend.known_documents()?),
         fingerprint: setup.fingerprint.into(),
-        backend: Some(Arc::clone(&backend)),
+        pages: Some(known_pages(&backend)),
     };
     let pipeline = stage_factory(config, &backend, known.clone(), setup.chunking)?;
     let options = run_options(config, backend.as_ref(), in_index.is_some());
@@ -236,6 +236,18 @@ fn local_setup(config: &PipelineConfig, embed_here: bool) -> Result<ModelSetup, 
         model: Some(identity),
         fingerprint,
         remote: None,
+    })
+}
+
+/// The web pages the index holds from a source, for a crawl (a failure is logged, and the
+/// crawl then reads every page).
+fn known_pages(backend: &Arc<dyn BackendFactory>) -> crate::connectors::KnownPages {
+    let backend = Arc::clone(backend);
+    Arc::new(move |source: &str| {
+        backend.known_pages(source).unwrap_or_else(|e| {
+            tracing::warn!("the pages the index holds from {source} cannot be read: {e}");
+            Vec::new()
+        })
     })
 }
 

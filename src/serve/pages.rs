@@ -19,8 +19,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::{embed, ApiError, App};
-use crate::indexers::{IndexReader, IndexUri};
-use crate::jobs::PipelineConfig;
+use crate::indexers::{open_store, IndexReader, IndexUri};
+use crate::lifecycle::StoreError;
 use crate::search::{Hit, Mode, SearchError, Searcher, Where};
 
 /// The cookie that carries a browser's session when the server has an API key: a keyed hash
@@ -110,8 +110,6 @@ const POOLED_READERS: usize = 8;
 #[derive(Debug)]
 pub struct SearchSetup {
     pub uri: IndexUri,
-    /// The pipeline config naming the index (for the status report).
-    pub config: PipelineConfig,
     /// The index's vector dimension, when it holds vectors (a query vector is cut to it).
     pub dimension: Option<usize>,
     /// `--admin`: the status page's buttons (requeue, pause and resume, promote).
@@ -298,17 +296,21 @@ async fn status_report(app: &Arc<App>) -> Result<crate::lifecycle::report::Statu
         message: "this server has no index: start it with --index URI".into(),
         retry_after: None,
     })?;
-    let config = service.setup.config.clone();
-    tokio::task::spawn_blocking(move || crate::jobs::status(&config).map_err(|e| e.to_string()))
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r)
-        .map_err(|message| ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            kind: "index_error",
-            message,
-            retry_after: None,
-        })
+    let uri = service.setup.uri.clone();
+    tokio::task::spawn_blocking(move || {
+        open_store(&uri)
+            .and_then(|mut s| s.status())
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r)
+    .map_err(|message| ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        kind: "index_error",
+        message,
+        retry_after: None,
+    })
 }
 
 /// `GET /`: the search page.
@@ -364,8 +366,8 @@ pub(super) async fn status_page(State(app): State<Arc<App>>, RawQuery(raw): RawQ
     let report = status_report(&app).await;
     let dead = match app.search.as_ref() {
         Some(service) => {
-            let config = service.setup.config.clone();
-            tokio::task::spawn_blocking(move || dead_letters(&config))
+            let uri = service.setup.uri.clone();
+            tokio::task::spawn_blocking(move || dead_letters(&uri))
                 .await
                 .ok()
                 .and_then(Result::ok)
@@ -456,8 +458,8 @@ fn admin_html(out: &mut String, r: &crate::lifecycle::report::StatusReport, toke
     ));
 }
 
-fn dead_letters(config: &PipelineConfig) -> Result<Dead, crate::jobs::JobError> {
-    let mut store = crate::jobs::lifecycle_store(config)?;
+fn dead_letters(uri: &IndexUri) -> Result<Dead, StoreError> {
+    let mut store = open_store(uri)?;
     let all = store.dead_letters(None)?;
     let mut shown = Vec::new();
     let mut ids: Vec<&str> = Vec::new();
@@ -564,7 +566,7 @@ pub(super) async fn admin(
         *r.status_mut() = StatusCode::FORBIDDEN;
         return r;
     }
-    let config = service.setup.config.clone();
+    let uri = service.setup.uri.clone();
     let stage = field("stage");
     let doc = field("doc").filter(|d| !d.is_empty());
     let ids: Vec<String> = field("ids")
@@ -574,8 +576,8 @@ pub(super) async fn admin(
         .filter(|s| !s.is_empty())
         .map(str::to_string)
         .collect();
-    let done = tokio::task::spawn_blocking(move || -> Result<String, crate::jobs::JobError> {
-        let mut store = crate::jobs::lifecycle_store(&config)?;
+    let done = tokio::task::spawn_blocking(move || -> Result<String, StoreError> {
+        let mut store = open_store(&uri)?;
         Ok(match what.as_str() {
             "requeue" => {
                 let one = doc.map(|d| vec![d]);

@@ -20,7 +20,9 @@ const LAYERS: &[&[&str]] = &[
     // uses them.
     &["publisher", "http"],
     &["connectors", "stages", "embed", "indexers"],
-    &["run", "search", "serve"],
+    &["run", "search"],
+    // `serve` searches an index (`--index`) as well as embedding.
+    &["serve"],
     &["eval", "jobs"],
     // The fuzz targets call the decoders of every layer.
     &["fuzz"],

@@ -541,13 +541,14 @@ impl Consume<'_> {
         };
         // The version: the content with what the message says of it (its metadata, title),
         // not where it sat on the stream.
-        let content = match &doc.raw {
-            Some(raw) => crate::stages::incremental::bytes_hash(raw),
-            None => crate::stages::incremental::content_hash(&doc.fields.text),
-        };
+        let content = blake3::hash(match &doc.raw {
+            Some(raw) => raw,
+            None => doc.fields.text.as_bytes(),
+        })
+        .to_hex();
         let said = Value::Object(m.metadata.clone()).to_string();
         doc.content_hash = Some(version_key(&[
-            &content,
+            content.as_str(),
             &said,
             doc.fields.title.as_deref().unwrap_or(""),
             doc.fields
