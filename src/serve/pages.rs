@@ -229,14 +229,19 @@ impl SearchParams {
     }
 }
 
-/// Search: the query embedded by the server's model when the mode needs it.
-async fn run_search(app: &Arc<App>, p: &SearchParams) -> Result<Vec<Hit>, ApiError> {
-    let service = app.search.as_ref().ok_or_else(|| ApiError {
+/// The server's index, or the 404 of a server started without `--index`.
+fn service(app: &App) -> Result<&Arc<SearchService>, ApiError> {
+    app.search.as_ref().ok_or_else(|| ApiError {
         status: StatusCode::NOT_FOUND,
         kind: "not_found",
         message: "this server has no index: start it with --index URI".into(),
         retry_after: None,
-    })?;
+    })
+}
+
+/// Search: the query embedded by the server's model when the mode needs it.
+async fn run_search(app: &Arc<App>, p: &SearchParams) -> Result<Vec<Hit>, ApiError> {
+    let service = service(app)?;
     let filter = Where::parse(&p.filters).map_err(|e| ApiError::bad(e.to_string()))?;
     if p.q.is_empty() {
         return Ok(Vec::new());
@@ -290,12 +295,7 @@ pub(super) async fn status_json(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn status_report(app: &Arc<App>) -> Result<crate::lifecycle::report::StatusReport, ApiError> {
-    let service = app.search.as_ref().ok_or_else(|| ApiError {
-        status: StatusCode::NOT_FOUND,
-        kind: "not_found",
-        message: "this server has no index: start it with --index URI".into(),
-        retry_after: None,
-    })?;
+    let service = service(app)?;
     let uri = service.setup.uri.clone();
     tokio::task::spawn_blocking(move || {
         open_store(&uri)

@@ -9,21 +9,26 @@ use crate::distributed::react_slice;
 use crate::serve::{get, Server};
 use crate::util::{model_dir, ragline, run};
 
+/// The react-docs slice `corpus` ingested into `DIR/react.db` with the real model: its URI.
+fn ingest_react(dir: &std::path::Path, corpus: &std::path::Path) -> String {
+    let index = format!("sqlite://{}", dir.join("react.db").display());
+    let o = run(ragline()
+        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
+        .arg(model_dir())
+        .arg("--index")
+        .arg(&index)
+        .arg(corpus));
+    assert!(o.status.success());
+    index
+}
+
 #[test]
 fn serve_with_an_index_searches_it_and_shows_it() {
     let dir = tempfile::tempdir().unwrap();
     let Some(corpus) = react_slice(dir.path(), 8) else {
         return;
     };
-    let db = dir.path().join("react.db");
-    let index = format!("sqlite://{}", db.display());
-    let o = run(ragline()
-        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
-        .arg(model_dir())
-        .arg("--index")
-        .arg(&index)
-        .arg(&corpus));
-    assert!(o.status.success());
+    let index = ingest_react(dir.path(), &corpus);
 
     // No --model: the server loads the index's own.
     let server = Server::start_args(&["--index", &index], &[], dir.path(), "pages");
@@ -166,15 +171,7 @@ fn an_api_key_guards_the_pages_through_a_login() {
     let Some(corpus) = react_slice(dir.path(), 2) else {
         return;
     };
-    let db = dir.path().join("react.db");
-    let index = format!("sqlite://{}", db.display());
-    let o = run(ragline()
-        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
-        .arg(model_dir())
-        .arg("--index")
-        .arg(&index)
-        .arg(&corpus));
-    assert!(o.status.success());
+    let index = ingest_react(dir.path(), &corpus);
     let key = "k3y-for-the-pages";
     let server = Server::start_args(
         &["--index", &index, "--api-key-env", "PAGES_KEY"],
@@ -266,15 +263,7 @@ fn a_browser_searches_the_index_and_reads_its_status() {
     let Some(corpus) = react_slice(dir.path(), 8) else {
         return;
     };
-    let db = dir.path().join("react.db");
-    let index = format!("sqlite://{}", db.display());
-    let o = run(ragline()
-        .args(["ingest", "--progress", "none", "--device", "cpu", "--model"])
-        .arg(model_dir())
-        .arg("--index")
-        .arg(&index)
-        .arg(&corpus));
-    assert!(o.status.success());
+    let index = ingest_react(dir.path(), &corpus);
     let query = "how does a component remember state between renders";
     let o = run(ragline()
         .args([
