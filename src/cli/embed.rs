@@ -16,6 +16,8 @@ use serde_json::Value;
 
 use std::sync::Arc;
 
+use ragline::embed::splade::SparseModel;
+use ragline::embed::splade::SparseVector;
 use ragline::embed::tokenizer::TextTokenizer;
 use ragline::embed::EmbeddingModel;
 use ragline::http::embed::{estimate_tokens, Input, RemoteEmbedder};
@@ -66,6 +68,12 @@ pub struct EmbedArgs {
     #[arg(long)]
     prompt_name: Option<String>,
 
+    /// --model is a sparse (SPLADE) model: each text's vector is its non-zero vocabulary
+    /// entries, written as JSONL `{"indices": [...], "values": [...]}` (with `id` when the
+    /// input has one), as sentence-transformers' `SparseEncoder.encode` computes them.
+    #[arg(long, conflicts_with_all = ["prompt", "prompt_name"])]
+    sparse: bool,
+
     #[command(flatten)]
     model: ModelArgs,
 
@@ -74,7 +82,13 @@ pub struct EmbedArgs {
 }
 
 /// A text's vector, or why it has none.
-type Vector = Result<Vec<f32>, String>;
+type Vector = Result<Output, String>;
+
+/// A text's vector: dense, or the non-zero entries of a sparse one.
+enum Output {
+    Dense(Vec<f32>),
+    Sparse(SparseVector),
+}
 
 /// What computes the vectors: the model here, or a service.
 enum Engine {
@@ -87,6 +101,10 @@ enum Engine {
         remote: Arc<RemoteEmbedder>,
         tokenizer: Box<TextTokenizer>,
     },
+    Sparse {
+        model: Box<SparseModel>,
+        batch_tokens: usize,
+    },
 }
 
 impl Engine {
@@ -94,6 +112,7 @@ impl Engine {
         match self {
             Engine::Local { model, .. } => model.dimension(),
             Engine::Remote { remote, .. } => remote.dimension().unwrap_or(0),
+            Engine::Sparse { model, .. } => model.dimension(),
         }
     }
 
@@ -107,10 +126,30 @@ impl Engine {
             } => {
                 let mut vectors = Vec::with_capacity(texts.len());
                 let stats = embed_texts(model, texts, prompt, *batch_tokens, |_, v| {
-                    vectors.push(Ok(v));
+                    vectors.push(Ok(Output::Dense(v)));
                     Ok(())
                 })?;
                 Ok((vectors, stats.tokens))
+            }
+            Engine::Sparse {
+                model,
+                batch_tokens,
+            } => {
+                let ids: Vec<Vec<u32>> = texts
+                    .par_iter()
+                    .map(|t| model.tokenizer.ids_for_embedding(t, &[]))
+                    .collect::<Result<_, _>>()?;
+                let specials = model.tokenizer.max_len() - model.tokenizer.max_content_len();
+                let lengths: Vec<usize> = ids.iter().map(|i| i.len() + specials).collect();
+                let mut vectors: Vec<Vector> = texts.iter().map(|_| Err(String::new())).collect();
+                for batch in ragline::embed::batch::plan_unpadded(&lengths, *batch_tokens) {
+                    let seqs: Vec<&[u32]> = batch.iter().map(|&i| ids[i].as_slice()).collect();
+                    let out = model.embed_ids(&seqs)?;
+                    for (&i, v) in batch.iter().zip(out) {
+                        vectors[i] = Ok(Output::Sparse(v));
+                    }
+                }
+                Ok((vectors, lengths.iter().sum()))
             }
             Engine::Remote { remote, tokenizer } => {
                 let room = tokenizer.max_content_len();
@@ -127,7 +166,12 @@ impl Engine {
                     .zip(&sizes)
                     .map(|(&text, &tokens)| Input { text, tokens })
                     .collect();
-                Ok((remote.embed(&inputs), sizes.iter().sum()))
+                let vectors = remote
+                    .embed(&inputs)
+                    .into_iter()
+                    .map(|v| v.map(Output::Dense))
+                    .collect();
+                Ok((vectors, sizes.iter().sum()))
             }
         }
     }
@@ -142,9 +186,15 @@ enum Sink {
 
 impl Sink {
     /// The writer `--output` names by its extension (`-`: JSONL on stdout).
-    fn open(output: &std::path::Path, dimension: usize) -> anyhow::Result<Sink> {
+    fn open(output: &std::path::Path, dimension: usize, sparse: bool) -> anyhow::Result<Sink> {
         let name = output.to_string_lossy().to_string();
         let cannot = || format!("cannot write --output {name}");
+        if sparse && (name.ends_with(".npy") || name.ends_with(".parquet")) {
+            anyhow::bail!(
+                "--sparse writes JSONL ({{\"indices\", \"values\"}} per text): give --output \
+                 FILE.jsonl or -, not {name}"
+            );
+        }
         Ok(if name.ends_with(".npy") {
             Sink::Npy(NpyWriter::create(output, dimension).with_context(cannot)?)
         } else if name.ends_with(".parquet") {
@@ -175,10 +225,15 @@ impl Sink {
         line: usize,
         id: Option<Value>,
         text: Option<&str>,
-        vector: Vec<f32>,
+        vector: Option<Output>,
         error: Option<String>,
         dimension: usize,
     ) -> anyhow::Result<()> {
+        let (vector, sparse) = match vector {
+            Some(Output::Dense(v)) => (v, None),
+            Some(Output::Sparse(v)) => (Vec::new(), Some(v)),
+            None => (Vec::new(), None),
+        };
         match self {
             Sink::Npy(w) => {
                 let row = if error.is_some() {
@@ -210,10 +265,18 @@ impl Sink {
                 if let Some(id) = id {
                     obj.insert("id".into(), id);
                 }
-                match error {
-                    Some(reason) => obj.insert("error".into(), Value::String(reason)),
-                    None => obj.insert("vector".into(), serde_json::to_value(vector)?),
-                };
+                match (error, sparse) {
+                    (Some(reason), _) => {
+                        obj.insert("error".into(), Value::String(reason));
+                    }
+                    (None, Some(v)) => {
+                        obj.insert("indices".into(), serde_json::to_value(v.indices)?);
+                        obj.insert("values".into(), serde_json::to_value(v.values)?);
+                    }
+                    (None, None) => {
+                        obj.insert("vector".into(), serde_json::to_value(vector)?);
+                    }
+                }
                 serde_json::to_writer(&mut *w, &obj)?;
                 w.write_all(b"\n")?;
             }
@@ -244,6 +307,18 @@ fn engine(
     config: &ragline::jobs::PipelineConfig,
     model_config: &ragline::jobs::config::ModelConfig,
 ) -> anyhow::Result<Engine> {
+    if args.sparse {
+        let devices = ragline::jobs::devices(model_config)?;
+        let device = &devices[0];
+        let model = SparseModel::load(&model_config.name, &device.device, model_config.dtype.value)
+            .with_context(|| format!("cannot load the sparse model `{}`", model_config.name))?;
+        eprintln!("embedding on {} ({})", device.label, device.reason);
+        eprintln!("encoder: {} (sparse)", model.encoder_kind());
+        return Ok(Engine::Sparse {
+            model: Box::new(model),
+            batch_tokens: ragline::jobs::batch_tokens(model_config, device),
+        });
+    }
     if config.stages.embed.remote.enabled() {
         if args.prompt.is_some_and(|p| !matches!(p, Prompt::None)) || args.prompt_name.is_some() {
             anyhow::bail!(
@@ -301,7 +376,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             || format!("cannot read --input {}", args.input.display()),
         )?))
     };
-    let mut sink = Sink::open(&args.output, engine.dimension())?;
+    let mut sink = Sink::open(&args.output, engine.dimension(), args.sparse)?;
     let bar = if std::io::stderr().is_terminal() {
         let b = ProgressBar::new_spinner();
         b.set_style(ProgressStyle::with_template(
@@ -336,9 +411,9 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         for ((line, id, text), vector) in window.into_iter().zip(vectors) {
             n.total += 1;
             let (vector, error) = match (&text, vector) {
-                (Err(reason), _) => (Vec::new(), Some(reason.clone())),
-                (Ok(_), Ok(v)) => (v, None),
-                (Ok(_), Err(reason)) => (Vec::new(), Some(reason)),
+                (Err(reason), _) => (None, Some(reason.clone())),
+                (Ok(_), Ok(v)) => (Some(v), None),
+                (Ok(_), Err(reason)) => (None, Some(reason)),
             };
             if let Some(reason) = &error {
                 n.bad += 1;

@@ -16,6 +16,7 @@ mod promote;
 #[cfg(feature = "test-hooks")]
 mod random_model;
 mod remote_args;
+mod rerank;
 #[cfg(feature = "nats")]
 mod role;
 pub mod search;
@@ -82,6 +83,8 @@ enum Command {
     Extract(extract::ExtractArgs),
     /// Search an index by meaning, keywords, or both.
     Search(search::SearchArgs),
+    /// Score passages against a query with a cross-encoder (a reranker), best first.
+    Rerank(rerank::RerankArgs),
     /// Measure retrieval quality on a BEIR dataset (nDCG@10, recall, MRR per mode).
     Eval(eval::EvalArgs),
     /// Measure embedding throughput on this host (tokens/s, padding, memory, chunker MB/s).
@@ -153,6 +156,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(args, config),
         Command::Extract(args) => extract::run(args),
         Command::Search(args) => search::run(args, config),
+        Command::Rerank(args) => rerank::run(args),
         Command::Eval(args) => eval::run(args, config),
         #[cfg(feature = "nats")]
         Command::Worker(args) => {

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 use ragline::embed::random::{save_random_family_with, RandomOptions};
+use ragline::embed::random_heads::{save_random_reranker, save_random_splade};
 
 #[derive(Args, Debug)]
 pub struct RandomModelArgs {
@@ -39,25 +40,42 @@ pub struct RandomModelArgs {
     /// Qwen3-Embedding-0.6B; gemma3: EmbeddingGemma-300m), not --hidden and --layers.
     #[arg(long)]
     real_shape: bool,
+    /// What the model does: embed (a sentence-transformers embedding model), rerank (a
+    /// one-label cross-encoder: bert, xlm-roberta or modernbert) or sparse (a SPLADE model:
+    /// BERT with its masked-language-model head).
+    #[arg(long, default_value = "embed", value_parser = ["embed", "rerank", "sparse"])]
+    task: String,
 }
 
 pub fn run(args: RandomModelArgs) -> anyhow::Result<ExitCode> {
-    save_random_family_with(
-        &args.base,
-        &args.out,
-        &args.family,
-        args.hidden,
-        args.layers,
-        args.seed,
-        RandomOptions {
-            max_seq_length: args.max_seq_length,
-            real_shape: args.real_shape,
-        },
-    )
-    .with_context(|| format!("cannot write a model into {}", args.out.display()))?;
+    let written = match args.task.as_str() {
+        "rerank" => save_random_reranker(
+            &args.base,
+            &args.out,
+            &args.family,
+            args.hidden,
+            args.layers,
+            args.seed,
+        ),
+        "sparse" => save_random_splade(&args.base, &args.out, args.hidden, args.layers, args.seed),
+        _ => save_random_family_with(
+            &args.base,
+            &args.out,
+            &args.family,
+            args.hidden,
+            args.layers,
+            args.seed,
+            RandomOptions {
+                max_seq_length: args.max_seq_length,
+                real_shape: args.real_shape,
+            },
+        ),
+    };
+    written.with_context(|| format!("cannot write a model into {}", args.out.display()))?;
     println!(
-        "random {} ({} dimensions, {} layers) written to {}",
+        "random {} {} ({} dimensions, {} layers) written to {}",
         args.family,
+        args.task,
         args.hidden,
         args.layers,
         args.out.display()

@@ -51,6 +51,18 @@ pub struct SearchArgs {
     #[arg(long = "where", value_name = "source=GLOB|KEY=VALUE")]
     filters: Vec<String>,
 
+    /// Re-score the first stage's candidates with this cross-encoder (a reranker: a folder,
+    /// a name under models/, a hub id; BERT, XLM-RoBERTa or ModernBERT sequence
+    /// classification with one label) and order them by its score. --json then shows
+    /// `score` (the reranker's), `raw_score` (its logit), `first_stage_rank` and
+    /// `first_stage_score`. Runs on --device in --dtype.
+    #[arg(long, value_name = "MODEL")]
+    rerank: Option<String>,
+
+    /// First-stage candidates the reranker scores (at least k).
+    #[arg(long, default_value_t = ragline::search::rerank::DEFAULT_CANDIDATES, requires = "rerank")]
+    rerank_candidates: usize,
+
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -59,8 +71,18 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
     let mut config = super::load_config(config_file)?;
     super::apply_index(&mut config, &args.index)?;
     let filter = ragline::search::Where::parse(&args.filters).map_err(anyhow::Error::msg)?;
-    let searcher = open(&config, &args.model.resolve(&config), args.exact, args.mode)?;
-    let hits = searcher.search_where(&args.query, args.mode, args.k, &filter)?;
+    let model_config = args.model.resolve(&config);
+    let searcher = open(&config, &model_config, args.exact, args.mode)?;
+    let hits = match &args.rerank {
+        None => searcher.search_where(&args.query, args.mode, args.k, &filter)?,
+        Some(spec) => {
+            let reranker = jobs::load_reranker(spec, &model_config)?;
+            let depth = args.rerank_candidates.max(args.k);
+            let candidates = searcher.search_where(&args.query, args.mode, depth, &filter)?;
+            ragline::search::rerank::rerank_hits(&reranker, &args.query, candidates, args.k)
+                .with_context(|| format!("reranking with `{spec}`"))?
+        }
+    };
     // A partly enriched index: say what vector search cannot see yet, and embed what this
     // search is looking for first.
     let (missing, total) = searcher.reader().unembedded()?;
@@ -87,9 +109,13 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
         let c = &h.chunk;
         writeln!(
             out,
-            "{:>3}. {:.4}  {}{}  [{}]{}",
+            "{:>3}. {:.4}{}  {}{}  [{}]{}",
             h.rank,
             h.score,
+            match h.first_stage_rank {
+                Some(r) => format!(" (was {r})"),
+                None => String::new(),
+            },
             c.source.as_deref().unwrap_or(&c.document_id),
             match c.pages {
                 Some((a, b)) if a == b => format!("  p. {a}"),

@@ -329,6 +329,9 @@ pub struct Bert {
     word_embeddings: Tensor,
     /// Position embeddings plus the token-type-0 embedding, [max_positions, hidden].
     position_type: Tensor,
+    /// Each token type's embedding less type 0's, [types, hidden] (row 0 zeros), where the
+    /// family has several: what a pair's second segment adds (cross-encoders).
+    token_types: Option<Tensor>,
     embedding_norm: LayerNorm,
     layers: Vec<Layer>,
     heads: usize,
@@ -380,7 +383,7 @@ fn load_embeddings(
     e: &VarBuilder,
     config: &BertConfig,
     family: Family,
-) -> Result<(Tensor, Tensor, LayerNorm)> {
+) -> Result<(Tensor, Tensor, Option<Tensor>, LayerNorm)> {
     let h = config.hidden_size;
     let word_embeddings = e.get((config.vocab_size, h), "word_embeddings.weight")?;
     let positions = e.get(
@@ -396,15 +399,19 @@ fn load_embeddings(
         );
     }
     let positions = positions.narrow(0, first, config.max_position_embeddings - first)?;
-    let position_type = match family {
+    let (position_type, token_types) = match family {
         Family::Bert | Family::Roberta => {
             let types = e.get((config.type_vocab_size, h), "token_type_embeddings.weight")?;
-            positions.broadcast_add(&types.narrow(0, 0, 1)?)?
+            let first = types.narrow(0, 0, 1)?;
+            let others = (config.type_vocab_size > 1)
+                .then(|| types.broadcast_sub(&first))
+                .transpose()?;
+            (positions.broadcast_add(&first)?, others)
         }
-        Family::DistilBert | Family::MpNet => positions,
+        Family::DistilBert | Family::MpNet => (positions, None),
     };
     let embedding_norm = LayerNorm::load(&e.pp("LayerNorm"), h, config.layer_norm_eps)?;
-    Ok((word_embeddings, position_type, embedding_norm))
+    Ok((word_embeddings, position_type, token_types, embedding_norm))
 }
 
 /// MPNet's relative attention bias; `None` for the other families.
@@ -491,7 +498,7 @@ impl Bert {
         check_shape(config)?;
         let h = config.hidden_size;
         let head_size = h / config.num_attention_heads;
-        let (word_embeddings, position_type, embedding_norm) =
+        let (word_embeddings, position_type, token_types, embedding_norm) =
             load_embeddings(&vb.pp("embeddings"), config, family)?;
         let relative = load_relative(&vb, config, family)?;
 
@@ -506,6 +513,7 @@ impl Bert {
             word_embeddings: word_embeddings.to_dtype(act)?,
             max_positions: position_type.dim(0)?,
             position_type: position_type.to_dtype(act)?,
+            token_types: token_types.map(|t| t.to_dtype(act)).transpose()?,
             embedding_norm: embedding_norm.cast(act)?,
             layers,
             heads: config.num_attention_heads,
@@ -559,7 +567,7 @@ impl Bert {
             Some(r) => Some(r.by_distance(self.max_positions)?),
             None => None,
         };
-        CpuBert::new(
+        let cpu = CpuBert::new(
             &self.word_embeddings,
             &self.position_type,
             (
@@ -573,7 +581,11 @@ impl Bert {
             relative,
             path,
             precision,
-        )
+        )?;
+        match &self.token_types {
+            Some(t) => cpu.with_token_types(t),
+            None => Ok(cpu),
+        }
     }
 
     pub fn hidden_size(&self) -> usize {
@@ -606,6 +618,19 @@ impl Bert {
 
     /// [`Bert::forward`], charging each part's time to `parts` (see [`super::profile`]).
     pub fn forward_timed(&self, ids: &Tensor, mask: &Tensor, parts: &mut Parts) -> Result<Tensor> {
+        self.forward_typed(ids, None, mask, parts)
+    }
+
+    /// [`Bert::forward_timed`] with each token's type ([batch, len], u32: a pair's second
+    /// segment is type 1); None: every token is type 0. A family without token types refuses
+    /// any other than 0.
+    pub fn forward_typed(
+        &self,
+        ids: &Tensor,
+        types: Option<&Tensor>,
+        mask: &Tensor,
+        parts: &mut Parts,
+    ) -> Result<Tensor> {
         let (b, len) = ids.dims2()?;
         if len > self.max_positions {
             candle_core::bail!(
@@ -618,6 +643,19 @@ impl Bert {
         let x = words
             .reshape((b, len, self.hidden))?
             .broadcast_add(&self.position_type.narrow(0, 0, len)?)?;
+        let x = match (types, &self.token_types) {
+            (None, _) => x,
+            (Some(t), Some(table)) => {
+                let extra = table.index_select(&t.flatten_all()?, 0)?;
+                (x + extra.reshape((b, len, self.hidden))?)?
+            }
+            (Some(t), None) => {
+                if t.flatten_all()?.max(0)?.to_scalar::<u32>()? > 0 {
+                    candle_core::bail!("this model has one token type; a pair's types must be 0");
+                }
+                x
+            }
+        };
         let mut x = self.embedding_norm.forward(&x.reshape((n, self.hidden))?)?;
         parts.mark("embeddings")?;
 

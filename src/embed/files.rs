@@ -51,6 +51,8 @@ pub struct ModelFiles {
     pub include_prompt: bool,
     /// The Dense layers after pooling, in order (`2_Dense`, `3_Dense`...).
     pub dense: Vec<DenseSpec>,
+    /// Its modules pool as SPLADE does (a sparse model, not a dense embedder).
+    pub splade: bool,
 }
 
 /// A sentence-transformers `Dense` module: `activation(x W^T + b)`.
@@ -163,6 +165,7 @@ impl ModelFiles {
             include_prompt,
             normalize,
             dense,
+            splade,
         } = read_modules(dir)?;
         let max_seq_length = match dir.join("sentence_bert_config.json") {
             p if p.is_file() => read_json::<SentenceBertConfig>(&p)?.max_seq_length,
@@ -190,6 +193,7 @@ impl ModelFiles {
             default_prompt_name,
             include_prompt,
             dense,
+            splade,
         })
     }
 
@@ -207,6 +211,22 @@ impl ModelFiles {
             ))
         })
     }
+}
+
+/// tokenizer_config.json's `model_max_length` in `dir`, when it names a real one (the
+/// transformers default for "none" is a huge number).
+pub fn tokenizer_max_length(dir: &Path) -> Option<usize> {
+    #[derive(Deserialize)]
+    struct TokenizerConfig {
+        #[serde(default)]
+        model_max_length: Option<f64>,
+    }
+    std::fs::read(dir.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<TokenizerConfig>(&b).ok())
+        .and_then(|c| c.model_max_length)
+        .filter(|n| (1.0..1e9).contains(n))
+        .map(|n| n as usize)
 }
 
 /// Folders searched for `models/<name>`: $RAGLINE_MODELS, then ./models.
@@ -240,6 +260,7 @@ struct Modules {
     include_prompt: bool,
     normalize: bool,
     dense: Vec<DenseSpec>,
+    splade: bool,
 }
 
 /// Read modules.json in `dir`: pooling, Dense layers and Normalize, in that order.
@@ -250,6 +271,7 @@ fn read_modules(dir: &Path) -> Result<Modules, EmbedError> {
     let mut include_prompt = true;
     let mut normalize = false;
     let mut dense = Vec::new();
+    let mut splade = false;
     let modules_path = dir.join("modules.json");
     if modules_path.is_file() {
         let modules: Vec<ModuleEntry> = read_json(&modules_path)?;
@@ -268,6 +290,10 @@ fn read_modules(dir: &Path) -> Result<Modules, EmbedError> {
                 "Pooling" => (pooling, include_prompt) = read_pooling(&folder.join("config.json"))?,
                 "Dense" => dense.push(read_dense(&folder)?),
                 "Normalize" => normalize = true,
+                // A SPLADE model's (read by `splade::SparseModel`; an embedding model
+                // refuses a folder that has one).
+                "SpladePooling" => splade = true,
+                "MLMTransformer" => {}
                 other => {
                     return Err(EmbedError::Unsupported(format!(
                         "{}: module `{other}` is not supported; supported: Transformer, \
@@ -283,6 +309,7 @@ fn read_modules(dir: &Path) -> Result<Modules, EmbedError> {
         include_prompt,
         normalize,
         dense,
+        splade,
     })
 }
 

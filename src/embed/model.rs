@@ -18,6 +18,8 @@ use super::EmbedError;
 #[derive(serde::Deserialize)]
 struct ArchProbe {
     model_type: Option<String>,
+    #[serde(default)]
+    architectures: Vec<String>,
 }
 
 /// The encoder: candle ops on any device, or the fused unpadded path on the CPU in f32 (the
@@ -167,6 +169,25 @@ fn read_model_type(files: &ModelFiles) -> Result<(Vec<u8>, String), EmbedError> 
         path: files.config.clone(),
         reason: format!("not the expected JSON: {e}"),
     })?;
+    if probe
+        .architectures
+        .iter()
+        .any(|a| a.ends_with("ForSequenceClassification"))
+    {
+        return Err(EmbedError::Unsupported(format!(
+            "model `{}` is a cross-encoder (a reranker: {}), not an embedding model; use it \
+             with `ragline search --rerank`, `ragline rerank` or `serve --rerank-model`",
+            files.name,
+            probe.architectures.join(", ")
+        )));
+    }
+    if files.splade {
+        return Err(EmbedError::Unsupported(format!(
+            "model `{}` is a sparse (SPLADE) model, not a dense embedding model; use it with \
+             `ragline embed --sparse` or `serve --sparse-model`",
+            files.name
+        )));
+    }
     let model_type = probe.model_type.unwrap_or_else(|| "(none)".into());
     if !SUPPORTED_MODEL_TYPES.contains(&model_type.as_str())
         && !ROTARY_MODEL_TYPES.contains(&model_type.as_str())

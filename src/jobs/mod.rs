@@ -20,7 +20,7 @@ pub use config::{ConfigError, PipelineConfig, Progress};
 pub use enrich::{backfill, enrich, lifecycle_store, status, BackfillOutcome, EnrichRequest};
 pub use ingest::{ingest, prepare, Build, Prepared};
 pub(crate) use ingest::{ingest_from, Scope};
-pub use model::{batch_tokens, devices, load_model, model_files, model_identity};
+pub use model::{batch_tokens, devices, load_model, load_reranker, model_files, model_identity};
 
 use thiserror::Error;
 

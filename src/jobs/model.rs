@@ -55,6 +55,24 @@ pub fn load_model(
     Ok(m)
 }
 
+/// Load the cross-encoder `spec` names (a folder, a name under models/, a hub id) on the
+/// first device `model` names, in its dtype.
+pub fn load_reranker(
+    spec: &str,
+    model: &config::ModelConfig,
+) -> Result<crate::embed::cross_encoder::CrossEncoder, JobError> {
+    let files = model_files(spec)?;
+    let devices = devices(model)?;
+    let device = &devices[0];
+    crate::embed::cross_encoder::CrossEncoder::load_files(files, &device.device, model.dtype.value)
+        .map_err(|e| {
+            JobError::Setup(format!(
+                "cannot load the reranker `{spec}` on {}: {e}",
+                device.label
+            ))
+        })
+}
+
 /// What the index records of a model.
 pub fn model_identity(
     files: &ModelFiles,

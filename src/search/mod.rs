@@ -7,6 +7,8 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
+pub mod rerank;
+
 use crate::embed::{EmbedError, EmbeddingModel};
 pub use crate::indexers::filter::{Clause, FilterError, Where};
 use crate::indexers::{BackendError, ChunkRow, IndexReader, IndexUri};
@@ -61,7 +63,16 @@ pub enum SearchError {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Hit {
     pub rank: usize,
+    /// What orders the results: the first stage's score, or the reranker's when reranked.
     pub score: f64,
+    /// Reranked results: the rank and score the first stage gave.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_stage_rank: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_stage_score: Option<f64>,
+    /// Reranked results: the cross-encoder's logit (`score` is its activation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw_score: Option<f64>,
     #[serde(flatten)]
     pub chunk: ChunkRow,
 }
@@ -234,6 +245,9 @@ impl Searcher {
                 hits.push(Hit {
                     rank: i + 1,
                     score,
+                    first_stage_rank: None,
+                    first_stage_score: None,
+                    raw_score: None,
                     chunk,
                 });
             }

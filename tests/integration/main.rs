@@ -19,6 +19,7 @@ mod pages;
 mod parquet;
 mod pipeline;
 mod postgres;
+mod rerankers;
 mod serve;
 mod site;
 mod subjects;

@@ -72,6 +72,9 @@ pub enum Activation {
 pub struct CpuBert {
     word_embeddings: Vec<f32>,
     position_type: Vec<f32>,
+    /// Each token type's embedding less type 0's (which `position_type` holds), [types,
+    /// hidden]; empty for a family without token types.
+    token_types: Vec<f32>,
     embedding_norm: Norm,
     layers: Vec<Layer>,
     heads: usize,
@@ -170,6 +173,7 @@ impl CpuBert {
             word_embeddings: vec1(word_embeddings)?,
             max_positions: position_type.dims2()?.0,
             position_type: vec1(position_type)?,
+            token_types: Vec::new(),
             embedding_norm: norm(embedding_norm)?,
             layers: layers
                 .into_iter()
@@ -197,6 +201,20 @@ impl CpuBert {
             path,
             precision,
         })
+    }
+
+    /// With the token types' embeddings less type 0's ([types, hidden]; row 0 zeros), for
+    /// [`CpuBert::forward_typed`].
+    pub fn with_token_types(mut self, table: &Tensor) -> Result<Self> {
+        let (_, h) = table.dims2()?;
+        if h != self.hidden {
+            candle_core::bail!(
+                "token type embeddings of {h} values, the model has {}",
+                self.hidden
+            );
+        }
+        self.token_types = vec1(table)?;
+        Ok(self)
     }
 
     /// The kernel path the encoder runs.
@@ -229,7 +247,14 @@ impl CpuBert {
     /// Hidden states of every token of every sequence (full token ids, special tokens
     /// included), laid end to end: [sum of lengths, hidden].
     pub fn forward(&self, seqs: &[&[u32]]) -> Result<Vec<f32>> {
+        self.forward_typed(seqs, None)
+    }
+
+    /// [`CpuBert::forward`] with each token's type (`types[i]` as long as `seqs[i]`: a
+    /// pair's second segment is type 1); None: every token is type 0.
+    pub fn forward_typed(&self, seqs: &[&[u32]], types: Option<&[&[u32]]>) -> Result<Vec<f32>> {
         let h = self.hidden;
+        let kinds = self.token_types.len() / h;
         let total: usize = seqs.iter().map(|s| s.len()).sum();
         let vocab = self.word_embeddings.len() / h;
         let mut starts = Vec::with_capacity(seqs.len());
@@ -254,6 +279,24 @@ impl CpuBert {
                 let place = &self.position_type[pos * h..(pos + 1) * h];
                 for ((d, w), p) in dst.iter_mut().zip(word).zip(place) {
                     *d = w + p;
+                }
+            }
+            if let Some(types) = types {
+                let t = types.get(starts.len() - 1).copied().unwrap_or(&[]);
+                if t.len() != s.len() {
+                    candle_core::bail!("{} token types for {} tokens", t.len(), s.len());
+                }
+                for (pos, &ty) in t.iter().enumerate().filter(|(_, &ty)| ty > 0) {
+                    let ty = ty as usize;
+                    if ty >= kinds.max(1) {
+                        candle_core::bail!(
+                            "token type {ty} is outside the model's {}",
+                            kinds.max(1)
+                        );
+                    }
+                    let dst = &mut x[(row + pos) * h..(row + pos + 1) * h];
+                    let extra = &self.token_types[ty * h..(ty + 1) * h];
+                    dst.iter_mut().zip(extra).for_each(|(d, e)| *d += e);
                 }
             }
             row += s.len();
