@@ -99,6 +99,16 @@ pub struct ServeArgs {
     #[arg(long, requires = "index")]
     admin: bool,
 
+    /// Also rerank with this cross-encoder (a folder, a name under models/, a hub id):
+    /// POST /rerank (TEI's shape) and POST /v1/rerank (Cohere's and Jina's), batched across
+    /// requests on the first device.
+    #[arg(long, value_name = "MODEL")]
+    rerank_model: Option<String>,
+
+    /// Also embed with this sparse (SPLADE) model: POST /embed_sparse (TEI's shape).
+    #[arg(long, value_name = "MODEL")]
+    sparse_model: Option<String>,
+
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -228,12 +238,41 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         }
     }
     let searching = options.index.is_some();
-    serve::serve(models, tokenizer, dimension, options, |addr| {
+    let mut tasks = serve::TaskModels::default();
+    if let Some(spec) = &args.rerank_model {
+        let m = ragline::jobs::load_reranker(spec, &model_config)?;
+        eprintln!("reranker: {spec} ({})", m.encoder_kind());
+        tasks.reranker = Some(m);
+    }
+    if let Some(spec) = &args.sparse_model {
+        let m = ragline::embed::splade::SparseModel::load(
+            spec,
+            &devices[0].device,
+            model_config.dtype.value,
+        )
+        .with_context(|| format!("cannot load the sparse model `{spec}`"))?;
+        eprintln!("sparse model: {spec} ({})", m.encoder_kind());
+        tasks.sparse = Some(m);
+    }
+    let extra_routes = format!(
+        "{}{}",
+        if tasks.reranker.is_some() {
+            ", POST /rerank (TEI), POST /v1/rerank (Cohere/Jina)"
+        } else {
+            ""
+        },
+        if tasks.sparse.is_some() {
+            ", POST /embed_sparse (TEI)"
+        } else {
+            ""
+        }
+    );
+    serve::serve(models, tokenizer, dimension, tasks, options, |addr| {
         // The first line on stdout, for scripts that start the server on port 0.
         println!("listening on http://{addr}");
         eprintln!(
             "serving {} on http://{addr}: POST /v1/embeddings (OpenAI), POST /embed (TEI), \
-             GET /health, GET /metrics{}",
+             GET /health, GET /metrics{extra_routes}{}",
             model_config.name,
             if searching {
                 ", GET /v1/search, GET /v1/status; pages: / (search), /status"

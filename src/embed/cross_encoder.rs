@@ -42,6 +42,8 @@ pub struct PairIds {
     /// 0 for the query's segment, 1 for the passage's (BERT); all 0 where the model has one
     /// token type.
     pub types: Vec<u32>,
+    /// Tokens were cut to fit the model's length.
+    pub truncated: bool,
 }
 
 /// A pair's score: the model's logit and its activation (what `CrossEncoder.predict` gives).
@@ -490,7 +492,11 @@ impl CrossEncoder {
             Body::Rotary(_) => vec![0; ids.len()],
             _ => e.get_type_ids().to_vec(),
         };
-        Ok(PairIds { ids, types })
+        Ok(PairIds {
+            ids,
+            types,
+            truncated: !e.get_overflowing().is_empty(),
+        })
     }
 
     /// Score `passages` against `query`, in their order (batched by length within

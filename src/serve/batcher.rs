@@ -40,6 +40,38 @@ pub struct Job {
 /// A request's vectors, or why it has none.
 pub type JobResult = Result<Vec<Vec<f32>>, String>;
 
+/// What waits in a [`Batcher`]: a request's work for one model (embedding, reranking,
+/// sparse embedding).
+pub trait Queued: Send {
+    /// Tokens it will compute (what the queue is bounded by).
+    fn tokens(&self) -> usize;
+    fn enqueued(&self) -> Instant;
+    /// A person waits for it: its window goes at once.
+    fn interactive(&self) -> bool {
+        false
+    }
+    /// Answer it with an error.
+    fn fail(self, why: String);
+}
+
+impl Queued for Job {
+    fn tokens(&self) -> usize {
+        self.inputs
+            .iter()
+            .map(|i| i.len() + self.prompt.len() + 2)
+            .sum()
+    }
+    fn enqueued(&self) -> Instant {
+        self.enqueued
+    }
+    fn interactive(&self) -> bool {
+        self.interactive
+    }
+    fn fail(self, why: String) {
+        let _ = self.reply.send(Err(why));
+    }
+}
+
 /// What the queue said to a job.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Admission {
@@ -65,17 +97,17 @@ pub struct WindowReport {
     pub compute: Duration,
 }
 
-struct State {
-    jobs: VecDeque<(Job, usize)>,
+struct State<J> {
+    jobs: VecDeque<(J, usize)>,
     closed: bool,
     /// Model threads running, and whether any ever ran.
     models: usize,
     started: bool,
 }
 
-/// The shared queue of jobs.
-pub struct Batcher {
-    state: Mutex<State>,
+/// The shared queue of jobs (embedding requests unless said otherwise).
+pub struct Batcher<J: Queued = Job> {
+    state: Mutex<State<J>>,
     ready: Condvar,
     /// Tokens waiting, and the most that may wait.
     queued_tokens: AtomicUsize,
@@ -85,8 +117,8 @@ pub struct Batcher {
     pub served_inputs: AtomicU64,
 }
 
-impl Batcher {
-    pub fn new(max_queued_tokens: usize) -> Arc<Batcher> {
+impl<J: Queued> Batcher<J> {
+    pub fn new(max_queued_tokens: usize) -> Arc<Batcher<J>> {
         Arc::new(Batcher {
             state: Mutex::new(State {
                 jobs: VecDeque::new(),
@@ -102,7 +134,7 @@ impl Batcher {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<J>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -118,12 +150,8 @@ impl Batcher {
 
     /// Queue a job, unless the queue is full (a job alone in an empty queue always fits, so a
     /// request larger than the limit is not refused forever).
-    pub fn submit(&self, job: Job) -> (Admission, Option<Job>) {
-        let tokens: usize = job
-            .inputs
-            .iter()
-            .map(|i| i.len() + job.prompt.len() + 2)
-            .sum();
+    pub fn submit(&self, job: J) -> (Admission, Option<J>) {
+        let tokens = job.tokens();
         let mut s = self.lock();
         if s.closed {
             return (Admission::Closed, Some(job));
@@ -151,7 +179,7 @@ impl Batcher {
 
     /// A model thread ended: when it was the last, fail what waits.
     fn model_ended(&self, label: &str) {
-        let orphans: Vec<(Job, usize)> = {
+        let orphans: Vec<(J, usize)> = {
             let mut s = self.lock();
             s.models = s.models.saturating_sub(1);
             if s.models > 0 {
@@ -162,9 +190,9 @@ impl Batcher {
         for (job, tokens) in orphans {
             self.queued_tokens.fetch_sub(tokens, Ordering::Relaxed);
             self.queued_jobs.fetch_sub(1, Ordering::Relaxed);
-            let _ = job.reply.send(Err(format!(
+            job.fail(format!(
                 "the model thread ({label}) stopped; no model is running"
-            )));
+            ));
         }
     }
 
@@ -176,7 +204,7 @@ impl Batcher {
 
     /// The next window: whole jobs up to `window_tokens` (at least one), waiting at most
     /// `max_wait` after the first for company. None when closed and drained.
-    fn next_window(&self, window_tokens: usize, max_wait: Duration) -> Option<Vec<Job>> {
+    fn next_window(&self, window_tokens: usize, max_wait: Duration) -> Option<Vec<J>> {
         let mut s = self.lock();
         // Wait for a first job.
         while s.jobs.is_empty() {
@@ -189,7 +217,7 @@ impl Batcher {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        let deadline = s.jobs.front().map(|(j, _)| j.enqueued + max_wait);
+        let deadline = s.jobs.front().map(|(j, _)| j.enqueued() + max_wait);
         let mut taken = Vec::new();
         let mut tokens = 0usize;
         loop {
@@ -204,7 +232,7 @@ impl Batcher {
                 taken.push(job);
             }
             let now = Instant::now();
-            let urgent = taken.iter().any(|j| j.interactive);
+            let urgent = taken.iter().any(|j| j.interactive());
             let full = tokens >= window_tokens || !s.jobs.is_empty() || urgent;
             match deadline {
                 Some(d) if !full && now < d && !s.closed => {
@@ -220,6 +248,35 @@ impl Batcher {
         Some(taken)
     }
 
+    /// A model thread's loop: windows of whole jobs (up to `window_tokens`, waiting at most
+    /// `max_wait` for company) handed to `window` until the batcher is closed and drained.
+    /// However the thread ends (a panic outside a window included), it is counted out.
+    pub fn run_windows(
+        &self,
+        label: &str,
+        window_tokens: usize,
+        max_wait: Duration,
+        mut window: impl FnMut(Vec<J>),
+    ) {
+        {
+            let mut s = self.lock();
+            s.models += 1;
+            s.started = true;
+        }
+        struct Running<'a, J: Queued>(&'a Batcher<J>, &'a str);
+        impl<J: Queued> Drop for Running<'_, J> {
+            fn drop(&mut self) {
+                self.0.model_ended(self.1);
+            }
+        }
+        let _running = Running(self, label);
+        while let Some(jobs) = self.next_window(window_tokens, max_wait) {
+            window(jobs);
+        }
+    }
+}
+
+impl Batcher<Job> {
     /// A model thread: windows until the batcher is closed and drained. `report` hears about
     /// each window.
     pub fn run_model(
@@ -231,22 +288,9 @@ impl Batcher {
         max_wait: Duration,
         report: &(dyn Fn(&WindowReport) + Sync),
     ) {
-        {
-            let mut s = self.lock();
-            s.models += 1;
-            s.started = true;
-        }
-        // However this thread ends (a panic outside a window included), it is counted out.
-        struct Running<'a>(&'a Batcher, &'a str);
-        impl Drop for Running<'_> {
-            fn drop(&mut self) {
-                self.0.model_ended(self.1);
-            }
-        }
-        let _running = Running(self, label);
         let stats = RunStats::default();
         let mut recent = Recent::new(crate::embed::pool::RECENT_VECTORS);
-        while let Some(jobs) = self.next_window(window_tokens, max_wait) {
+        self.run_windows(label, window_tokens, max_wait, |jobs| {
             let started = Instant::now();
             let mut rep = WindowReport {
                 requests: jobs.len(),
@@ -281,11 +325,7 @@ impl Batcher {
                     Err(panic) => {
                         // What the window cached may be half-written: start it afresh.
                         recent = Recent::new(crate::embed::pool::RECENT_VECTORS);
-                        let why = crate::panics::message(&*panic);
-                        let message = format!(
-                            "the model failed on this request's batch ({why}); the server goes on"
-                        );
-                        jobs.iter().map(|_| Err(message.clone())).collect()
+                        jobs.iter().map(|_| Err(panic_message(&*panic))).collect()
                     }
                 };
                 rep.batches += stats.batches.load(Ordering::Relaxed) - batches_before;
@@ -299,8 +339,14 @@ impl Batcher {
             }
             rep.compute = started.elapsed();
             report(&rep);
-        }
+        });
     }
+}
+
+/// What a request hears when the model panicked on its window.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let why = crate::panics::message(panic);
+    format!("the model failed on this request's batch ({why}); the server goes on")
 }
 
 /// Embed the inputs of `jobs` as one window; each job's vectors, or its error.

@@ -24,6 +24,7 @@
 pub mod batcher;
 pub mod metrics;
 pub mod pages;
+pub mod tasks;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +44,7 @@ use crate::embed::tokenizer::TextTokenizer;
 use crate::secret::Secret;
 use batcher::{Admission, Batcher, Job, WindowReport};
 use metrics::{EndpointLabels, ServeMetrics};
+pub use tasks::TaskModels;
 
 /// What to do with an input longer than the model's limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,6 +121,10 @@ struct App {
     tokenize_pool: rayon::ThreadPool,
     /// The index, when the server searches one.
     search: Option<Arc<pages::SearchService>>,
+    /// The reranker's and the sparse model's queues, when the server runs them.
+    tasks: tasks::TaskQueues,
+    reranker: Option<Arc<crate::embed::cross_encoder::CrossEncoder>>,
+    sparse: Option<Arc<crate::embed::splade::SparseModel>>,
 }
 
 /// Serve until SIGTERM/SIGINT or until `stop` resolves; `ready` hears the address bound.
@@ -126,10 +132,24 @@ pub fn serve(
     models: Vec<ModelThread>,
     tokenizer: TextTokenizer,
     dimension: usize,
+    task_models: tasks::TaskModels,
     options: ServeOptions,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), String> {
     let batcher = Batcher::new(options.max_queued_tokens);
+    let reranker = task_models.reranker.map(Arc::new);
+    let sparse = task_models.sparse.map(Arc::new);
+    let task_queues = tasks::TaskQueues {
+        rerank: reranker.as_ref().map(|m| {
+            (
+                Batcher::new(options.max_queued_tokens),
+                m.name().to_string(),
+            )
+        }),
+        sparse: sparse
+            .as_ref()
+            .map(|m| (Batcher::new(options.max_queued_tokens), m.dimension())),
+    };
     let metrics = ServeMetrics::new();
     let tokenize_pool = rayon::ThreadPoolBuilder::new()
         .thread_name(|i| format!("serve-tokenize-{i}"))
@@ -150,6 +170,9 @@ pub fn serve(
             .index
             .clone()
             .map(|setup| Arc::new(pages::SearchService::new(setup))),
+        tasks: task_queues,
+        reranker: reranker.clone(),
+        sparse: sparse.clone(),
     });
     let cors = match &options.cors_origin {
         None => None,
@@ -197,8 +220,29 @@ pub fn serve(
                 })
                 .map_err(|e| format!("cannot start a model thread: {e}"))?;
         }
+        if let (Some(model), Some((queue, _))) = (&reranker, &app.tasks.rerank) {
+            let (model, queue, options) = (Arc::clone(model), Arc::clone(queue), &options);
+            std::thread::Builder::new()
+                .name("model-reranker".into())
+                .spawn_scoped(scope, move || {
+                    tasks::run_reranker(&queue, &model, options.batch_tokens, options.max_wait)
+                })
+                .map_err(|e| format!("cannot start the reranker's thread: {e}"))?;
+        }
+        if let (Some(model), Some((queue, _))) = (&sparse, &app.tasks.sparse) {
+            let (model, queue, options) = (Arc::clone(model), Arc::clone(queue), &options);
+            std::thread::Builder::new()
+                .name("model-sparse".into())
+                .spawn_scoped(scope, move || {
+                    tasks::run_sparse(&queue, &model, options.batch_tokens, options.max_wait)
+                })
+                .map_err(|e| format!("cannot start the sparse model's thread: {e}"))?;
+        }
         let mut router = Router::new()
             .route("/v1/embeddings", post(openai_embeddings))
+            .route("/rerank", post(tasks::tei_rerank))
+            .route("/v1/rerank", post(tasks::cohere_rerank))
+            .route("/embed_sparse", post(tasks::tei_embed_sparse))
             .route("/embed", post(tei_embed))
             .route("/health", get(health))
             .route("/metrics", get(metrics_text));
@@ -230,6 +274,7 @@ pub fn serve(
         }));
         // Every request is answered: let the model threads drain and stop.
         batcher.close();
+        app.tasks.close();
         Ok(())
     })
 }

@@ -394,3 +394,134 @@ fn search_reranks_the_first_stage_candidates() {
     assert_eq!(o.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&o.stderr).contains("not a cross-encoder"));
 }
+
+/// `serve --rerank-model --sparse-model`: TEI's `/rerank` and the Cohere/Jina `/v1/rerank`
+/// answer with the scores `CrossEncoder.predict` gives (the reference), best first;
+/// `/embed_sparse` with the vectors `SparseEncoder.encode` gives; 16 clients at once are
+/// batched together and each gets its own answer; a server without the model says so (404).
+#[test]
+fn serve_reranks_and_embeds_sparse_vectors() {
+    use crate::serve::{post, Server};
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let reranker = model_of(
+        &fixtures("rerankers/bert"),
+        &dir.path().join("ce"),
+        Some("bert"),
+    );
+    let splade = model_of(&fixtures("sparse/random"), &dir.path().join("splade"), None);
+    let server = Server::start(
+        &model_dir(),
+        &[
+            "--rerank-model",
+            reranker.to_str().unwrap(),
+            "--sparse-model",
+            splade.to_str().unwrap(),
+        ],
+        dir.path(),
+        "tasks",
+    );
+    let pairs = read_jsonl(&fixtures("rerankers/pairs.jsonl"));
+    let (scores, raw) = reference_scores("bert");
+    // One query against many texts: the held pairs 0..8 share no query, so each client asks
+    // about one pair's query with that pair's text and seven others.
+    let ask = |i: usize| -> (u16, serde_json::Value) {
+        let texts: Vec<&str> = (0..8)
+            .map(|j| pairs[(i + j) % 8]["text"].as_str().unwrap())
+            .collect();
+        post(
+            &format!("{}/rerank", server.url),
+            &json!({"query": pairs[i]["query"], "texts": texts, "raw_scores": false, "return_text": true}),
+        )
+    };
+    let answers: Vec<(u16, serde_json::Value)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..16).map(|c| s.spawn(move || ask(c % 8))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (c, (status, body)) in answers.iter().enumerate() {
+        assert_eq!(*status, 200, "{body}");
+        let rows = body.as_array().unwrap();
+        assert_eq!(rows.len(), 8);
+        let i = c % 8;
+        // The text that is pair i's own sits at index 0: its score is the reference's.
+        let own = rows.iter().find(|r| r["index"] == 0).unwrap();
+        assert!(
+            (own["score"].as_f64().unwrap() - scores[i]).abs() <= 1e-4,
+            "{own} vs {}",
+            scores[i]
+        );
+        assert_eq!(own["text"], pairs[i]["text"]);
+        let s: Vec<f64> = rows.iter().map(|r| r["score"].as_f64().unwrap()).collect();
+        assert!(s.windows(2).all(|w| w[0] >= w[1]), "best first: {s:?}");
+    }
+    let (status, body) = post(
+        &format!("{}/rerank", server.url),
+        &json!({"query": pairs[3]["query"], "texts": [pairs[3]["text"]], "raw_scores": true}),
+    );
+    assert_eq!(status, 200);
+    assert!(
+        (body[0]["score"].as_f64().unwrap() - raw[3]).abs() <= 1e-4,
+        "{body}"
+    );
+    let docs: Vec<serde_json::Value> = (0..5)
+        .map(|j| {
+            if j % 2 == 0 {
+                pairs[5 + j]["text"].clone()
+            } else {
+                json!({"text": pairs[5 + j]["text"]})
+            }
+        })
+        .collect();
+    let (status, body) = post(
+        &format!("{}/v1/rerank", server.url),
+        &json!({"model": "mine", "query": pairs[5]["query"], "documents": docs, "top_n": 3, "return_documents": true}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let results = body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3);
+    assert_eq!(body["model"], "mine");
+    if let Some(own) = results.iter().find(|r| r["index"] == 0) {
+        assert!((own["relevance_score"].as_f64().unwrap() - scores[5]).abs() <= 1e-4);
+        assert_eq!(own["document"]["text"], pairs[5]["text"]);
+    }
+    let texts = read_jsonl(&root().join("tests/fixtures/parity/texts.jsonl"));
+    let reference = reference_vectors("random");
+    let (status, body) = post(
+        &format!("{}/embed_sparse", server.url),
+        &json!({"inputs": [texts[0]["text"], texts[1]["text"]]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    for (i, v) in body.as_array().unwrap().iter().enumerate() {
+        let got: Vec<u64> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["index"].as_u64().unwrap())
+            .collect();
+        assert_eq!(got, reference[i].0, "text {i}");
+        for (e, want) in v.as_array().unwrap().iter().zip(&reference[i].1) {
+            assert!((e["value"].as_f64().unwrap() - want).abs() <= 1e-4);
+        }
+    }
+    // Bad requests: no texts, a body of the wrong shape.
+    let (status, _) = post(
+        &format!("{}/rerank", server.url),
+        &json!({"query": "q", "texts": []}),
+    );
+    assert_eq!(status, 400);
+    let (status, _) = post(&format!("{}/v1/rerank", server.url), &json!({"query": "q"}));
+    assert_eq!(status, 400);
+    drop(server);
+    let plain = Server::start(&model_dir(), &[], dir.path(), "plain");
+    let (status, body) = post(
+        &format!("{}/rerank", plain.url),
+        &json!({"query": "q", "texts": ["t"]}),
+    );
+    assert_eq!(status, 404);
+    assert!(body.to_string().contains("--rerank-model"), "{body}");
+    let (status, _) = post(
+        &format!("{}/embed_sparse", plain.url),
+        &json!({"inputs": ["t"]}),
+    );
+    assert_eq!(status, 404);
+}

@@ -1,0 +1,517 @@
+//! The server's other models: a cross-encoder (`--rerank-model`: TEI's `POST /rerank`, the
+//! Cohere/Jina `POST /v1/rerank`) and a SPLADE model (`--sparse-model`: TEI's
+//! `POST /embed_sparse`). Each has its own bounded queue and model thread, and batches the
+//! requests that wait together, as embeddings are batched ([`super::batcher`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::batcher::{panic_message, Admission, Batcher, Queued};
+use super::{observed, parse_request, ApiError, App, LongInputs};
+use crate::embed::cross_encoder::{CrossEncoder, PairIds, PairScore};
+use crate::embed::splade::{SparseModel, SparseVector};
+
+/// The models beside the embedding model, each optional.
+#[derive(Default)]
+pub struct TaskModels {
+    pub reranker: Option<CrossEncoder>,
+    pub sparse: Option<SparseModel>,
+}
+
+/// One request's pairs, waiting for the reranker.
+pub struct RerankJob {
+    pairs: Vec<PairIds>,
+    enqueued: Instant,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<PairScore>, String>>,
+}
+
+impl Queued for RerankJob {
+    fn tokens(&self) -> usize {
+        self.pairs.iter().map(|p| p.ids.len()).sum()
+    }
+    fn enqueued(&self) -> Instant {
+        self.enqueued
+    }
+    fn fail(self, why: String) {
+        let _ = self.reply.send(Err(why));
+    }
+}
+
+/// One request's inputs (content ids), waiting for the sparse model.
+pub struct SparseJob {
+    inputs: Vec<Vec<u32>>,
+    enqueued: Instant,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<SparseVector>, String>>,
+}
+
+impl Queued for SparseJob {
+    fn tokens(&self) -> usize {
+        self.inputs.iter().map(|i| i.len() + 2).sum()
+    }
+    fn enqueued(&self) -> Instant {
+        self.enqueued
+    }
+    fn fail(self, why: String) {
+        let _ = self.reply.send(Err(why));
+    }
+}
+
+/// The queues of the task models a server runs.
+#[derive(Default)]
+pub struct TaskQueues {
+    pub rerank: Option<(Arc<Batcher<RerankJob>>, String)>,
+    pub sparse: Option<(Arc<Batcher<SparseJob>>, usize)>,
+}
+
+impl TaskQueues {
+    pub fn close(&self) {
+        if let Some((b, _)) = &self.rerank {
+            b.close();
+        }
+        if let Some((b, _)) = &self.sparse {
+            b.close();
+        }
+    }
+}
+
+/// The reranker's model thread: each window's pairs scored together (length-sorted batches
+/// of at most `batch_tokens`), each request answered with its scores.
+pub fn run_reranker(
+    batcher: &Batcher<RerankJob>,
+    model: &CrossEncoder,
+    batch_tokens: usize,
+    max_wait: Duration,
+) {
+    batcher.run_windows("reranker", batch_tokens * 4, max_wait, |jobs| {
+        let pairs: Vec<PairIds> = jobs.iter().flat_map(|j| j.pairs.iter().cloned()).collect();
+        let scored = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            model.score_pairs(&pairs, batch_tokens)
+        }));
+        let scored = match scored {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(panic) => Err(panic_message(&*panic)),
+        };
+        let mut at = 0;
+        for job in jobs {
+            let n = job.pairs.len();
+            let answer = scored
+                .as_ref()
+                .map(|s| s[at..at + n].to_vec())
+                .map_err(Clone::clone);
+            at += n;
+            let _ = job.reply.send(answer);
+        }
+    });
+}
+
+/// The sparse model's thread: each window's inputs embedded together.
+pub fn run_sparse(
+    batcher: &Batcher<SparseJob>,
+    model: &SparseModel,
+    batch_tokens: usize,
+    max_wait: Duration,
+) {
+    batcher.run_windows("sparse", batch_tokens * 4, max_wait, |jobs| {
+        let inputs: Vec<&[u32]> = jobs
+            .iter()
+            .flat_map(|j| j.inputs.iter().map(Vec::as_slice))
+            .collect();
+        let lengths: Vec<usize> = inputs.iter().map(|i| i.len() + 2).collect();
+        let embedded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut out = vec![SparseVector::default(); inputs.len()];
+            for batch in crate::embed::batch::plan_unpadded(&lengths, batch_tokens) {
+                let seqs: Vec<&[u32]> = batch.iter().map(|&i| inputs[i]).collect();
+                for (&i, v) in batch.iter().zip(model.embed_ids(&seqs)?) {
+                    out[i] = v;
+                }
+            }
+            Ok::<_, crate::embed::EmbedError>(out)
+        }));
+        let embedded = match embedded {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(panic) => Err(panic_message(&*panic)),
+        };
+        let mut at = 0;
+        for job in jobs {
+            let n = job.inputs.len();
+            let answer = embedded
+                .as_ref()
+                .map(|v| v[at..at + n].to_vec())
+                .map_err(Clone::clone);
+            at += n;
+            let _ = job.reply.send(answer);
+        }
+    });
+}
+
+/// The error a refused submission answers with (None: queued).
+pub(super) fn refused(app: &App, admission: Admission) -> Option<ApiError> {
+    let (kind, message, retry_after) = match admission {
+        Admission::Queued => return None,
+        Admission::Full { tokens } => (
+            "overloaded",
+            format!("the queue holds {tokens} tokens, its limit: retry after a moment"),
+            Some(1),
+        ),
+        Admission::Closed => (
+            "shutting_down",
+            "the server is stopping".to_string(),
+            Some(1),
+        ),
+        Admission::NoModel => (
+            "model",
+            "no model thread is running (they failed; see the server's log): restart the server"
+                .to_string(),
+            None,
+        ),
+    };
+    app.metrics.error(kind);
+    Some(ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        kind,
+        message,
+        retry_after,
+    })
+}
+
+/// A reply that never came, or an error from the model.
+fn model_error(app: &App, e: Option<String>) -> ApiError {
+    app.metrics.error("model");
+    ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        kind: "model",
+        message: e.unwrap_or_else(|| "the model thread stopped".into()),
+        retry_after: None,
+    }
+}
+
+fn not_served(what: &str, flag: &str) -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        kind: "not_served",
+        message: format!("this server runs no {what}: start it with {flag} MODEL"),
+        retry_after: None,
+    }
+}
+
+/// A document of the Cohere/Jina shape: a string or {"text": ...}.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Document {
+    Text(String),
+    Object { text: String },
+}
+
+impl Document {
+    fn text(&self) -> &str {
+        match self {
+            Document::Text(t) | Document::Object { text: t } => t,
+        }
+    }
+}
+
+/// TEI's `/rerank` body.
+#[derive(Deserialize)]
+struct TeiRerank {
+    query: String,
+    texts: Vec<String>,
+    #[serde(default)]
+    raw_scores: bool,
+    #[serde(default)]
+    return_text: bool,
+    #[serde(default)]
+    truncate: Option<bool>,
+}
+
+/// The Cohere/Jina `/v1/rerank` body.
+#[derive(Deserialize)]
+struct CohereRerank {
+    #[serde(default)]
+    model: Option<String>,
+    query: String,
+    documents: Vec<Document>,
+    #[serde(default)]
+    top_n: Option<usize>,
+    #[serde(default)]
+    return_documents: bool,
+}
+
+/// Tokenize the pairs (on the server's pool), queue them, wait for their scores.
+async fn rerank(
+    app: &Arc<App>,
+    endpoint: &'static str,
+    query: String,
+    texts: Vec<String>,
+    truncate: bool,
+) -> Result<(Vec<PairScore>, usize), ApiError> {
+    let Some((batcher, _)) = &app.tasks.rerank else {
+        return Err(not_served("reranker", "--rerank-model"));
+    };
+    let Some(model) = app.reranker.clone() else {
+        return Err(not_served("reranker", "--rerank-model"));
+    };
+    if texts.is_empty() {
+        return Err(ApiError::bad("no texts to rerank"));
+    }
+    if texts.len() > app.options.max_inputs {
+        return Err(ApiError::bad(format!(
+            "{} texts: at most {} a request (--max-inputs)",
+            texts.len(),
+            app.options.max_inputs
+        )));
+    }
+    if app.stopping.load(Ordering::Relaxed) {
+        return Err(refused(app, Admission::Closed).expect("refused"));
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    app.tokenize_pool.spawn(move || {
+        let pairs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let p = model
+                        .encode_pair(&query, t)
+                        .map_err(|e| ApiError::bad(format!("text {i}: {e}")))?;
+                    if p.truncated && !truncate {
+                        return Err(ApiError {
+                            status: StatusCode::PAYLOAD_TOO_LARGE,
+                            kind: "too_long",
+                            message: format!(
+                                "text {i} and the query are over the model's limit of {} \
+                                 tokens; send shorter texts or ask to truncate (\"truncate\": \
+                                 true)",
+                                model.max_len()
+                            ),
+                            retry_after: None,
+                        });
+                    }
+                    Ok(p)
+                })
+                .collect::<Result<Vec<_>, _>>()
+        }));
+        let _ = tx.send(pairs.unwrap_or_else(|panic| {
+            Err(ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                kind: "tokenizer",
+                message: format!(
+                    "the tokenizer failed on this request ({}); the server goes on",
+                    crate::panics::message(&*panic)
+                ),
+                retry_after: None,
+            })
+        }));
+    });
+    let pairs = rx
+        .await
+        .map_err(|_| ApiError::bad("tokenization failed"))??;
+    let tokens: usize = pairs.iter().map(|p| p.ids.len()).sum();
+    let n = pairs.len();
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job = RerankJob {
+        pairs,
+        enqueued: Instant::now(),
+        reply,
+    };
+    if let Some(e) = refused(app, batcher.submit(job).0) {
+        return Err(e);
+    }
+    let scores = answer
+        .await
+        .map_err(|_| model_error(app, None))?
+        .map_err(|e| model_error(app, Some(e)))?;
+    count(app, endpoint, n, tokens);
+    Ok((scores, tokens))
+}
+
+fn count(app: &App, endpoint: &'static str, inputs: usize, tokens: usize) {
+    let labels = super::metrics::EndpointLabels {
+        endpoint: endpoint.to_string(),
+    };
+    app.metrics
+        .inputs
+        .get_or_create(&labels)
+        .inc_by(inputs as u64);
+    app.metrics
+        .tokens
+        .get_or_create(&labels)
+        .inc_by(tokens as u64);
+}
+
+/// Indices best first (ties: the earlier text first).
+fn order(scores: &[PairScore]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[b].raw.total_cmp(&scores[a].raw).then(a.cmp(&b)));
+    order
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("the body is not valid: {e}")))
+}
+
+/// TEI's `POST /rerank`: `[{"index", "score", "text"?}]`, best first.
+pub(super) async fn tei_rerank(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Response {
+    let app2 = Arc::clone(&app);
+    observed(&app, "/rerank", async move {
+        let req: TeiRerank = parse(&body)?;
+        let truncate = req
+            .truncate
+            .unwrap_or(app2.options.long_inputs == LongInputs::Truncate);
+        let (scores, _) = rerank(&app2, "/rerank", req.query, req.texts.clone(), truncate).await?;
+        let rows: Vec<Value> = order(&scores)
+            .into_iter()
+            .map(|i| {
+                let score = if req.raw_scores {
+                    scores[i].raw
+                } else {
+                    scores[i].score
+                };
+                let mut row = json!({"index": i, "score": score});
+                if req.return_text {
+                    row["text"] = json!(req.texts[i]);
+                }
+                row
+            })
+            .collect();
+        Ok(axum::Json(rows).into_response())
+    })
+    .await
+}
+
+/// The Cohere/Jina `POST /v1/rerank`: `{"results": [{"index", "relevance_score",
+/// "document"?}]}`, best first, `top_n` of them.
+pub(super) async fn cohere_rerank(
+    State(app): State<Arc<App>>,
+    body: axum::body::Bytes,
+) -> Response {
+    let app2 = Arc::clone(&app);
+    observed(&app, "/v1/rerank", async move {
+        let req: CohereRerank = parse(&body)?;
+        let texts: Vec<String> = req.documents.iter().map(|d| d.text().to_string()).collect();
+        let truncate = app2.options.long_inputs == LongInputs::Truncate;
+        let (scores, tokens) =
+            rerank(&app2, "/v1/rerank", req.query, texts.clone(), truncate).await?;
+        let top = req.top_n.unwrap_or(scores.len()).min(scores.len());
+        let results: Vec<Value> = order(&scores)
+            .into_iter()
+            .take(top)
+            .map(|i| {
+                let mut row = json!({"index": i, "relevance_score": scores[i].score});
+                if req.return_documents {
+                    row["document"] = json!({"text": texts[i]});
+                }
+                row
+            })
+            .collect();
+        let model = req
+            .model
+            .or_else(|| app2.tasks.rerank.as_ref().map(|(_, name)| name.clone()))
+            .unwrap_or_default();
+        Ok(axum::Json(json!({
+            "model": model,
+            "results": results,
+            "usage": {"total_tokens": tokens},
+        }))
+        .into_response())
+    })
+    .await
+}
+
+/// TEI's `POST /embed_sparse`: per input, its non-zero entries `[{"index", "value"}]`.
+pub(super) async fn tei_embed_sparse(
+    State(app): State<Arc<App>>,
+    body: axum::body::Bytes,
+) -> Response {
+    let app2 = Arc::clone(&app);
+    observed(&app, "/embed_sparse", async move {
+        let app = app2;
+        let Some((batcher, _)) = &app.tasks.sparse else {
+            return Err(not_served("sparse model", "--sparse-model"));
+        };
+        let Some(model) = app.sparse.clone() else {
+            return Err(not_served("sparse model", "--sparse-model"));
+        };
+        let req = parse_request(&body, "inputs", app.options.max_inputs)?;
+        let truncate = req
+            .truncate
+            .unwrap_or(app.options.long_inputs == LongInputs::Truncate);
+        if app.stopping.load(Ordering::Relaxed) {
+            return Err(refused(&app, Admission::Closed).expect("refused"));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let texts = req.texts;
+        app.tokenize_pool.spawn(move || {
+            let room = model.tokenizer.max_content_len();
+            let ids = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                texts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let ids = if truncate {
+                            model.tokenizer.ids_for_embedding(t, &[])
+                        } else {
+                            model.tokenizer.content_ids(t)
+                        }
+                        .map_err(|e| ApiError::bad(format!("input {i}: {e}")))?;
+                        if ids.len() > room {
+                            return Err(ApiError {
+                                status: StatusCode::PAYLOAD_TOO_LARGE,
+                                kind: "too_long",
+                                message: format!(
+                                    "input {i} has {} tokens, over the model's limit of {room}; \
+                                     send shorter texts or ask to truncate (\"truncate\": true)",
+                                    ids.len()
+                                ),
+                                retry_after: None,
+                            });
+                        }
+                        Ok(ids)
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            }));
+            let _ = tx.send(ids.unwrap_or_else(|_| Err(ApiError::bad("the tokenizer failed"))));
+        });
+        let inputs = rx
+            .await
+            .map_err(|_| ApiError::bad("tokenization failed"))??;
+        let tokens: usize = inputs.iter().map(|i| i.len() + 2).sum();
+        let n = inputs.len();
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = SparseJob {
+            inputs,
+            enqueued: Instant::now(),
+            reply,
+        };
+        if let Some(e) = refused(&app, batcher.submit(job).0) {
+            return Err(e);
+        }
+        let vectors = answer
+            .await
+            .map_err(|_| model_error(&app, None))?
+            .map_err(|e| model_error(&app, Some(e)))?;
+        count(&app, "/embed_sparse", n, tokens);
+        let rows: Vec<Value> = vectors
+            .iter()
+            .map(|v| {
+                Value::Array(
+                    v.indices
+                        .iter()
+                        .zip(&v.values)
+                        .map(|(i, x)| json!({"index": i, "value": x}))
+                        .collect(),
+                )
+            })
+            .collect();
+        Ok(axum::Json(rows).into_response())
+    })
+    .await
+}
