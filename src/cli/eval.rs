@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use ragline::eval::{ann_recall, evaluate, read_qrels, read_queries, Scores};
+use ragline::eval::{ann_recall, evaluate_reranked, read_qrels, read_queries, Rerank, Scores};
 use ragline::indexers::IndexUri;
 use ragline::jobs::{self, config::SourceConfig, PipelineConfig};
 use ragline::search::{Mode, Searcher};
@@ -75,6 +75,16 @@ pub struct EvalArgs {
     #[arg(long)]
     report: Option<PathBuf>,
 
+    /// Also evaluate each mode with its first-stage candidates re-scored by this
+    /// cross-encoder (a folder, a name under models/, a hub id): a second row per mode
+    /// ("reranked": true in JSON), from the same first-stage results.
+    #[arg(long, value_name = "MODEL")]
+    rerank: Option<String>,
+
+    /// Chunks per query the reranker scores.
+    #[arg(long, default_value_t = ragline::search::rerank::DEFAULT_CANDIDATES, requires = "rerank")]
+    rerank_candidates: usize,
+
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -109,11 +119,27 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
         None
     };
     let searcher = Searcher::new(reader, model);
+    let reranker = match &args.rerank {
+        Some(spec) => Some(jobs::load_reranker(spec, &model_config)?),
+        None => None,
+    };
     let started = std::time::Instant::now();
-    let mut scores = evaluate(&searcher, &queries, &qrels, &args.modes)?;
+    let mut scores = evaluate_reranked(
+        &searcher,
+        &queries,
+        &qrels,
+        &args.modes,
+        reranker.as_ref().map(|model| Rerank {
+            model,
+            candidates: args.rerank_candidates,
+        }),
+    )?;
     // An approximate index: how much of the exact answer it finds.
     if uri.is_store() && !args.exact {
-        if let Some(s) = scores.iter_mut().find(|s| s.mode == Mode::Vector.name()) {
+        if let Some(s) = scores
+            .iter_mut()
+            .find(|s| s.mode == Mode::Vector.name() && !s.reranked)
+        {
             let exact = Searcher::open(&uri, true)?;
             s.ann_recall_at_10 = Some(ann_recall(&searcher, exact.as_ref(), &queries, &qrels, 10)?);
         }
@@ -184,14 +210,19 @@ fn print_table(scores: &[Scores], secs: f64) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:<8} {:>8} {:>9} {:>10} {:>11} {:>8}",
+        "{:<16} {:>8} {:>9} {:>10} {:>11} {:>8}",
         "mode", "queries", "nDCG@10", "recall@10", "recall@100", "MRR@10"
     )?;
     for s in scores {
+        let mode = if s.reranked {
+            format!("{} +rerank", s.mode)
+        } else {
+            s.mode.to_string()
+        };
         writeln!(
             out,
-            "{:<8} {:>8} {:>9.4} {:>10.4} {:>11.4} {:>8.4}",
-            s.mode, s.queries, s.ndcg_at_10, s.recall_at_10, s.recall_at_100, s.mrr_at_10
+            "{:<16} {:>8} {:>9.4} {:>10.4} {:>11.4} {:>8.4}",
+            mode, s.queries, s.ndcg_at_10, s.recall_at_10, s.recall_at_100, s.mrr_at_10
         )?;
     }
     for s in scores {

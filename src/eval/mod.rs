@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::embed::cross_encoder::{CrossEncoder, DEFAULT_BATCH_TOKENS};
 use crate::indexers::IndexReader;
 use crate::search::{Mode, SearchError, Searcher};
 
@@ -150,6 +151,9 @@ pub fn mrr_at(ranking: &[String], relevant: &HashMap<String, u32>, k: usize) -> 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Scores {
     pub mode: &'static str,
+    /// The first stage's candidates re-scored by a cross-encoder (`--rerank`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reranked: bool,
     pub queries: usize,
     pub ndcg_at_10: f64,
     pub recall_at_10: f64,
@@ -169,6 +173,11 @@ pub fn rank_documents(
     depth: usize,
 ) -> Result<Vec<String>, SearchError> {
     let chunks = searcher.ranked(query, mode, depth)?;
+    documents_of(searcher, &chunks)
+}
+
+/// Chunks' documents in the chunks' order, each once.
+fn documents_of(searcher: &Searcher, chunks: &[(i64, f64)]) -> Result<Vec<String>, SearchError> {
     let mut seen = HashSet::new();
     let mut docs = Vec::new();
     // Chunks come best first, so a document's first chunk is its best.
@@ -186,6 +195,45 @@ pub fn rank_documents(
     Ok(docs)
 }
 
+/// The first stage's `candidates` best chunks re-ordered by `reranker` (ties keep the first
+/// stage's order), then the rest as they were.
+pub fn rerank_chunks(
+    searcher: &Searcher,
+    reranker: &CrossEncoder,
+    query: &str,
+    chunks: &[(i64, f64)],
+    candidates: usize,
+) -> Result<Vec<(i64, f64)>, SearchError> {
+    let n = candidates.min(chunks.len());
+    let mut texts = Vec::with_capacity(n);
+    for (rowid, _) in &chunks[..n] {
+        texts.push(
+            searcher
+                .reader()
+                .chunk(*rowid)?
+                .map(|c| c.text)
+                .unwrap_or_default(),
+        );
+    }
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let scores = reranker.rerank(query, &refs, DEFAULT_BATCH_TOKENS)?;
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| scores[b].raw.total_cmp(&scores[a].raw).then(a.cmp(&b)));
+    let mut out: Vec<(i64, f64)> = order
+        .into_iter()
+        .map(|i| (chunks[i].0, f64::from(scores[i].score)))
+        .collect();
+    out.extend_from_slice(&chunks[n..]);
+    Ok(out)
+}
+
+/// A reranker for [`evaluate_reranked`]: the cross-encoder and how many first-stage chunks
+/// it re-scores per query.
+pub struct Rerank<'a> {
+    pub model: &'a CrossEncoder,
+    pub candidates: usize,
+}
+
 /// Evaluate every judged query in every mode.
 pub fn evaluate(
     searcher: &Searcher,
@@ -193,33 +241,67 @@ pub fn evaluate(
     qrels: &Qrels,
     modes: &[Mode],
 ) -> Result<Vec<Scores>, SearchError> {
+    evaluate_reranked(searcher, queries, qrels, modes, None)
+}
+
+/// [`evaluate`], and with a reranker each mode a second time with its candidates reranked
+/// (the same first-stage results: the two rows differ by the reranking alone).
+pub fn evaluate_reranked(
+    searcher: &Searcher,
+    queries: &[(String, String)],
+    qrels: &Qrels,
+    modes: &[Mode],
+    rerank: Option<Rerank<'_>>,
+) -> Result<Vec<Scores>, SearchError> {
     let judged: Vec<&(String, String)> = queries
         .iter()
         .filter(|(id, _)| qrels.contains_key(id))
         .collect();
     let mut out = Vec::new();
     for &mode in modes {
-        let mut s = Scores {
+        let new = |reranked| Scores {
             mode: mode.name(),
+            reranked,
             queries: judged.len(),
             ..Scores::default()
         };
+        let (mut plain, mut reranked) = (new(false), new(true));
         for (id, text) in &judged {
-            let ranking = rank_documents(searcher, text, mode, CHUNK_DEPTH)?;
+            let chunks = searcher.ranked(text, mode, CHUNK_DEPTH)?;
             let rel = &qrels[id];
-            s.ndcg_at_10 += ndcg_at(&ranking, rel, 10);
-            s.recall_at_10 += recall_at(&ranking, rel, 10);
-            s.recall_at_100 += recall_at(&ranking, rel, 100);
-            s.mrr_at_10 += mrr_at(&ranking, rel, 10);
+            plain.add(&documents_of(searcher, &chunks)?, rel);
+            if let Some(r) = &rerank {
+                let chunks = rerank_chunks(searcher, r.model, text, &chunks, r.candidates)?;
+                reranked.add(&documents_of(searcher, &chunks)?, rel);
+            }
         }
-        let n = judged.len().max(1) as f64;
-        s.ndcg_at_10 /= n;
-        s.recall_at_10 /= n;
-        s.recall_at_100 /= n;
-        s.mrr_at_10 /= n;
-        out.push(s);
+        plain.average();
+        out.push(plain);
+        if rerank.is_some() {
+            reranked.average();
+            out.push(reranked);
+        }
     }
     Ok(out)
+}
+
+impl Scores {
+    /// Add one query's metrics.
+    fn add(&mut self, ranking: &[String], rel: &HashMap<String, u32>) {
+        self.ndcg_at_10 += ndcg_at(ranking, rel, 10);
+        self.recall_at_10 += recall_at(ranking, rel, 10);
+        self.recall_at_100 += recall_at(ranking, rel, 100);
+        self.mrr_at_10 += mrr_at(ranking, rel, 10);
+    }
+
+    /// The sums, averaged over the queries.
+    fn average(&mut self) {
+        let n = self.queries.max(1) as f64;
+        self.ndcg_at_10 /= n;
+        self.recall_at_10 /= n;
+        self.recall_at_100 /= n;
+        self.mrr_at_10 /= n;
+    }
 }
 
 /// How many of the exact `k` nearest chunks an approximate index finds, averaged over the

@@ -525,3 +525,69 @@ fn serve_reranks_and_embeds_sparse_vectors() {
     );
     assert_eq!(status, 404);
 }
+
+/// `eval --rerank`: each mode twice, from the same first-stage results: reranking a single
+/// candidate changes nothing (the rows are equal), reranking 50 with a random cross-encoder
+/// changes the top of the ranking (the rows differ).
+#[test]
+fn eval_reports_each_mode_with_and_without_reranking() {
+    let dir = tempfile::tempdir().unwrap();
+    let reranker = model_of(
+        &fixtures("rerankers/bert"),
+        &dir.path().join("ce"),
+        Some("bert"),
+    );
+    let db = dir.path().join("e.db");
+    let eval = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let o = run(crate::index::eval_scifact_mini_with(&model_dir(), &db)
+            .args(["--modes", "vector,keyword", "--rerank"])
+            .arg(&reranker)
+            .args(extra));
+        assert_eq!(o.status.code(), Some(0));
+        stdout_json(&o).as_array().unwrap().clone()
+    };
+    let metrics = ["ndcg_at_10", "recall_at_10", "recall_at_100", "mrr_at_10"];
+    let one = eval(&["--rerank-candidates", "1"]);
+    let rows: Vec<(String, bool)> = one
+        .iter()
+        .map(|s| {
+            (
+                s["mode"].as_str().unwrap().to_string(),
+                s["reranked"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("vector".into(), false),
+            ("vector".into(), true),
+            ("keyword".into(), false),
+            ("keyword".into(), true)
+        ]
+    );
+    for pair in one.chunks(2) {
+        for m in metrics {
+            assert_eq!(
+                pair[0][m], pair[1][m],
+                "{m}: one candidate reranked changes nothing"
+            );
+        }
+    }
+    let fifty = eval(&["--no-ingest", "--rerank-candidates", "50"]);
+    for (pair, before) in fifty.chunks(2).zip(one.chunks(2)) {
+        assert_eq!(
+            pair[0]["ndcg_at_10"], before[0]["ndcg_at_10"],
+            "the first stage is the same"
+        );
+        assert_ne!(
+            pair[0]["ndcg_at_10"], pair[1]["ndcg_at_10"],
+            "{}: reranking changed nothing",
+            pair[0]["mode"]
+        );
+        eprintln!(
+            "{}: nDCG@10 {} -> {} reranked (a random cross-encoder)",
+            pair[0]["mode"], pair[0]["ndcg_at_10"], pair[1]["ndcg_at_10"]
+        );
+    }
+}
