@@ -317,25 +317,12 @@ impl CrossEncoder {
         fused: bool,
     ) -> Result<Self, EmbedError> {
         let dtype = match (device.is_cpu(), choice) {
-            (true, DTypeChoice::BF16) if !fused => DType::BF16,
-            (true, DTypeChoice::Auto | DTypeChoice::F32) => DType::F32,
-            (true, DTypeChoice::BF16 | DTypeChoice::Int8) => {
-                return Err(EmbedError::Unsupported(
-                    "a reranker runs in f32 on the CPU; use --dtype f32 (or auto)".into(),
-                ))
-            }
-            (false, DTypeChoice::Int8) => {
-                return Err(EmbedError::Unsupported(
-                    "--dtype int8 runs on the CPU only; on a GPU use f16 or bf16".into(),
-                ))
-            }
-            (_, c) => c.resolve(device),
+            // The candle path on the CPU (tests): any float dtype.
+            (true, DTypeChoice::BF16 | DTypeChoice::F16) if !fused => choice.resolve(device),
+            _ => choice.f32_on_cpu(device, "a reranker")?,
         };
-        let bad_config = |reason: String| EmbedError::ModelFile {
-            path: files.config.clone(),
-            reason,
-        };
-        let raw = std::fs::read(&files.config).map_err(|e| bad_config(e.to_string()))?;
+        let bad_config = |reason: String| files.bad_config(reason);
+        let raw = files.read_config()?;
         let config: HeadConfig = serde_json::from_slice(&raw)
             .map_err(|e| bad_config(format!("not the expected JSON: {e}")))?;
         let architecture = config
@@ -389,17 +376,8 @@ impl CrossEncoder {
                 })?,
             _ => ScoreActivation::Sigmoid,
         };
-        // SAFETY: as for embedding models: the weights are mapped read-only and not changed
-        // while ragline runs.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files.weights, dtype, device) }
-            .map_err(|e| EmbedError::ModelFile {
-                path: files.weights_named.clone(),
-                reason: e.to_string(),
-            })?;
-        let misfit = |e: candle_core::Error| EmbedError::ModelFile {
-            path: files.weights_named.clone(),
-            reason: format!("does not fit config.json: {e}"),
-        };
+        let vb = files.var_builder(dtype, device)?;
+        let misfit = |e: candle_core::Error| files.misfit(e);
         let model_type = config.model_type.clone().unwrap_or_default();
         let (body, hidden, positions) = if architecture.starts_with("ModernBert") {
             let rc = RotaryConfig::from_json(&raw, Arch::ModernBert)

@@ -72,6 +72,26 @@ impl FromStr for DTypeChoice {
 }
 
 impl DTypeChoice {
+    /// The dtype a model that runs in f32 on the CPU (a reranker, a SPLADE model: `what`)
+    /// takes for this choice: f32 there (bf16 and int8 are the embedders' fused engine's,
+    /// refused); f16 or bf16 on a GPU (int8 refused).
+    pub fn f32_on_cpu(
+        self,
+        device: &Device,
+        what: &str,
+    ) -> Result<DType, crate::embed::EmbedError> {
+        match (device.is_cpu(), self) {
+            (true, DTypeChoice::Auto | DTypeChoice::F32) => Ok(DType::F32),
+            (true, _) => Err(crate::embed::EmbedError::Unsupported(format!(
+                "{what} runs in f32 on the CPU; use --dtype f32 (or auto)"
+            ))),
+            (false, DTypeChoice::Int8) => Err(crate::embed::EmbedError::Unsupported(
+                "--dtype int8 runs on the CPU only; on a GPU use f16 or bf16".into(),
+            )),
+            (false, c) => Ok(c.resolve(device)),
+        }
+    }
+
     pub fn resolve(self, device: &Device) -> DType {
         match self {
             DTypeChoice::Auto if device.is_cpu() => DType::F32,

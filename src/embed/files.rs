@@ -51,8 +51,8 @@ pub struct ModelFiles {
     pub include_prompt: bool,
     /// The Dense layers after pooling, in order (`2_Dense`, `3_Dense`...).
     pub dense: Vec<DenseSpec>,
-    /// Its modules pool as SPLADE does (a sparse model, not a dense embedder).
-    pub splade: bool,
+    /// The folder of its `SpladePooling` module: a sparse model, not a dense embedder.
+    pub splade: Option<PathBuf>,
 }
 
 /// A sentence-transformers `Dense` module: `activation(x W^T + b)`.
@@ -197,6 +197,42 @@ impl ModelFiles {
         })
     }
 
+    /// config.json's bytes.
+    pub fn read_config(&self) -> Result<Vec<u8>, EmbedError> {
+        std::fs::read(&self.config).map_err(|e| self.bad_config(e.to_string()))
+    }
+
+    /// An error about config.json.
+    pub fn bad_config(&self, reason: String) -> EmbedError {
+        EmbedError::ModelFile {
+            path: self.config.clone(),
+            reason,
+        }
+    }
+
+    /// The weights, memory-mapped, read as `dtype` onto `device`.
+    pub fn var_builder(
+        &self,
+        dtype: candle_core::DType,
+        device: &candle_core::Device,
+    ) -> Result<candle_nn::VarBuilder<'static>, EmbedError> {
+        // SAFETY: the weights file is memory-mapped read-only; ragline does not modify it
+        // while running, and a file truncated under us is the user's to avoid.
+        unsafe { candle_nn::VarBuilder::from_mmaped_safetensors(&self.weights, dtype, device) }
+            .map_err(|e| EmbedError::ModelFile {
+                path: self.weights_named.clone(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// An error for weights that do not fit config.json.
+    pub fn misfit(&self, e: candle_core::Error) -> EmbedError {
+        EmbedError::ModelFile {
+            path: self.weights_named.clone(),
+            reason: format!("does not fit config.json: {e}"),
+        }
+    }
+
     /// The text of the prompt called `name`, or an error naming the model's prompts.
     pub fn prompt(&self, name: &str) -> Result<&str, EmbedError> {
         self.prompts.get(name).map(String::as_str).ok_or_else(|| {
@@ -260,7 +296,7 @@ struct Modules {
     include_prompt: bool,
     normalize: bool,
     dense: Vec<DenseSpec>,
-    splade: bool,
+    splade: Option<PathBuf>,
 }
 
 /// Read modules.json in `dir`: pooling, Dense layers and Normalize, in that order.
@@ -271,7 +307,7 @@ fn read_modules(dir: &Path) -> Result<Modules, EmbedError> {
     let mut include_prompt = true;
     let mut normalize = false;
     let mut dense = Vec::new();
-    let mut splade = false;
+    let mut splade = None;
     let modules_path = dir.join("modules.json");
     if modules_path.is_file() {
         let modules: Vec<ModuleEntry> = read_json(&modules_path)?;
@@ -292,7 +328,7 @@ fn read_modules(dir: &Path) -> Result<Modules, EmbedError> {
                 "Normalize" => normalize = true,
                 // A SPLADE model's (read by `splade::SparseModel`; an embedding model
                 // refuses a folder that has one).
-                "SpladePooling" => splade = true,
+                "SpladePooling" => splade = Some(folder.clone()),
                 "MLMTransformer" => {}
                 other => {
                     return Err(EmbedError::Unsupported(format!(

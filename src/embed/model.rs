@@ -181,7 +181,7 @@ fn read_model_type(files: &ModelFiles) -> Result<(Vec<u8>, String), EmbedError> 
             probe.architectures.join(", ")
         )));
     }
-    if files.splade {
+    if files.splade.is_some() {
         return Err(EmbedError::Unsupported(format!(
             "model `{}` is a sparse (SPLADE) model, not a dense embedding model; use it with \
              `ragline embed --sparse` or `serve --sparse-model`",

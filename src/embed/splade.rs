@@ -72,14 +72,6 @@ struct PoolingConfig {
 }
 
 #[derive(Deserialize)]
-struct ModuleEntry {
-    #[serde(default)]
-    path: String,
-    #[serde(rename = "type")]
-    kind: String,
-}
-
-#[derive(Deserialize)]
 struct MlmConfig {
     #[serde(default)]
     architectures: Vec<String>,
@@ -150,26 +142,9 @@ impl SparseModel {
         device: &Device,
         choice: DTypeChoice,
     ) -> Result<Self, EmbedError> {
-        let dtype = match (device.is_cpu(), choice) {
-            (true, DTypeChoice::Auto | DTypeChoice::F32) => DType::F32,
-            (true, _) => {
-                return Err(EmbedError::Unsupported(
-                    "a sparse (SPLADE) model runs in f32 on the CPU; use --dtype f32 (or auto)"
-                        .into(),
-                ))
-            }
-            (false, DTypeChoice::Int8) => {
-                return Err(EmbedError::Unsupported(
-                    "--dtype int8 runs on the CPU only; on a GPU use f16 or bf16".into(),
-                ))
-            }
-            (_, c) => c.resolve(device),
-        };
-        let bad_config = |reason: String| EmbedError::ModelFile {
-            path: files.config.clone(),
-            reason,
-        };
-        let raw = std::fs::read(&files.config).map_err(|e| bad_config(e.to_string()))?;
+        let dtype = choice.f32_on_cpu(device, "a sparse (SPLADE) model")?;
+        let bad_config = |reason: String| files.bad_config(reason);
+        let raw = files.read_config()?;
         let mlm: MlmConfig = serde_json::from_slice(&raw)
             .map_err(|e| bad_config(format!("not the expected JSON: {e}")))?;
         if !mlm
@@ -188,17 +163,8 @@ impl SparseModel {
         let config: BertConfig = serde_json::from_slice(&raw)
             .map_err(|e| bad_config(format!("not a BERT config: {e}")))?;
         let pooling = read_pooling(&files)?;
-        // SAFETY: as for embedding models: the weights are mapped read-only and not changed
-        // while ragline runs.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files.weights, dtype, device) }
-            .map_err(|e| EmbedError::ModelFile {
-                path: files.weights_named.clone(),
-                reason: e.to_string(),
-            })?;
-        let misfit = |e: candle_core::Error| EmbedError::ModelFile {
-            path: files.weights_named.clone(),
-            reason: format!("does not fit config.json: {e}"),
-        };
+        let vb = files.var_builder(dtype, device)?;
+        let misfit = |e: candle_core::Error| files.misfit(e);
         let family = mlm
             .model_type
             .as_deref()
@@ -253,26 +219,6 @@ impl SparseModel {
             ),
             Body::Candle(b) => format!("candle encoder, {:?}", b.dtype()).to_lowercase(),
         }
-    }
-
-    /// A string that changes whenever the vectors would: the model's files and pooling.
-    pub fn fingerprint(&self) -> Result<String, EmbedError> {
-        let mut h = blake3::Hasher::new();
-        for path in [&self.files.config, &self.files.tokenizer]
-            .into_iter()
-            .chain(&self.files.weights)
-        {
-            let mut f = std::fs::File::open(path).map_err(|e| EmbedError::ModelFile {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-            std::io::copy(&mut f, &mut h).map_err(|e| EmbedError::ModelFile {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-        }
-        h.update(format!("|sparse|{:?}|{}", self.pooling, self.tokenizer.max_len()).as_bytes());
-        Ok(h.finalize().to_hex()[..16].to_string())
     }
 
     /// The sparse vector of each text (truncated to the model's length, as
@@ -422,49 +368,42 @@ fn load_head(vb: &VarBuilder, config: &BertConfig, tied: bool) -> candle_core::R
     })
 }
 
-/// The SpladePooling module's settings from modules.json (max and relu without one).
+/// The SpladePooling module's settings (max and relu without one).
 fn read_pooling(files: &ModelFiles) -> Result<SpladePooling, EmbedError> {
     let mut pooling = SpladePooling {
         sum: false,
         double_log: false,
     };
-    let modules = files.dir.join("modules.json");
-    let Ok(bytes) = std::fs::read(&modules) else {
+    let Some(folder) = &files.splade else {
         return Ok(pooling);
     };
-    let bad = |path: &std::path::Path, reason: String| EmbedError::ModelFile {
-        path: path.to_path_buf(),
+    let path = folder.join("config.json");
+    let bad = |reason: String| EmbedError::ModelFile {
+        path: path.clone(),
         reason,
     };
-    let entries: Vec<ModuleEntry> = serde_json::from_slice(&bytes)
-        .map_err(|e| bad(&modules, format!("not the expected JSON: {e}")))?;
-    for m in entries.iter().filter(|m| m.kind.ends_with("SpladePooling")) {
-        let path = files.dir.join(&m.path).join("config.json");
-        let Ok(bytes) = std::fs::read(&path) else {
-            continue;
-        };
-        let c: PoolingConfig = serde_json::from_slice(&bytes)
-            .map_err(|e| bad(&path, format!("not the expected JSON: {e}")))?;
-        pooling.sum = match c.pooling_strategy.as_deref().unwrap_or("max") {
-            "max" => false,
-            "sum" => true,
-            other => {
-                return Err(bad(
-                    &path,
-                    format!("pooling_strategy `{other}`: supported: max, sum"),
-                ))
-            }
-        };
-        pooling.double_log = match c.activation_function.as_deref().unwrap_or("relu") {
-            "relu" => false,
-            "log1p_relu" => true,
-            other => {
-                return Err(bad(
-                    &path,
-                    format!("activation_function `{other}`: supported: relu, log1p_relu"),
-                ))
-            }
-        };
-    }
+    let Ok(bytes) = std::fs::read(&path) else {
+        return Ok(pooling);
+    };
+    let c: PoolingConfig =
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not the expected JSON: {e}")))?;
+    pooling.sum = match c.pooling_strategy.as_deref().unwrap_or("max") {
+        "max" => false,
+        "sum" => true,
+        other => {
+            return Err(bad(format!(
+                "pooling_strategy `{other}`: supported: max, sum"
+            )))
+        }
+    };
+    pooling.double_log = match c.activation_function.as_deref().unwrap_or("relu") {
+        "relu" => false,
+        "log1p_relu" => true,
+        other => {
+            return Err(bad(format!(
+                "activation_function `{other}`: supported: relu, log1p_relu"
+            )))
+        }
+    };
     Ok(pooling)
 }

@@ -143,6 +143,12 @@ impl<J: Queued> Batcher<J> {
         self.queued_tokens.load(Ordering::Relaxed)
     }
 
+    /// The queue is at its limit: a request would be refused (checked before the work of
+    /// tokenizing one that could not be queued).
+    pub fn is_full(&self) -> bool {
+        self.queued_tokens.load(Ordering::Relaxed) >= self.max_queued_tokens
+    }
+
     /// Requests waiting for a model thread.
     pub fn queued_jobs(&self) -> usize {
         self.queued_jobs.load(Ordering::Relaxed)

@@ -510,6 +510,16 @@ impl ApiError {
             retry_after: None,
         }
     }
+
+    /// 413: an input over the model's limit, and truncation not asked for.
+    fn too_long(message: String) -> ApiError {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            kind: "too_long",
+            message,
+            retry_after: None,
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -880,17 +890,12 @@ fn tokenize(
                     .content_ids(t)
                     .map_err(|e| ApiError::bad(format!("input {i}: {e}")))?;
                 if ids.len() > room {
-                    return Err(ApiError {
-                        status: StatusCode::PAYLOAD_TOO_LARGE,
-                        kind: "too_long",
-                        message: format!(
-                            "input {i} has {} tokens, over the model's limit of {room}; \
-                                 send shorter texts, or ask to truncate (TEI: \"truncate\": \
-                                 true; the server: --long-inputs truncate)",
-                            ids.len()
-                        ),
-                        retry_after: None,
-                    });
+                    return Err(ApiError::too_long(format!(
+                        "input {i} has {} tokens, over the model's limit of {room}; send \
+                         shorter texts, or ask to truncate (TEI: \"truncate\": true; the \
+                         server: --long-inputs truncate)",
+                        ids.len()
+                    )));
                 }
                 Ok(ids)
             }

@@ -272,6 +272,10 @@ async fn rerank(
     if app.stopping.load(Ordering::Relaxed) {
         return Err(refused(app, Admission::Closed).expect("refused"));
     }
+    if batcher.is_full() {
+        let tokens = batcher.queued_tokens();
+        return Err(refused(app, Admission::Full { tokens }).expect("refused"));
+    }
     let (tx, rx) = tokio::sync::oneshot::channel();
     app.tokenize_pool.spawn(move || {
         let pairs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -283,17 +287,11 @@ async fn rerank(
                         .encode_pair(&query, t)
                         .map_err(|e| ApiError::bad(format!("text {i}: {e}")))?;
                     if p.truncated && !truncate {
-                        return Err(ApiError {
-                            status: StatusCode::PAYLOAD_TOO_LARGE,
-                            kind: "too_long",
-                            message: format!(
-                                "text {i} and the query are over the model's limit of {} \
-                                 tokens; send shorter texts or ask to truncate (\"truncate\": \
-                                 true)",
-                                model.max_len()
-                            ),
-                            retry_after: None,
-                        });
+                        return Err(ApiError::too_long(format!(
+                            "text {i} and the query are over the model's limit of {} tokens; \
+                             send shorter texts or ask to truncate (\"truncate\": true)",
+                            model.max_len()
+                        )));
                     }
                     Ok(p)
                 })
@@ -447,6 +445,10 @@ pub(super) async fn tei_embed_sparse(
         if app.stopping.load(Ordering::Relaxed) {
             return Err(refused(&app, Admission::Closed).expect("refused"));
         }
+        if batcher.is_full() {
+            let tokens = batcher.queued_tokens();
+            return Err(refused(&app, Admission::Full { tokens }).expect("refused"));
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let texts = req.texts;
         app.tokenize_pool.spawn(move || {
@@ -463,16 +465,11 @@ pub(super) async fn tei_embed_sparse(
                         }
                         .map_err(|e| ApiError::bad(format!("input {i}: {e}")))?;
                         if ids.len() > room {
-                            return Err(ApiError {
-                                status: StatusCode::PAYLOAD_TOO_LARGE,
-                                kind: "too_long",
-                                message: format!(
-                                    "input {i} has {} tokens, over the model's limit of {room}; \
-                                     send shorter texts or ask to truncate (\"truncate\": true)",
-                                    ids.len()
-                                ),
-                                retry_after: None,
-                            });
+                            return Err(ApiError::too_long(format!(
+                                "input {i} has {} tokens, over the model's limit of {room}; \
+                                 send shorter texts or ask to truncate (\"truncate\": true)",
+                                ids.len()
+                            )));
                         }
                         Ok(ids)
                     })
