@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import sync_playwright
 
 
@@ -30,7 +31,13 @@ def main() -> int:
         )
         page = browser.new_page(viewport={"width": 1100, "height": 900})
         page.goto(a.url + "/")
-        # Typed into the box the page focuses, key by key, and submitted with Enter.
+        # Typed into the box the page focuses, key by key, and submitted with Enter. The
+        # browser applies autofocus after the load, later on a busy machine: wait for it (10
+        # s at most; a page that focuses nothing is then seen to), or the first keys are lost.
+        try:
+            page.wait_for_function("document.activeElement && document.activeElement.id", timeout=10000)
+        except PlaywrightTimeout:
+            pass
         focused = page.evaluate("document.activeElement && document.activeElement.id")
         seen["focused_on_load"] = focused
         page.keyboard.type(a.query)
