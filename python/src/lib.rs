@@ -440,24 +440,32 @@ struct Index {
     config: PipelineConfig,
     model: ModelConfig,
     exact: bool,
-    /// Opened at the first search of each kind: keyword search needs no model.
-    searchers: Mutex<HashMap<bool, Arc<Mutex<Searcher>>>>,
+    /// Opened at the first search of each kind, by the models it holds (dense, sparse):
+    /// keyword search needs none; one that holds more serves the searches that need less.
+    searchers: Mutex<HashMap<(bool, bool), Shared>>,
 }
 
+/// A searcher the Python threads share.
+type Shared = Arc<Mutex<Searcher>>;
+
 impl Index {
-    fn searcher(&self, keyword: bool) -> anyhow::Result<Arc<Mutex<Searcher>>> {
+    fn searcher(&self, mode: Mode) -> anyhow::Result<Shared> {
+        let need = (mode.needs_dense(), mode.needs_sparse());
         let mut open = self.searchers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = open.get(&keyword).or_else(|| open.get(&false)) {
+        if let Some(s) = open
+            .iter()
+            .find(|((d, sp), _)| (*d || !need.0) && (*sp || !need.1))
+            .map(|(_, s)| s)
+        {
             return Ok(Arc::clone(s));
         }
-        let mode = if keyword { Mode::Keyword } else { Mode::Vector };
         let s = Arc::new(Mutex::new(ragline::cli::search::open(
             &self.config,
             &self.model,
             self.exact,
             mode,
         )?));
-        open.insert(keyword, Arc::clone(&s));
+        open.insert(need, Arc::clone(&s));
         Ok(s)
     }
 }
@@ -507,7 +515,7 @@ impl Index {
         let filter = Where::parse(&r#where.unwrap_or_default())
             .map_err(|e| PyValueError::new_err(format!("where: {e}")))?;
         py.detach(|| -> anyhow::Result<String> {
-            let searcher = self.searcher(mode == Mode::Keyword)?;
+            let searcher = self.searcher(mode)?;
             let searcher = searcher.lock().unwrap_or_else(|e| e.into_inner());
             let hits = searcher.search_where(&query, mode, k, &filter)?;
             Ok(serde_json::to_string(&hits)?)

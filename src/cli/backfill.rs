@@ -1,4 +1,6 @@
-//! `ragline backfill --stage embed --model NEW`: migrate an index to another model.
+//! `ragline backfill --stage embed --model NEW`: migrate an index to another model;
+//! `--stage sparse --model NEW`: compute every document's sparse vectors with another SPLADE
+//! model.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -18,7 +20,8 @@ pub struct BackfillArgs {
     #[arg(long, env = "RAGLINE_INDEX")]
     index: Option<String>,
 
-    /// The stage to backfill.
+    /// The stage to backfill: embed (a new vector set, searched once complete) or sparse
+    /// (every document's sparse vectors computed again with --model, at backfill priority).
     #[arg(long, default_value = "embed")]
     stage: String,
 
@@ -45,9 +48,12 @@ pub struct BackfillArgs {
 }
 
 pub fn run(args: BackfillArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
+    if args.stage == "sparse" {
+        return sparse(args, config_file);
+    }
     if args.stage != "embed" {
         bail!(
-            "--stage {}: only the embed stage has vector sets to backfill",
+            "--stage {}: only the embed and sparse stages have models to backfill",
             args.stage
         );
     }
@@ -102,5 +108,38 @@ pub fn run(args: BackfillArgs, config_file: Option<&Path>) -> anyhow::Result<Exi
             b.model, b.chunks_embedded, b.chunks_total, b.model
         );
     }
+    Ok(enrich_exit_code(&summary))
+}
+
+/// `backfill --stage sparse --model NEW`: the sparse stage with another model (the index
+/// records it; every document is queued again at backfill priority).
+fn sparse(args: BackfillArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
+    if args.drop_old {
+        bail!("--drop-old: sparse vectors are replaced document by document, nothing to drop");
+    }
+    let mut config = super::load_config(config_file)?;
+    super::apply_index(&mut config, &args.index)?;
+    let mut model = args.model.clone();
+    let Some(target) = model.model.take() else {
+        bail!("name the SPLADE model to move the sparse vectors to with --model");
+    };
+    model.apply(&mut config.model);
+    if let Some(p) = args.progress {
+        config.run.progress = p;
+    }
+    if let Some(report) = &args.report {
+        std::fs::File::create(report)
+            .with_context(|| format!("cannot write --report {}", report.display()))?;
+    }
+    config.stages.sparse.model = Some(target);
+    let request = jobs::EnrichRequest {
+        stages: vec![args.stage.clone()],
+        follow: args.follow,
+        ..jobs::EnrichRequest::default()
+    };
+    let mut observer = super::observer(config.run.progress);
+    let summary = jobs::enrich(&config, &request, observer.as_mut())?;
+    print_enrich_summary(&mut std::io::stdout().lock(), &summary)?;
+    write_report(args.report.as_deref(), &summary)?;
     Ok(enrich_exit_code(&summary))
 }

@@ -19,7 +19,8 @@ pub struct EnrichArgs {
     #[arg(long, env = "RAGLINE_INDEX")]
     pub(super) index: Option<String>,
 
-    /// The stage to work. [default: embed]
+    /// The stage to work: embed, sparse, or an LLM stage of ragline.toml. [default: every
+    /// stage the index has: embed, and sparse once it has a sparse model]
     #[arg(long)]
     pub(super) stage: Option<String>,
 
@@ -34,6 +35,12 @@ pub struct EnrichArgs {
     /// Progress display: auto (bars on a terminal, log lines otherwise), bars, log, none.
     #[arg(long)]
     pub(super) progress: Option<Progress>,
+
+    /// The sparse stage's SPLADE model (a folder, a name under models/, a hub id): the
+    /// first time, to give an index sparse vectors (`--stage sparse`); later, another model
+    /// computes every document's sparse vectors again. [default: the one the index records]
+    #[arg(long, value_name = "MODEL")]
+    pub(super) sparse_model: Option<String>,
 
     /// Worker threads (one per device for several GPUs). [default: 1]
     #[arg(long)]
@@ -77,6 +84,9 @@ impl EnrichArgs {
         }
         if let Some(n) = self.concurrency {
             config.stages.embed.concurrency = n;
+        }
+        if let Some(m) = &self.sparse_model {
+            config.stages.sparse.model = Some(m.clone());
         }
         Ok(EnrichRequest {
             stages: self.stage.iter().cloned().collect(),

@@ -40,9 +40,20 @@ pub struct EvalArgs {
     #[arg(long)]
     no_ingest: bool,
 
-    /// Modes to evaluate (comma-separated).
+    /// Modes to evaluate (comma-separated): vector, keyword, sparse, hybrid (dense and
+    /// keyword fused, or what --fuse names), and hybrid:A+B[+C] for any other fusion of
+    /// dense, sparse and keyword (`hybrid:dense+sparse+keyword`), each a row.
     #[arg(long, value_delimiter = ',', default_value = "vector,keyword,hybrid")]
     modes: Vec<Mode>,
+
+    /// What `hybrid` fuses: two or three of dense, sparse, keyword. [default: dense,keyword]
+    #[arg(long, value_name = "dense,sparse,keyword")]
+    fuse: Option<ragline::search::Fuse>,
+
+    /// Give the corpus's chunks sparse vectors from this SPLADE model when it is ingested
+    /// (for the sparse modes; see `ingest --sparse-model`). [default: the index's, if any]
+    #[arg(long, value_name = "MODEL")]
+    sparse_model: Option<String>,
 
     /// Chunk size to aim for, in model tokens.
     #[arg(long, default_value_t = DEFAULT_CHUNK_TOKENS)]
@@ -102,23 +113,24 @@ pub fn run(args: EvalArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCod
     }
     let mut config = super::load_config(config_file)?;
     let model_config = args.model.resolve(&config);
+    let mut args = args;
+    for m in &mut args.modes {
+        if *m == Mode::Hybrid(ragline::search::Fuse::DEFAULT) {
+            *m = super::search::with_fuse(*m, args.fuse)?;
+        }
+    }
     if !args.no_ingest {
         config.model = model_config.clone();
+        config.stages.sparse.model = args.sparse_model.clone();
         ingest_corpus(&args, &mut config, &index)?;
     }
     let reader = Searcher::open(&uri, args.exact)?;
-    let needs_model = args.modes.iter().any(|m| *m != Mode::Keyword);
-    let model = if needs_model {
-        let spec = Searcher::model_spec(reader.as_ref()).context("the index holds no vectors")?;
-        let files = jobs::model_files(&spec)?;
-        let devices = jobs::devices(&model_config)?;
-        let mut model = jobs::load_model(&files, &devices[0], &model_config)?;
-        Searcher::fit_model(reader.as_ref(), &mut model)?;
-        Some(model)
-    } else {
-        None
-    };
-    let searcher = Searcher::new(reader, model);
+    let searcher = jobs::searcher(
+        reader,
+        &model_config,
+        args.modes.iter().any(|m| m.needs_dense()),
+        args.modes.iter().any(|m| m.needs_sparse()),
+    )?;
     let reranker = match &args.rerank {
         Some(spec) => Some(jobs::load_reranker(spec, &model_config)?),
         None => None,
@@ -195,7 +207,8 @@ fn ingest_corpus(args: &EvalArgs, config: &mut PipelineConfig, index: &str) -> a
     }
     super::apply_index(config, &Some(index.to_string()))?;
     let mut observer = super::observer(config.run.progress);
-    let summary = jobs::ingest(config, observer.as_mut())?;
+    let mut summary = jobs::ingest(config, observer.as_mut())?;
+    jobs::enrich::sparse_after_ingest(config, &mut summary, observer.as_mut())?;
     // Standard error: with --json, standard output holds the scores alone.
     let mut err = std::io::stderr().lock();
     writeln!(err, "corpus ingested:")?;
@@ -210,7 +223,7 @@ fn print_table(scores: &[Scores], secs: f64) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:<16} {:>8} {:>9} {:>10} {:>11} {:>8}",
+        "{:<28} {:>8} {:>9} {:>10} {:>11} {:>8}",
         "mode", "queries", "nDCG@10", "recall@10", "recall@100", "MRR@10"
     )?;
     for s in scores {
@@ -221,7 +234,7 @@ fn print_table(scores: &[Scores], secs: f64) -> anyhow::Result<()> {
         };
         writeln!(
             out,
-            "{:<16} {:>8} {:>9.4} {:>10.4} {:>11.4} {:>8.4}",
+            "{:<28} {:>8} {:>9.4} {:>10.4} {:>11.4} {:>8.4}",
             mode, s.queries, s.ndcg_at_10, s.recall_at_10, s.recall_at_100, s.mrr_at_10
         )?;
     }

@@ -33,6 +33,13 @@ pub struct IngestArgs {
     #[arg(long, value_name = "STAGE")]
     pub(super) defer: Option<String>,
 
+    /// Also give every chunk a sparse (SPLADE) vector from this model (a folder, a name under
+    /// models/, a hub id; `scripts/fetch-model.sh splade-tiny`), for `search --mode sparse`
+    /// and `--fuse dense,sparse,keyword`: the `sparse` stage, worked after the chunks are
+    /// written (queued for `ragline enrich` with --defer embed). The index records the model.
+    #[arg(long, value_name = "MODEL")]
+    pub(super) sparse_model: Option<String>,
+
     /// Delete from the index the documents whose source is gone, and the vectors of a model a
     /// finished migration retired.
     #[arg(long)]
@@ -285,6 +292,9 @@ impl IngestArgs {
         if let Some(p) = self.progress {
             config.run.progress = p;
         }
+        if let Some(m) = &self.sparse_model {
+            config.stages.sparse.model = Some(m.clone());
+        }
         match self.defer.as_deref() {
             None => {}
             Some("embed") => config.stages.embed.defer = true,
@@ -498,7 +508,11 @@ fn execute(
             what: "ingest --queue".into(),
             feature: "nats",
         })?,
-        None => jobs::ingest(config, observer)?,
+        None => {
+            let mut summary = jobs::ingest(config, observer)?;
+            jobs::enrich::sparse_after_ingest(config, &mut summary, observer)?;
+            summary
+        }
     })
 }
 

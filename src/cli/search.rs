@@ -9,7 +9,7 @@ use clap::Args;
 use ragline::indexers::IndexUri;
 use ragline::jobs::config::ModelConfig;
 use ragline::jobs::{self, PipelineConfig};
-use ragline::search::{Mode, Searcher};
+use ragline::search::{Fuse, Mode, Searcher};
 
 use super::model_args::ModelArgs;
 
@@ -26,9 +26,16 @@ pub struct SearchArgs {
     #[arg(short, long, default_value_t = 10)]
     k: usize,
 
-    /// vector (meaning), keyword (BM25 over words), or hybrid (both, by reciprocal rank fusion).
+    /// vector (dense vectors: meaning), keyword (BM25 over words), sparse (SPLADE vectors:
+    /// learned term weights; the index needs them: `enrich --stage sparse`), or hybrid (the
+    /// rankings --fuse names, by reciprocal rank fusion).
     #[arg(long, default_value = "hybrid")]
     mode: Mode,
+
+    /// The rankings a hybrid search fuses: two or three of dense, sparse, keyword.
+    /// [default: dense,keyword]
+    #[arg(long, value_name = "dense,sparse,keyword")]
+    fuse: Option<Fuse>,
 
     /// Print the results as JSON.
     #[arg(long)]
@@ -72,6 +79,8 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
     super::apply_index(&mut config, &args.index)?;
     let filter = ragline::search::Where::parse(&args.filters).map_err(anyhow::Error::msg)?;
     let model_config = args.model.resolve(&config);
+    let mut args = args;
+    args.mode = with_fuse(args.mode, args.fuse)?;
     let searcher = open(&config, &model_config, args.exact, args.mode)?;
     let hits = match &args.rerank {
         None => searcher.search_where(&args.query, args.mode, args.k, &filter)?,
@@ -87,7 +96,7 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
     // search is looking for first.
     let (missing, total) = searcher.reader().unembedded()?;
     if missing > 0 {
-        if args.mode != Mode::Keyword {
+        if args.mode.needs_dense() {
             eprintln!(
                 "note: {missing} of {total} chunks not embedded yet (vector search covers the rest; `ragline enrich` embeds them)"
             );
@@ -147,21 +156,23 @@ pub fn open(
     mode: Mode,
 ) -> anyhow::Result<Searcher> {
     let reader = Searcher::open(&config.index.uri.value, exact)?;
-    // The query is embedded with the index's own model (not --model's default).
-    let model = if mode == Mode::Keyword {
-        None
-    } else {
-        let spec = Searcher::model_spec(reader.as_ref()).context(
-            "the index holds no vectors (it was built with --no-chunk); use --mode keyword",
-        )?;
-        let files = jobs::model_files(&spec)
-            .with_context(|| format!("cannot find the index's model `{spec}`"))?;
-        let devices = jobs::devices(model)?;
-        let mut model = jobs::load_model(&files, &devices[0], model)?;
-        Searcher::fit_model(reader.as_ref(), &mut model)?;
-        Some(model)
-    };
-    Ok(Searcher::new(reader, model))
+    // The query is embedded with the index's own models (not --model's default).
+    Ok(jobs::searcher(
+        reader,
+        model,
+        mode.needs_dense(),
+        mode.needs_sparse(),
+    )?)
+}
+
+/// `--mode hybrid --fuse ...`: the mode with what it fuses; --fuse with another mode is
+/// refused.
+pub(super) fn with_fuse(mode: Mode, fuse: Option<Fuse>) -> anyhow::Result<Mode> {
+    match (mode, fuse) {
+        (m, None) => Ok(m),
+        (Mode::Hybrid(_), Some(f)) => Ok(Mode::Hybrid(f)),
+        (m, Some(_)) => anyhow::bail!("--fuse goes with --mode hybrid (not --mode {m})"),
+    }
 }
 
 /// Documents whose chunks match the query by keyword and whose embedding is still pending

@@ -197,6 +197,24 @@ impl ModelFiles {
         })
     }
 
+    /// Hash the bytes of config.json, tokenizer.json and the weights (a single weights file
+    /// as the first models did; shards in their order): what a model's fingerprint starts
+    /// with.
+    pub fn hash_into(&self, h: &mut blake3::Hasher) -> Result<(), EmbedError> {
+        let files = [&self.config, &self.tokenizer];
+        for path in files.into_iter().chain(&self.weights) {
+            let mut f = std::fs::File::open(path).map_err(|e| EmbedError::ModelFile {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            std::io::copy(&mut f, h).map_err(|e| EmbedError::ModelFile {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
     /// config.json's bytes.
     pub fn read_config(&self) -> Result<Vec<u8>, EmbedError> {
         std::fs::read(&self.config).map_err(|e| self.bad_config(e.to_string()))

@@ -503,18 +503,7 @@ impl EmbeddingModel {
     /// named two ways (a hub id, a folder) has the same fingerprint.
     pub fn fingerprint(&self) -> Result<String, EmbedError> {
         let mut h = blake3::Hasher::new();
-        // A single weights file hashes as the first models did; shards hash in their order.
-        let files = [&self.files.config, &self.files.tokenizer];
-        for path in files.into_iter().chain(&self.files.weights) {
-            let mut f = std::fs::File::open(path).map_err(|e| EmbedError::ModelFile {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-            std::io::copy(&mut f, &mut h).map_err(|e| EmbedError::ModelFile {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-        }
+        self.files.hash_into(&mut h)?;
         h.update(
             format!(
                 "|{:?}|{}|{}|{:?}|{:?}",

@@ -200,6 +200,15 @@ impl SparseModel {
         })
     }
 
+    /// A string that changes whenever the vectors would: the bytes of the config, tokenizer
+    /// and weights, the pooling and the length limit (the `sparse` stage's fingerprint).
+    pub fn fingerprint(&self) -> Result<String, EmbedError> {
+        let mut h = blake3::Hasher::new();
+        self.files.hash_into(&mut h)?;
+        h.update(format!("|sparse|{:?}|{}", self.pooling, self.tokenizer.max_len()).as_bytes());
+        Ok(h.finalize().to_hex()[..16].to_string())
+    }
+
     /// The vocabulary size: the sparse vectors' dimension.
     pub fn dimension(&self) -> usize {
         self.vocab
@@ -285,7 +294,18 @@ impl SparseModel {
             .to_dtype(DType::F32)?;
         let mut out = Vec::with_capacity(full.len());
         let mut row = 0;
+        let activate = |l: f32| {
+            let v = l.max(0.0).ln_1p();
+            if self.pooling.double_log {
+                v.ln_1p()
+            } else {
+                v
+            }
+        };
         for s in &full {
+            // Max pooling keeps each term's largest logit and activates it once: relu and
+            // log1p only grow, so the largest activation is the activation of the largest
+            // logit (the same float). Sum pooling adds the activations of the positive ones.
             let mut pooled = vec![
                 if self.pooling.sum {
                     0f32
@@ -300,14 +320,19 @@ impl SparseModel {
                 let logits = self
                     .head
                     .logits(&hidden.narrow(0, row + at, n)?)?
-                    .to_vec2::<f32>()?;
-                for token in logits {
-                    for (p, l) in pooled.iter_mut().zip(token) {
-                        let mut v = l.max(0.0).ln_1p();
-                        if self.pooling.double_log {
-                            v = v.ln_1p();
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                for token in logits.chunks_exact(self.vocab) {
+                    if self.pooling.sum {
+                        for (p, &l) in pooled.iter_mut().zip(token) {
+                            if l > 0.0 {
+                                *p += activate(l);
+                            }
                         }
-                        *p = if self.pooling.sum { *p + v } else { p.max(v) };
+                    } else {
+                        for (p, &l) in pooled.iter_mut().zip(token) {
+                            *p = p.max(l);
+                        }
                     }
                 }
                 at += n;
@@ -315,6 +340,7 @@ impl SparseModel {
             row += s.len();
             let mut v = SparseVector::default();
             for (i, &x) in pooled.iter().enumerate() {
+                let x = if self.pooling.sum { x } else { activate(x) };
                 if x > 0.0 {
                     v.indices.push(i as u32);
                     v.values.push(x);

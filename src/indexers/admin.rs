@@ -8,7 +8,9 @@ use super::ModelIdentity;
 use crate::lifecycle::report::{AttemptError, DocumentLifecycle, StageState};
 use crate::lifecycle::rules::QueueSql;
 use crate::lifecycle::store::stitch;
-use crate::lifecycle::{is_enrichable, DocumentText, StoreError, WorkKey, EMBED};
+use crate::lifecycle::{
+    is_enrichable, ChunkSparse, ChunkText, DocumentText, StoreError, WorkKey, EMBED, SPARSE,
+};
 
 /// The statements behind `ragline dlq show` and a run's dead letters.
 pub(crate) trait AdminSql: QueueSql {
@@ -131,7 +133,8 @@ pub(crate) fn check_pausable(stage: &str) -> Result<(), StoreError> {
         return Ok(());
     }
     Err(StoreError::Invalid(format!(
-        "`{stage}` is not a stage workers run; stages that can be paused: {EMBED}"
+        "`{stage}` is not a stage workers run; stages that can be paused: {EMBED}, {SPARSE} and \
+         the LLM stages of ragline.toml"
     )))
 }
 
@@ -181,6 +184,40 @@ pub(crate) trait OutputSql {
 
     /// Mark a row done (its lease dropped).
     fn set_done(&mut self, id: i64, now: i64) -> Result<(), Self::Error>;
+
+    /// The current chunks of `version` of a document: rowid and text, by ordinal.
+    fn chunk_texts(&mut self, id: &str, version: &str) -> Result<Vec<ChunkText>, Self::Error>;
+
+    /// Replace the sparse vectors of a document's current chunks with `chunks`.
+    fn put_sparse(&mut self, document: &str, chunks: &[ChunkSparse]) -> Result<(), Self::Error>;
+}
+
+/// What the sparse stage reads: the document's current chunks.
+pub(crate) fn current_chunks<Q: OutputSql>(
+    q: &mut Q,
+    id: &str,
+) -> Result<Option<Vec<ChunkText>>, Q::Error> {
+    let Some((_, _, version)) = q.document_version(id)? else {
+        return Ok(None);
+    };
+    q.chunk_texts(id, &version).map(Some)
+}
+
+/// Write the sparse vectors of the document `owner` holds and mark its work done; false,
+/// with nothing written, when it holds it no longer.
+pub(crate) fn write_sparse<Q: OutputSql>(
+    q: &mut Q,
+    owner: &str,
+    key: &WorkKey,
+    chunks: &[ChunkSparse],
+    now: i64,
+) -> Result<bool, Q::Error> {
+    let Some(row) = q.held_for_output(owner, key)? else {
+        return Ok(false);
+    };
+    q.put_sparse(&key.document_id, chunks)?;
+    q.set_done(row, now)?;
+    Ok(true)
 }
 
 /// What a document-level stage reads: the document's text stitched from its chunks.

@@ -261,6 +261,24 @@ pub trait IndexReader: Send {
 
     fn chunk(&self, rowid: i64) -> Result<Option<ChunkRow>, BackendError>;
 
+    /// The `k` chunks whose sparse vectors have the largest dot product with the query's
+    /// (vocabulary ids `terms`, their `weights`), among those `filter` lets through:
+    /// (rowid, score), best first.
+    fn sparse_where(
+        &self,
+        terms: &[u32],
+        weights: &[f32],
+        k: usize,
+        filter: &filter::Where,
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        let _ = (terms, weights, k, filter);
+        Err(BackendError::Invalid(format!(
+            "{} has no sparse vectors: sparse search needs an index with them (sqlite:// or \
+             postgres://, filled by `ragline enrich --stage sparse --sparse-model MODEL`)",
+            self.describe()
+        )))
+    }
+
     /// The document a chunk belongs to.
     fn document_of(&self, rowid: i64) -> Result<Option<String>, BackendError>;
 
@@ -270,7 +288,7 @@ pub trait IndexReader: Send {
     }
 }
 
-fn no_filters(index: &str) -> BackendError {
+pub(crate) fn no_filters(index: &str) -> BackendError {
     BackendError::Invalid(format!(
         "--where is not supported by {index} yet; filter a sqlite:// index, or search without it"
     ))

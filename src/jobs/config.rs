@@ -301,6 +301,8 @@ impl FromStr for Progress {
 #[serde(deny_unknown_fields, default)]
 pub struct StagesConfig {
     pub embed: EmbedStageConfig,
+    /// The `sparse` stage (off unless it has a `model`).
+    pub sparse: SparseStageConfig,
     /// The `summary` LLM stage (off unless it has a `url`).
     pub summary: LlmStageConfig,
     /// More LLM stages, each with its own `name` and prompt.
@@ -315,6 +317,16 @@ impl StagesConfig {
             .filter(|s| s.enabled())
             .collect()
     }
+}
+
+/// The sparse stage: sparse (SPLADE) vectors of every chunk, beside the dense ones. Its
+/// retries and leases are the embed stage's.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SparseStageConfig {
+    /// The SPLADE model (a folder, a name under models/, a hub id); the index records it, so
+    /// `enrich` and `search --mode sparse` need it only the first time.
+    pub model: Option<String>,
 }
 
 /// The embed stage's settings.

@@ -20,7 +20,10 @@ pub use config::{ConfigError, PipelineConfig, Progress};
 pub use enrich::{backfill, enrich, lifecycle_store, status, BackfillOutcome, EnrichRequest};
 pub use ingest::{ingest, prepare, Build, Prepared};
 pub(crate) use ingest::{ingest_from, Scope};
-pub use model::{batch_tokens, devices, load_model, load_reranker, model_files, model_identity};
+pub use model::{
+    batch_tokens, devices, load_model, load_reranker, load_sparse, model_files, model_identity,
+    searcher,
+};
 
 use thiserror::Error;
 

@@ -73,6 +73,66 @@ pub fn load_reranker(
         })
 }
 
+/// Load the sparse (SPLADE) model `spec` names on the first device `model` names, in its
+/// dtype.
+pub fn load_sparse(
+    spec: &str,
+    model: &config::ModelConfig,
+) -> Result<crate::embed::splade::SparseModel, JobError> {
+    let files = model_files(spec)?;
+    let devices = devices(model)?;
+    let device = &devices[0];
+    crate::embed::splade::SparseModel::load_files(files, &device.device, model.dtype.value).map_err(
+        |e| {
+            JobError::Setup(format!(
+                "cannot load the sparse model `{spec}` on {}: {e}",
+                device.label
+            ))
+        },
+    )
+}
+
+/// A searcher over `reader` with what `dense` and `sparse` search need: the index's own dense
+/// model (fitted to its `--dimensions`) and its sparse model, each loaded on `model`'s first
+/// device in its dtype (not `model`'s name: a query is encoded as the index's chunks were).
+pub fn searcher(
+    reader: Box<dyn crate::indexers::IndexReader>,
+    model: &config::ModelConfig,
+    dense: bool,
+    sparse: bool,
+) -> Result<crate::search::Searcher, JobError> {
+    use crate::search::Searcher;
+    let embedder = if dense {
+        let spec = Searcher::model_spec(reader.as_ref()).ok_or_else(|| {
+            JobError::Setup(
+                "the index holds no vectors (it was built with --no-chunk); use --mode keyword"
+                    .into(),
+            )
+        })?;
+        let files = model_files(&spec)
+            .map_err(|e| JobError::Setup(format!("cannot find the index's model `{spec}`: {e}")))?;
+        let devices = devices(model)?;
+        let mut m = load_model(&files, &devices[0], model)?;
+        Searcher::fit_model(reader.as_ref(), &mut m)?;
+        Some(m)
+    } else {
+        None
+    };
+    let splade = if sparse {
+        let spec = Searcher::sparse_model_spec(reader.as_ref()).ok_or_else(|| {
+            JobError::Setup(format!(
+                "{} has no sparse vectors: add them with `ragline enrich --stage sparse \
+                 --sparse-model MODEL` (or ingest with --sparse-model), or search another --mode",
+                reader.describe()
+            ))
+        })?;
+        Some(load_sparse(&spec, model)?)
+    } else {
+        None
+    };
+    Ok(Searcher::new(reader, embedder).with_sparse(splade))
+}
+
 /// What the index records of a model.
 pub fn model_identity(
     files: &ModelFiles,

@@ -25,36 +25,41 @@ use serde::{Deserialize, Serialize};
 
 pub use owner::Owner;
 pub use store::{
-    ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText, EnrichStore, KnownDocument,
-    KnownPage, LifecycleStore, Maintenance, PendingChunk, StoreError, StoredVectors, WorkItem,
-    WorkKey,
+    ChunkSparse, ChunkText, ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText,
+    EnrichStore, KnownDocument, KnownPage, LifecycleStore, Maintenance, PendingChunk,
+    SparseModelRecord, StoreError, StoredVectors, WorkItem, WorkKey,
 };
 
 /// The chunk stage: done by `ingest` (extract, chunk, write documents and chunks).
 pub const CHUNK: &str = "chunk";
 /// The embed stage: every chunk of the document has a vector in a vector set.
 pub const EMBED: &str = "embed";
+/// The sparse stage: every chunk of the document has its sparse (SPLADE) vector in the
+/// index's postings, from the index's sparse model. A document-level stage: one row per
+/// document, queued like the LLM stages (a new version of the document, or another sparse
+/// model, makes it stale).
+pub const SPARSE: &str = "sparse";
 /// A stage that does nothing, for measuring the queue itself (benches/lifecycle.rs).
 pub const NOOP: &str = "noop";
 
 /// Stages `enrich` can work, in the order `ragline status` lists them.
-pub const STAGES: &[&str] = &[CHUNK, EMBED];
+pub const STAGES: &[&str] = &[CHUNK, EMBED, SPARSE];
 
 /// The stages `stage` depends on: it is queued for a document only when these are done for
 /// the document's current content.
 pub fn dependencies(stage: &str) -> &'static [&'static str] {
     match stage {
         CHUNK => &[],
-        // Document-level stages (LLM stages) read the document's text from its chunks, so
+        // Document-level stages (sparse vectors, LLM stages) read the document's chunks, so
         // they too wait for `chunk`; none waits for `embed` or for another.
         _ => &[CHUNK],
     }
 }
 
 /// Whether `enrich` can work a stage (chunking needs the source, so only `ingest` does it):
-/// `embed`, `noop` and the document-level stages a config names (LLM stages).
+/// `embed`, `sparse`, `noop` and the document-level stages a config names (LLM stages).
 pub fn is_enrichable(stage: &str) -> bool {
-    matches!(stage, EMBED | NOOP) || is_stage_name(stage)
+    matches!(stage, EMBED | SPARSE | NOOP) || is_stage_name(stage)
 }
 
 /// Whether `name` can name a document-level stage of a config (an LLM stage): lowercase
@@ -64,7 +69,7 @@ pub fn is_stage_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && !matches!(name, CHUNK | EMBED | NOOP)
+        && !matches!(name, CHUNK | EMBED | SPARSE | NOOP)
         && name.len() <= 40
 }
 
@@ -233,5 +238,7 @@ mod tests {
         assert!(dependencies(CHUNK).is_empty());
         assert!(!is_enrichable(CHUNK) && is_enrichable(EMBED) && is_enrichable("summary"));
         assert!(!is_stage_name("Summary") && !is_stage_name("embed") && !is_stage_name(""));
+        assert!(is_enrichable(SPARSE) && !is_stage_name(SPARSE));
+        assert_eq!(dependencies(SPARSE), &[CHUNK]);
     }
 }

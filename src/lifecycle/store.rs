@@ -177,6 +177,34 @@ pub struct DocumentText {
     pub text: String,
 }
 
+/// A current chunk of a document, as the sparse stage reads it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChunkText {
+    pub rowid: i64,
+    pub text: String,
+}
+
+/// A chunk's sparse vector to write: vocabulary ids (ascending) and their weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChunkSparse {
+    pub rowid: i64,
+    pub terms: Vec<u32>,
+    pub weights: Vec<f32>,
+}
+
+/// The sparse (SPLADE) model an index's sparse vectors come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SparseModelRecord {
+    /// As it was named (a hub id, a name under models/, a folder).
+    pub name: String,
+    /// The folder it was loaded from.
+    pub dir: String,
+    /// Its files and pooling, hashed: the `sparse` stage's fingerprint.
+    pub fingerprint: String,
+    /// The vocabulary size: the vectors' dimension.
+    pub dimension: usize,
+}
+
 /// Join chunk texts (by ordinal, each with its byte range in the document) into the
 /// document's text: what overlaps the previous chunk is left out, gaps become blank lines.
 pub fn stitch(chunks: &[(usize, usize, String)]) -> String {
@@ -323,6 +351,27 @@ pub trait EnrichStore: LifecycleStore {
         output: &str,
         keyword: bool,
     ) -> Result<bool, StoreError>;
+
+    /// The current chunks of a document, in order. None when the index no longer has it.
+    fn current_chunks(&mut self, id: &str) -> Result<Option<Vec<ChunkText>>, StoreError>;
+
+    /// Replace the sparse vectors of the document in `key` (its current chunks' postings)
+    /// with `chunks` and mark the work done, in one transaction. False, with nothing
+    /// written, when `owner` no longer holds the work (its lease expired and was taken, or the
+    /// document changed).
+    fn write_sparse(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        chunks: &[ChunkSparse],
+    ) -> Result<bool, StoreError>;
+
+    /// The sparse model the index's sparse vectors come from, if it has one.
+    fn sparse_model(&mut self) -> Result<Option<SparseModelRecord>, StoreError>;
+
+    /// Record the sparse model the `sparse` stage now uses (its fingerprint makes the
+    /// documents done by another one stale).
+    fn record_sparse_model(&mut self, model: &SparseModelRecord) -> Result<(), StoreError>;
 }
 
 /// A boxed store is a store (`open_store` hands them out).
@@ -417,6 +466,27 @@ impl<T: EnrichStore + ?Sized> EnrichStore for Box<T> {
         keyword: bool,
     ) -> Result<bool, StoreError> {
         (**self).write_output(owner, key, output, keyword)
+    }
+
+    fn current_chunks(&mut self, id: &str) -> Result<Option<Vec<ChunkText>>, StoreError> {
+        (**self).current_chunks(id)
+    }
+
+    fn write_sparse(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        chunks: &[ChunkSparse],
+    ) -> Result<bool, StoreError> {
+        (**self).write_sparse(owner, key, chunks)
+    }
+
+    fn sparse_model(&mut self) -> Result<Option<SparseModelRecord>, StoreError> {
+        (**self).sparse_model()
+    }
+
+    fn record_sparse_model(&mut self, model: &SparseModelRecord) -> Result<(), StoreError> {
+        (**self).record_sparse_model(model)
     }
 }
 

@@ -9,6 +9,7 @@ use thiserror::Error;
 
 pub mod rerank;
 
+use crate::embed::splade::{SparseModel, SparseVector};
 use crate::embed::{EmbedError, EmbeddingModel};
 pub use crate::indexers::filter::{Clause, FilterError, Where};
 use crate::indexers::{BackendError, ChunkRow, IndexReader, IndexUri};
@@ -18,22 +19,139 @@ pub const RRF_K: f64 = 60.0;
 /// Candidates each side brings to a hybrid search, at least.
 pub const HYBRID_DEPTH: usize = 100;
 
+/// How a search ranks chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mode {
+    /// By the cosine of their dense vectors to the query's.
     Vector,
+    /// By BM25 over their words.
     Keyword,
-    Hybrid,
+    /// By the dot product of their sparse (SPLADE) vectors with the query's.
+    Sparse,
+    /// Reciprocal rank fusion of the rankings `Fuse` names.
+    Hybrid(Fuse),
+}
+
+/// The rankings a hybrid search fuses: at least two of dense, sparse and keyword.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Fuse {
+    pub dense: bool,
+    pub sparse: bool,
+    pub keyword: bool,
+}
+
+impl Fuse {
+    /// Dense and keyword: what `--mode hybrid` fuses unless told otherwise.
+    pub const DEFAULT: Fuse = Fuse {
+        dense: true,
+        sparse: false,
+        keyword: true,
+    };
+
+    /// The names, in `dense,sparse,keyword` order.
+    fn names(self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.dense {
+            v.push("dense");
+        }
+        if self.sparse {
+            v.push("sparse");
+        }
+        if self.keyword {
+            v.push("keyword");
+        }
+        v
+    }
+}
+
+impl Default for Fuse {
+    fn default() -> Self {
+        Fuse::DEFAULT
+    }
+}
+
+impl std::fmt::Display for Fuse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.names().join(","))
+    }
+}
+
+impl FromStr for Fuse {
+    type Err = String;
+    /// `dense,sparse,keyword` (or joined by `+`), in any order; `vector` names `dense`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut f = Fuse {
+            dense: false,
+            sparse: false,
+            keyword: false,
+        };
+        for part in s.split([',', '+']).map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "dense" | "vector" => f.dense = true,
+                "sparse" => f.sparse = true,
+                "keyword" => f.keyword = true,
+                other => {
+                    return Err(format!(
+                        "unknown ranking `{other}` to fuse: use dense, sparse and keyword \
+                         (two or three of them, comma-separated)"
+                    ))
+                }
+            }
+        }
+        if f.names().len() < 2 {
+            return Err(format!(
+                "--fuse {s}: a hybrid search fuses two or three of dense, sparse and keyword \
+                 (for one alone, use --mode vector, sparse or keyword)"
+            ));
+        }
+        Ok(f)
+    }
 }
 
 impl Mode {
-    pub const ALL: [Mode; 3] = [Mode::Vector, Mode::Keyword, Mode::Hybrid];
+    /// The modes a search page offers: today's three.
+    pub const ALL: [Mode; 3] = [Mode::Vector, Mode::Keyword, Mode::Hybrid(Fuse::DEFAULT)];
 
+    /// The mode's name: `hybrid` for the default fusion, else `hybrid:` and what it fuses
+    /// (`hybrid:dense+sparse+keyword`): what `FromStr` reads back.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Vector => "vector",
             Mode::Keyword => "keyword",
-            Mode::Hybrid => "hybrid",
+            Mode::Sparse => "sparse",
+            Mode::Hybrid(f) => match (f.dense, f.sparse, f.keyword) {
+                (true, false, true) => "hybrid",
+                (true, true, true) => "hybrid:dense+sparse+keyword",
+                (true, true, false) => "hybrid:dense+sparse",
+                (false, true, true) => "hybrid:sparse+keyword",
+                // Not made by FromStr (fewer than two rankings).
+                _ => "hybrid:one",
+            },
         }
+    }
+
+    /// Whether the mode embeds the query with the index's dense model.
+    pub fn needs_dense(self) -> bool {
+        match self {
+            Mode::Vector => true,
+            Mode::Hybrid(f) => f.dense,
+            Mode::Keyword | Mode::Sparse => false,
+        }
+    }
+
+    /// Whether the mode encodes the query with the index's sparse model.
+    pub fn needs_sparse(self) -> bool {
+        match self {
+            Mode::Sparse => true,
+            Mode::Hybrid(f) => f.sparse,
+            Mode::Keyword | Mode::Vector => false,
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -43,8 +161,15 @@ impl FromStr for Mode {
         match s {
             "vector" => Ok(Mode::Vector),
             "keyword" => Ok(Mode::Keyword),
-            "hybrid" => Ok(Mode::Hybrid),
-            _ => Err(format!("unknown mode `{s}`: use vector, keyword or hybrid")),
+            "sparse" => Ok(Mode::Sparse),
+            "hybrid" => Ok(Mode::Hybrid(Fuse::DEFAULT)),
+            _ => match s.strip_prefix("hybrid:") {
+                Some(fuse) => Ok(Mode::Hybrid(fuse.parse()?)),
+                None => Err(format!(
+                    "unknown mode `{s}`: use vector, keyword, sparse or hybrid (hybrid fuses \
+                     dense and keyword; hybrid:dense+sparse+keyword names what it fuses)"
+                )),
+            },
         }
     }
 }
@@ -80,13 +205,36 @@ pub struct Hit {
 pub struct Searcher {
     reader: Box<dyn IndexReader>,
     model: Option<EmbeddingModel>,
+    /// Encodes queries for sparse search (the index's sparse model).
+    sparse: Option<SparseModel>,
 }
 
 impl Searcher {
     /// Open the index; `model` embeds queries (it must be the index's own model; see
     /// [`Searcher::model_spec`]). Without one only keyword search works.
     pub fn new(reader: Box<dyn IndexReader>, model: Option<EmbeddingModel>) -> Self {
-        Searcher { reader, model }
+        Searcher {
+            reader,
+            model,
+            sparse: None,
+        }
+    }
+
+    /// With the index's sparse model, for sparse and hybrid search over sparse vectors.
+    pub fn with_sparse(mut self, sparse: Option<SparseModel>) -> Self {
+        self.sparse = sparse;
+        self
+    }
+
+    /// Where to load the index's sparse model from: the folder it was recorded with, when it
+    /// is still there, else the name it was given.
+    pub fn sparse_model_spec(reader: &dyn IndexReader) -> Option<String> {
+        let meta = reader.meta();
+        match (&meta.sparse_model_dir, &meta.sparse_model) {
+            (Some(dir), _) if Path::new(dir).is_dir() => Some(dir.clone()),
+            (_, Some(name)) => Some(name.clone()),
+            _ => None,
+        }
     }
 
     /// Open the index a URI names; `exact`: vector search scans every vector (Postgres: no
@@ -191,25 +339,57 @@ impl Searcher {
                 fused.truncate(depth);
                 Ok(fused)
             }
-            Mode::Hybrid => {
+            Mode::Sparse => self.sparse_ranked(query, depth, filter),
+            Mode::Hybrid(fuse) => {
                 let n = depth.max(HYBRID_DEPTH);
-                let v = vector(self)?;
-                let vector = self.reader.nearest_where(&v, n, filter)?;
-                let keyword = self.reader.keyword_where(query, n, filter)?;
-                let outputs = if filter.is_empty() {
-                    self.reader.keyword_outputs(query, n)?
-                } else {
-                    Vec::new()
-                };
-                let mut fused = if outputs.is_empty() {
-                    rrf(&[vector, keyword])
-                } else {
-                    rrf(&[vector, keyword, outputs])
-                };
+                let mut lists = Vec::with_capacity(4);
+                if fuse.dense {
+                    let v = vector(self)?;
+                    lists.push(self.reader.nearest_where(&v, n, filter)?);
+                }
+                if fuse.sparse {
+                    lists.push(self.sparse_ranked(query, n, filter)?);
+                }
+                if fuse.keyword {
+                    lists.push(self.reader.keyword_where(query, n, filter)?);
+                    if filter.is_empty() {
+                        let outputs = self.reader.keyword_outputs(query, n)?;
+                        if !outputs.is_empty() {
+                            lists.push(outputs);
+                        }
+                    }
+                }
+                let mut fused = rrf(&lists);
                 fused.truncate(depth);
                 Ok(fused)
             }
         }
+    }
+
+    /// Chunks by the dot product of their sparse vectors with the query's.
+    fn sparse_ranked(
+        &self,
+        query: &str,
+        depth: usize,
+        filter: &Where,
+    ) -> Result<Vec<(i64, f64)>, SearchError> {
+        let q = self.sparse_query(query)?;
+        Ok(self
+            .reader
+            .sparse_where(&q.indices, &q.values, depth, filter)?)
+    }
+
+    /// The query's sparse vector, by the index's sparse model.
+    pub fn sparse_query(&self, query: &str) -> Result<SparseVector, SearchError> {
+        let model = self.sparse.as_ref().ok_or_else(|| {
+            SearchError::NoModel(
+                "this search needs the index's sparse model to encode the query; add sparse \
+                 vectors with `ragline enrich --stage sparse --sparse-model MODEL`, or search \
+                 another --mode"
+                    .into(),
+            )
+        })?;
+        Ok(model.embed_texts(&[query])?.pop().unwrap_or_default())
     }
 
     /// The `k` best chunks with their rows.
@@ -286,6 +466,37 @@ pub fn rrf(lists: &[Vec<(i64, f64)>]) -> Vec<(i64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn modes_and_fusions_read_back_their_names() {
+        for m in [
+            "vector",
+            "keyword",
+            "sparse",
+            "hybrid",
+            "hybrid:dense+sparse+keyword",
+            "hybrid:dense+sparse",
+            "hybrid:sparse+keyword",
+        ] {
+            assert_eq!(m.parse::<Mode>().unwrap().name(), m);
+        }
+        // Any order and `vector` for dense; `hybrid:dense+keyword` is plain hybrid.
+        assert_eq!(
+            "hybrid:keyword+vector".parse::<Mode>().unwrap(),
+            Mode::Hybrid(Fuse::DEFAULT)
+        );
+        let all: Fuse = "keyword,sparse,dense".parse().unwrap();
+        assert!(all.dense && all.sparse && all.keyword);
+        assert_eq!(all.to_string(), "dense,sparse,keyword");
+        assert!(Mode::Hybrid(all).needs_dense() && Mode::Hybrid(all).needs_sparse());
+        assert!(!Mode::Sparse.needs_dense() && Mode::Sparse.needs_sparse());
+        assert!(!Mode::Keyword.needs_dense() && !Mode::Keyword.needs_sparse());
+        for bad in ["dense", "sparse,", "dense,bm25", ""] {
+            assert!(bad.parse::<Fuse>().is_err(), "{bad}");
+        }
+        assert!("hybrid:sparse".parse::<Mode>().is_err());
+        assert!("splade".parse::<Mode>().is_err());
+    }
 
     #[test]
     fn rrf_rewards_agreement() {

@@ -205,7 +205,7 @@ impl SearchParams {
         let mut p = SearchParams {
             q: String::new(),
             k: 10,
-            mode: Mode::Hybrid,
+            mode: Mode::Hybrid(crate::search::Fuse::DEFAULT),
             filters: Vec::new(),
         };
         for (key, value) in url::form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
@@ -246,7 +246,7 @@ async fn run_search(app: &Arc<App>, p: &SearchParams) -> Result<Vec<Hit>, ApiErr
     if p.q.is_empty() {
         return Ok(Vec::new());
     }
-    let vector = if p.mode == Mode::Keyword {
+    let vector = if !p.mode.needs_dense() {
         None
     } else {
         let prompt = app

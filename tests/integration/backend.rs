@@ -184,6 +184,63 @@ impl TestIndex {
         }
     }
 
+    /// The sparse vector of every current chunk that has one, by chunk id: (term, weight)
+    /// pairs, terms ascending.
+    pub fn sparse_vectors(&self) -> std::collections::BTreeMap<String, Vec<(u32, f32)>> {
+        let mut out: std::collections::BTreeMap<String, Vec<(u32, f32)>> = Default::default();
+        match self {
+            TestIndex::Sqlite(db) => {
+                let conn = rusqlite::Connection::open(db).unwrap();
+                let mut s = conn
+                    .prepare(
+                        "SELECT c.id, p.term, p.weight FROM sparse_postings p
+                         JOIN chunks c ON c.rowid = p.chunk
+                         WHERE c.replaced_by IS NULL ORDER BY c.id, p.term",
+                    )
+                    .unwrap();
+                let rows = s
+                    .query_map([], |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, f64>(2)?,
+                        ))
+                    })
+                    .unwrap();
+                for row in rows {
+                    let (id, term, weight) = row.unwrap();
+                    out.entry(id)
+                        .or_default()
+                        .push((term as u32, weight as f32));
+                }
+            }
+            TestIndex::Postgres { .. } => {
+                let (mut c, s) = self.pg().unwrap();
+                let rows = c
+                    .query(
+                        &format!(
+                            "SELECT c.id, v.embedding FROM {s}.sparse_vectors v
+                             JOIN {s}.chunks c ON c.rowid = v.chunk
+                             WHERE c.replaced_by IS NULL"
+                        ),
+                        &[],
+                    )
+                    .unwrap();
+                for r in rows {
+                    let v: pgvector::SparseVector = r.get(1);
+                    let pairs = v
+                        .indices()
+                        .iter()
+                        .zip(v.values())
+                        .map(|(i, w)| (*i as u32, *w))
+                        .collect();
+                    out.insert(r.get(0), pairs);
+                }
+            }
+        }
+        out
+    }
+
     /// (document id, chunk text, vector) of every current chunk with a vector in the active
     /// set, by chunk id.
     pub fn vectors(&self) -> Vec<(String, String, Vec<f32>)> {

@@ -22,6 +22,7 @@ mod postgres;
 mod rerankers;
 mod serve;
 mod site;
+mod sparse;
 mod subjects;
 mod tables;
 mod tokenizer;

@@ -17,7 +17,7 @@ use crate::util::{model_dir, ragline, read_jsonl, root, run, stdout_json};
 
 const FAMILIES: [&str; 3] = ["bert", "xlm-roberta", "modernbert"];
 
-fn fixtures(sub: &str) -> PathBuf {
+pub(crate) fn fixtures(sub: &str) -> PathBuf {
     root().join("tests/fixtures").join(sub)
 }
 
@@ -38,7 +38,7 @@ fn flag(command: &str, flag: &str) -> usize {
 }
 
 /// Write the model a reference.json's command made, and check it is the same bytes.
-fn model_of(reference: &Path, out: &Path, family: Option<&str>) -> PathBuf {
+pub(crate) fn model_of(reference: &Path, out: &Path, family: Option<&str>) -> PathBuf {
     let meta: serde_json::Value =
         serde_json::from_slice(&fs::read(reference.join("reference.json")).unwrap()).unwrap();
     let command = meta["command"].as_str().unwrap();

@@ -56,6 +56,9 @@ pub struct PgMeta {
     pub model_fingerprint: Option<String>,
     pub dimension: Option<usize>,
     pub vector_type: Option<VectorType>,
+    pub sparse_model: Option<String>,
+    pub sparse_model_dir: Option<String>,
+    pub sparse_dimension: Option<usize>,
 }
 
 pub struct PostgresFactory {
@@ -511,6 +514,21 @@ fn ensure_pgvector(client: &mut Client, target: &PgTarget) -> Result<(), Backend
 }
 
 /// The index's metadata, or None when the schema holds no ragline index yet.
+/// A sparse vector as pgvector takes it (indices from 0 in its binary form).
+pub(crate) fn sparse_vector(
+    terms: &[u32],
+    weights: &[f32],
+    dimension: usize,
+) -> pgvector::SparseVector {
+    let pairs: Vec<(i32, f32)> = terms
+        .iter()
+        .zip(weights)
+        .filter(|(t, w)| (**t as usize) < dimension && w.is_finite())
+        .map(|(t, w)| (*t as i32, *w))
+        .collect();
+    pgvector::SparseVector::from_map(pairs.iter().map(|(t, w)| (t, w)), dimension as i32)
+}
+
 pub fn read_meta(
     client: &mut impl GenericClient,
     target: &PgTarget,
@@ -535,6 +553,9 @@ pub fn read_meta(
             "model_dir" => meta.model_dir = Some(v),
             "model_fingerprint" => meta.model_fingerprint = Some(v),
             "dimension" => meta.dimension = v.parse().ok(),
+            "sparse_model" => meta.sparse_model = Some(v),
+            "sparse_model_dir" => meta.sparse_model_dir = Some(v),
+            "sparse_dimension" => meta.sparse_dimension = v.parse().ok(),
             "vector_type" => {
                 meta.vector_type = match v.as_str() {
                     "halfvec" => Some(VectorType::Halfvec),

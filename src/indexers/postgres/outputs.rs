@@ -7,7 +7,9 @@ use postgres::GenericClient;
 use super::fts::TsVector;
 use super::queue::{PgStore, Sql};
 use crate::indexers::admin::{self, OutputSql};
-use crate::lifecycle::{DocumentText, Priority, StoreError, WorkKey};
+use crate::lifecycle::{
+    ChunkSparse, ChunkText, DocumentText, Priority, SparseModelRecord, StoreError, WorkKey,
+};
 
 impl PgStore {
     pub(super) fn sync_stage_rows(
@@ -69,6 +71,80 @@ impl PgStore {
             Ok(admin::write_output(
                 &mut q, owner, key, output, keyword, now,
             )?)
+        })
+    }
+
+    pub(super) fn read_current_chunks(
+        &mut self,
+        id: &str,
+    ) -> Result<Option<Vec<ChunkText>>, StoreError> {
+        let s = self.s.clone();
+        let mut q = Sql {
+            c: &mut self.client,
+            s: &s,
+        };
+        admin::current_chunks(&mut q, id).map_err(|e| self.err(e))
+    }
+
+    pub(super) fn write_sparse_vectors(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        chunks: &[ChunkSparse],
+    ) -> Result<bool, StoreError> {
+        self.write(|tx, s, now| {
+            let mut q = Sql { c: tx, s };
+            Ok(admin::write_sparse(&mut q, owner, key, chunks, now)?)
+        })
+    }
+
+    pub(super) fn read_sparse_model(&mut self) -> Result<Option<SparseModelRecord>, StoreError> {
+        let s = self.s.clone();
+        let rows = self
+            .client
+            .query(
+                &format!(
+                    "SELECT key, value FROM {s}.meta WHERE key IN ('sparse_model',
+                         'sparse_model_dir', 'sparse_fingerprint', 'sparse_dimension')"
+                ),
+                &[],
+            )
+            .map_err(|e| self.err(e))?;
+        let get = |k: &str| {
+            rows.iter()
+                .find(|r| r.get::<_, &str>(0) == k)
+                .map(|r| r.get::<_, String>(1))
+        };
+        let (Some(name), Some(fingerprint)) = (get("sparse_model"), get("sparse_fingerprint"))
+        else {
+            return Ok(None);
+        };
+        Ok(Some(SparseModelRecord {
+            name,
+            dir: get("sparse_model_dir").unwrap_or_default(),
+            fingerprint,
+            dimension: get("sparse_dimension")
+                .and_then(|d| d.parse().ok())
+                .unwrap_or(0),
+        }))
+    }
+
+    pub(super) fn put_sparse_model(&mut self, m: &SparseModelRecord) -> Result<(), StoreError> {
+        self.write(|tx, s, _| {
+            let sql = format!(
+                "INSERT INTO {s}.meta(key, value) VALUES ($1, $2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+            );
+            let dimension = m.dimension.to_string();
+            for (k, v) in [
+                ("sparse_model", &m.name),
+                ("sparse_model_dir", &m.dir),
+                ("sparse_fingerprint", &m.fingerprint),
+                ("sparse_dimension", &dimension),
+            ] {
+                tx.execute(&sql, &[&k, v])?;
+            }
+            Ok(())
         })
     }
 }
@@ -161,6 +237,57 @@ impl<C: GenericClient> OutputSql for Sql<'_, C> {
             ),
             &[&key.document_id, &key.stage, &output],
         )?;
+        Ok(())
+    }
+
+    fn chunk_texts(&mut self, id: &str, version: &str) -> Result<Vec<ChunkText>, postgres::Error> {
+        let s = self.s;
+        let rows = self.c.query(
+            &format!(
+                "SELECT rowid, text FROM {s}.chunks
+                 WHERE document_id = $1 AND version = $2 AND replaced_by IS NULL
+                 ORDER BY ordinal"
+            ),
+            &[&id, &version],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| ChunkText {
+                rowid: r.get(0),
+                text: r.get(1),
+            })
+            .collect())
+    }
+
+    fn put_sparse(
+        &mut self,
+        document: &str,
+        chunks: &[ChunkSparse],
+    ) -> Result<(), postgres::Error> {
+        let s = self.s;
+        let dimension: usize = self
+            .c
+            .query_opt(
+                &format!("SELECT value FROM {s}.meta WHERE key = 'sparse_dimension'"),
+                &[],
+            )?
+            .and_then(|r| r.get::<_, String>(0).parse().ok())
+            .unwrap_or(0);
+        self.c.execute(
+            &format!(
+                "DELETE FROM {s}.sparse_vectors WHERE chunk IN
+                     (SELECT rowid FROM {s}.chunks WHERE document_id = $1 AND replaced_by IS NULL)"
+            ),
+            &[&document],
+        )?;
+        let insert = self.c.prepare(&format!(
+            "INSERT INTO {s}.sparse_vectors(chunk, embedding) VALUES ($1, $2)
+             ON CONFLICT (chunk) DO UPDATE SET embedding = excluded.embedding"
+        ))?;
+        for c in chunks.iter().filter(|c| !c.terms.is_empty()) {
+            let v = super::sparse_vector(&c.terms, &c.weights, dimension);
+            self.c.execute(&insert, &[&c.rowid, &v])?;
+        }
         Ok(())
     }
 

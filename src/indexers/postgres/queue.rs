@@ -17,8 +17,9 @@ use crate::indexers::{SetState, VectorSet};
 use crate::lifecycle::rules::{self, Candidate, QueueSql};
 use crate::lifecycle::store::HeldLease;
 use crate::lifecycle::{
-    ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText, EnrichStore, LifecycleStore,
-    Maintenance, PendingChunk, Priority, StageSettings, Status, StoreError, WorkKey, CHUNK, EMBED,
+    ChunkSparse, ChunkText, ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText,
+    EnrichStore, LifecycleStore, Maintenance, PendingChunk, Priority, SparseModelRecord,
+    StageSettings, Status, StoreError, WorkKey, CHUNK, EMBED,
 };
 
 /// A connection to a Postgres index, for the lifecycle.
@@ -618,6 +619,27 @@ impl EnrichStore for PgStore {
         keyword: bool,
     ) -> Result<bool, StoreError> {
         self.write_stage_output(owner, key, output, keyword)
+    }
+
+    fn current_chunks(&mut self, id: &str) -> Result<Option<Vec<ChunkText>>, StoreError> {
+        self.read_current_chunks(id)
+    }
+
+    fn write_sparse(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        chunks: &[ChunkSparse],
+    ) -> Result<bool, StoreError> {
+        self.write_sparse_vectors(owner, key, chunks)
+    }
+
+    fn sparse_model(&mut self) -> Result<Option<SparseModelRecord>, StoreError> {
+        self.read_sparse_model()
+    }
+
+    fn record_sparse_model(&mut self, model: &SparseModelRecord) -> Result<(), StoreError> {
+        self.put_sparse_model(model)
     }
 }
 

@@ -53,6 +53,9 @@ impl PgReader {
                 .map(|a| a.vec_table.clone())
                 .unwrap_or_default(),
             active_bit: 0,
+            sparse_model: m.sparse_model,
+            sparse_model_dir: m.sparse_model_dir,
+            sparse_dimension: m.sparse_dimension,
         };
         Ok(PgReader {
             client: RefCell::new(client),
@@ -200,6 +203,44 @@ impl IndexReader for PgReader {
             )
             .map_err(|e| self.err(e))?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    /// An exact scan of the sparse vectors by inner product (`<#>` is its negative).
+    fn sparse_where(
+        &self,
+        terms: &[u32],
+        weights: &[f32],
+        k: usize,
+        filter: &crate::indexers::filter::Where,
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        let (Some(_), Some(dim)) = (&self.meta.sparse_model, self.meta.sparse_dimension) else {
+            return Err(BackendError::Invalid(format!(
+                "{} has no sparse vectors: add them with `ragline enrich --stage sparse \
+                 --sparse-model MODEL`, or search another --mode",
+                self.describe()
+            )));
+        };
+        if !filter.is_empty() {
+            return Err(crate::indexers::no_filters(&self.describe()));
+        }
+        let query = super::sparse_vector(terms, weights, dim);
+        let rows = self
+            .client
+            .borrow_mut()
+            .query(
+                &format!(
+                    "SELECT chunk, -(embedding <#> $1)::float8 AS score FROM {}.sparse_vectors
+                     ORDER BY embedding <#> $1, chunk LIMIT $2",
+                    self.target.schema_sql()
+                ),
+                &[&query, &(k as i64)],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, i64>(0), r.get::<_, f64>(1)))
+            .filter(|(_, score)| *score > 0.0)
+            .collect())
     }
 
     fn chunk(&self, rowid: i64) -> Result<Option<ChunkRow>, BackendError> {

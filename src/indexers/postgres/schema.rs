@@ -40,8 +40,9 @@ use postgres::GenericClient;
 use super::target::VectorType;
 
 /// The schema this ragline writes. Version 1: the tables above; 2: `dead_documents` and
-/// `stage_control.circuit`; 3: `chunks.fts` written by ragline (no longer generated).
-pub const SCHEMA_VERSION: i64 = 3;
+/// `stage_control.circuit`; 3: `chunks.fts` written by ragline (no longer generated); 4:
+/// `sparse_vectors`, the chunks' sparse (SPLADE) vectors as pgvector `sparsevec`.
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The steps from version `n - 1` to `n`, at index `n - 1`: each runs in the transaction
 /// that records the new version, so a migration is all or nothing. A new version appends
@@ -164,6 +165,22 @@ const MIGRATIONS: &[&str] = &[
      DO $$ BEGIN
          IF NOT EXISTS (SELECT 1 FROM {s}.chunks) THEN DROP INDEX {s}.chunks_fts; END IF;
      END $$;",
+    // 4: sparse vectors, one per chunk that has one (the `sparse` stage writes them), going
+    // with the chunk. Searched by an exact scan with `<#>` (pgvector's HNSW on `sparsevec`
+    // takes at most 1,000 non-zero entries a vector).
+    // A chunk whose text an upsert changes (under its rowid) loses its sparse vector, as the
+    // SQLite index's chunk does: the document's `sparse` row is stale until enrich redoes it.
+    "CREATE TABLE {s}.sparse_vectors (
+         chunk bigint PRIMARY KEY REFERENCES {s}.chunks(rowid) ON DELETE CASCADE,
+         embedding sparsevec NOT NULL);
+     CREATE FUNCTION {s}.chunks_lose_sparse() RETURNS trigger LANGUAGE plpgsql AS $$
+     BEGIN
+         DELETE FROM {s}.sparse_vectors WHERE chunk = NEW.rowid;
+         RETURN NULL;
+     END $$;
+     CREATE TRIGGER chunks_lose_sparse AFTER UPDATE OF text ON {s}.chunks
+         FOR EACH ROW WHEN (OLD.text IS DISTINCT FROM NEW.text)
+         EXECUTE FUNCTION {s}.chunks_lose_sparse();",
 ];
 
 /// Create the schema or bring it from version `from` (0: nothing there) to

@@ -7,7 +7,7 @@
 //! - `write.rs`: the indexer's bulk upserts. `settle.rs`: lifecycle rows from what the rows say.
 //! - `queue.rs`: the leased work queue (`LifecycleStore`, `EnrichStore`).
 //! - `admin.rs`: status, dead letters, pause/resume, promotion, backfill set-up.
-//! - `reader.rs`: read-only queries for search.
+//! - `reader.rs`: read-only queries for search. `sparse.rs`: sparse vectors (postings).
 
 mod admin;
 pub mod ann;
@@ -17,6 +17,7 @@ pub(crate) mod reader;
 pub mod schema;
 pub mod sets;
 mod settle;
+mod sparse;
 mod write;
 
 use std::collections::{HashMap, HashSet};

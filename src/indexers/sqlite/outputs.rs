@@ -8,7 +8,9 @@ use rusqlite::{params, OptionalExtension};
 use super::queue::{Sql, SqliteStore};
 use super::schema::{advance, next_in};
 use crate::indexers::admin::{self, OutputSql};
-use crate::lifecycle::{now_ms, DocumentText, Priority, StoreError, WorkKey};
+use crate::lifecycle::{
+    now_ms, ChunkSparse, ChunkText, DocumentText, Priority, SparseModelRecord, StoreError, WorkKey,
+};
 
 impl SqliteStore {
     pub(super) fn sync_stage_rows(
@@ -70,6 +72,38 @@ impl SqliteStore {
                 now_ms(),
             )?)
         })
+    }
+
+    pub(super) fn read_current_chunks(
+        &mut self,
+        id: &str,
+    ) -> Result<Option<Vec<ChunkText>>, StoreError> {
+        admin::current_chunks(&mut Sql(&self.conn), id).map_err(|e| self.err(e))
+    }
+
+    pub(super) fn write_sparse_vectors(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        chunks: &[ChunkSparse],
+    ) -> Result<bool, StoreError> {
+        self.write(|tx| {
+            Ok(admin::write_sparse(
+                &mut Sql(tx),
+                owner,
+                key,
+                chunks,
+                now_ms(),
+            )?)
+        })
+    }
+
+    pub(super) fn read_sparse_model(&mut self) -> Result<Option<SparseModelRecord>, StoreError> {
+        super::sparse::read_model(&self.conn).map_err(|e| self.err(e))
+    }
+
+    pub(super) fn put_sparse_model(&mut self, model: &SparseModelRecord) -> Result<(), StoreError> {
+        self.write(|tx| Ok(super::sparse::record_model(tx, model)?))
     }
 }
 
@@ -153,6 +187,41 @@ impl OutputSql for Sql<'_> {
              WHERE id = ?1",
         )?
         .execute(params![key.document_id, key.stage, output])?;
+        Ok(())
+    }
+
+    fn chunk_texts(&mut self, id: &str, version: &str) -> rusqlite::Result<Vec<ChunkText>> {
+        self.0
+            .prepare_cached(
+                "SELECT rowid, text FROM chunks
+                 WHERE document_id = ?1 AND version = ?2 AND replaced_by IS NULL
+                 ORDER BY ordinal",
+            )?
+            .query_map(params![id, version], |r| {
+                Ok(ChunkText {
+                    rowid: r.get(0)?,
+                    text: r.get(1)?,
+                })
+            })?
+            .collect()
+    }
+
+    fn put_sparse(&mut self, document: &str, chunks: &[ChunkSparse]) -> rusqlite::Result<()> {
+        let tx = self.0;
+        tx.prepare_cached(
+            "DELETE FROM sparse_postings WHERE chunk IN
+                 (SELECT rowid FROM chunks WHERE document_id = ?1 AND replaced_by IS NULL)",
+        )?
+        .execute([document])?;
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO sparse_postings(term, chunk, weight) VALUES (?1, ?2, ?3)
+             ON CONFLICT(term, chunk) DO UPDATE SET weight = excluded.weight",
+        )?;
+        for c in chunks {
+            for (t, w) in c.terms.iter().zip(&c.weights) {
+                insert.execute(params![*t as i64, c.rowid, *w as f64])?;
+            }
+        }
         Ok(())
     }
 

@@ -17,9 +17,9 @@ use crate::indexers::store::{maintain, BackfillSql};
 use crate::lifecycle::rules::{self, Candidate, QueueSql};
 use crate::lifecycle::store::HeldLease;
 use crate::lifecycle::{
-    now_ms, ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText, EnrichStore,
-    LifecycleStore, Maintenance, PendingChunk, Priority, StageSettings, Status, StoreError,
-    WorkKey,
+    now_ms, ChunkSparse, ChunkText, ChunkVector, Claim, ClaimRequest, DeliveryFailure,
+    DocumentText, EnrichStore, LifecycleStore, Maintenance, PendingChunk, Priority,
+    SparseModelRecord, StageSettings, Status, StoreError, WorkKey,
 };
 use crate::tokens::ids_from_bytes;
 
@@ -660,6 +660,27 @@ impl EnrichStore for SqliteStore {
         keyword: bool,
     ) -> Result<bool, StoreError> {
         self.write_stage_output(owner, key, output, keyword)
+    }
+
+    fn current_chunks(&mut self, id: &str) -> Result<Option<Vec<ChunkText>>, StoreError> {
+        self.read_current_chunks(id)
+    }
+
+    fn write_sparse(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        chunks: &[ChunkSparse],
+    ) -> Result<bool, StoreError> {
+        self.write_sparse_vectors(owner, key, chunks)
+    }
+
+    fn sparse_model(&mut self) -> Result<Option<SparseModelRecord>, StoreError> {
+        self.read_sparse_model()
+    }
+
+    fn record_sparse_model(&mut self, model: &SparseModelRecord) -> Result<(), StoreError> {
+        self.put_sparse_model(model)
     }
 }
 

@@ -20,6 +20,11 @@ pub struct IndexMeta {
     pub vec_table: String,
     /// The active set's bit in `chunks.embedded` (schema 3 on).
     pub active_bit: i64,
+    /// The sparse (SPLADE) model of the index's sparse vectors: as named, and its folder.
+    pub sparse_model: Option<String>,
+    pub sparse_model_dir: Option<String>,
+    /// Their dimension (the model's vocabulary).
+    pub sparse_dimension: Option<usize>,
 }
 
 /// A chunk as stored, with its document's source and title.
@@ -133,6 +138,9 @@ impl SqliteReader {
                 "model_dir" => meta.model_dir = Some(v),
                 "model_fingerprint" => meta.model_fingerprint = Some(v),
                 "dimension" => meta.dimension = v.parse().ok(),
+                "sparse_model" => meta.sparse_model = Some(v),
+                "sparse_model_dir" => meta.sparse_model_dir = Some(v),
+                "sparse_dimension" => meta.sparse_dimension = v.parse().ok(),
                 _ => {}
             }
         }
@@ -538,6 +546,48 @@ impl SqliteReader {
             .map_err(|e| self.err(e))
     }
 
+    /// The `k` chunks whose sparse vectors have the largest dot product with the query's
+    /// (`terms`, `weights`), among those `filter` lets through: (rowid, score), best first.
+    pub fn sparse_where(
+        &self,
+        terms: &[u32],
+        weights: &[f32],
+        k: usize,
+        filter: &crate::indexers::filter::Where,
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        if self.meta.sparse_model.is_none() {
+            return Err(no_sparse(&self.path));
+        }
+        let (cond, params) = filter.sqlite();
+        let n = params.len();
+        let sql = format!(
+            "WITH s AS ({scored})
+             SELECT s.chunk, s.score FROM s
+                  JOIN chunks c ON c.rowid = s.chunk
+                  JOIN documents doc ON doc.id = c.document_id
+             WHERE {cond} ORDER BY s.score DESC, s.chunk LIMIT ?{k}",
+            scored = super::sparse::scored_sql(n + 1),
+            k = n + 2
+        );
+        let mut values: Vec<rusqlite::types::Value> = params
+            .into_iter()
+            .map(rusqlite::types::Value::Text)
+            .collect();
+        values.push(rusqlite::types::Value::Text(super::sparse::query_json(
+            terms, weights,
+        )));
+        values.push(rusqlite::types::Value::Integer(k as i64));
+        self.conn
+            .prepare_cached(&sql)
+            .and_then(|mut s| {
+                s.query_map(rusqlite::params_from_iter(values.iter()), |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
+                .collect()
+            })
+            .map_err(|e| self.err(e))
+    }
+
     /// The document id of each chunk rowid (for document-level evaluation).
     pub fn document_of(&self, rowid: i64) -> Result<Option<String>, BackendError> {
         self.conn
@@ -602,9 +652,28 @@ impl crate::indexers::IndexReader for SqliteReader {
         SqliteReader::chunk(self, rowid)
     }
 
+    fn sparse_where(
+        &self,
+        terms: &[u32],
+        weights: &[f32],
+        k: usize,
+        filter: &crate::indexers::filter::Where,
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        SqliteReader::sparse_where(self, terms, weights, k, filter)
+    }
+
     fn document_of(&self, rowid: i64) -> Result<Option<String>, BackendError> {
         SqliteReader::document_of(self, rowid)
     }
+}
+
+/// An index without sparse vectors, asked for them.
+fn no_sparse(path: &Path) -> BackendError {
+    BackendError::Invalid(format!(
+        "index `{}` has no sparse vectors: add them with `ragline enrich --stage sparse \
+         --sparse-model MODEL` (or ingest with --sparse-model), or search another --mode",
+        path.display()
+    ))
 }
 
 /// (chunks of the active set without a vector, current chunks), from the lifecycle rows.

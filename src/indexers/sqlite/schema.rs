@@ -61,10 +61,16 @@
 //!   theirs without reading their rows. A chunk repeated on thousands of pages (a "See also"
 //!   section) made each look-up scan every earlier copy, and a deferred ingest of 6,000 MDN
 //!   pages spent most of its time there.
+//!
+//! Version 8:
+//! - `sparse_postings(term, chunk, weight)`: the sparse (SPLADE) vectors of chunks, one row
+//!   per non-zero entry, keyed by term (WITHOUT ROWID) with an index by chunk; a trigger
+//!   deletes a chunk's postings with its row. `meta` names the model they come from
+//!   (`sparse_model`, `sparse_model_dir`, `sparse_fingerprint`, `sparse_dimension`).
 
 use rusqlite::Connection;
 
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Create or migrate the schema up to [`SCHEMA_VERSION`]. Runs in the caller's transaction.
 /// Version 3's data steps (vector set of an existing index, lifecycle rows of existing
@@ -263,8 +269,20 @@ const V7: &str = "DROP INDEX IF EXISTS chunks_by_input_key;
              CREATE INDEX chunks_embedded_by_input_key ON chunks(input_key, embedded)
                  WHERE embedded != 0;";
 
+/// Version 8: sparse vectors, as postings.
+pub(super) const V8: &str = "CREATE TABLE sparse_postings (
+                 term INTEGER NOT NULL,
+                 chunk INTEGER NOT NULL,
+                 weight REAL NOT NULL,
+                 PRIMARY KEY (term, chunk)
+             ) WITHOUT ROWID;
+             CREATE INDEX sparse_postings_by_chunk ON sparse_postings(chunk);
+             CREATE TRIGGER chunks_lose_their_postings AFTER DELETE ON chunks BEGIN
+                 DELETE FROM sparse_postings WHERE chunk = old.rowid;
+             END;";
+
 /// The schema's steps: version N is reached by running `STEPS[N - 1]`.
-const STEPS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6, V7];
+const STEPS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// Migrate from version `from` to `to` (tests build old versions with it).
 pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()> {

@@ -17,9 +17,11 @@ mod queued;
 #[cfg(not(feature = "nats"))]
 #[path = "queued_off.rs"]
 mod queued;
+mod sparse;
 
 pub use llm::LlmStage;
 pub use queued::QueuedRun;
+pub use sparse::SparseStage;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +36,7 @@ use crate::embed::encoder::Encoder;
 use crate::embed::window::Recent;
 use crate::lifecycle::{
     now_ms, Claim, ClaimRequest, EnrichStore, LifecycleStore, Maintenance, Owner, StageSettings,
-    Status, StoreError, WorkItem, WorkKey, EMBED, NOOP,
+    Status, StoreError, WorkItem, WorkKey, EMBED, NOOP, SPARSE,
 };
 use crate::publisher::{Counts, Outcome};
 use crate::signal::RunSignal;
@@ -62,6 +64,8 @@ pub struct EnrichOptions {
     pub announced: u64,
     /// The document-level LLM stages among `stages`, with their clients.
     pub llm: Vec<Arc<LlmStage>>,
+    /// The sparse stage's model, when `stages` has it.
+    pub sparse: Option<Arc<SparseStage>>,
 }
 
 impl Default for EnrichOptions {
@@ -76,6 +80,7 @@ impl Default for EnrichOptions {
             tick: Duration::from_millis(200),
             announced: 0,
             llm: Vec::new(),
+            sparse: None,
         }
     }
 }
@@ -343,6 +348,12 @@ fn dispatch<S: EnrichStore>(
     let stage = items[0].key.stage.clone();
     match stage.as_str() {
         EMBED => embed::process(w, models, owner, items, shared),
+        SPARSE => match &shared.options.sparse {
+            Some(s) => sparse::process(w, s, owner, items, shared),
+            None => Err(StoreError::Invalid(
+                "claimed work of the sparse stage without its model: a bug".into(),
+            )),
+        },
         NOOP => {
             let keys: Vec<WorkKey> = items.into_iter().map(|i| i.key).collect();
             w.store.complete(owner.as_str(), &keys)?;
@@ -377,6 +388,13 @@ fn housekeep<S: EnrichStore>(
             .filter(|l| options.stages.contains(&l.name))
         {
             queued += store.sync_stage(&l.name, &l.fingerprint, l.settings.priority)?;
+        }
+        if let Some(s) = options
+            .sparse
+            .as_ref()
+            .filter(|_| options.stages.iter().any(|x| x == SPARSE))
+        {
+            queued += store.sync_stage(SPARSE, &s.fingerprint, s.settings.priority)?;
         }
         if queued > 0 {
             return Ok(true);
@@ -456,7 +474,7 @@ fn claim_requests(
     let model_stages: Vec<String> = options
         .stages
         .iter()
-        .filter(|s| !llm_names.contains(&s.as_str()))
+        .filter(|s| !llm_names.contains(&s.as_str()) && s.as_str() != SPARSE)
         .cloned()
         .collect();
     let mut requests = Vec::new();
@@ -469,6 +487,22 @@ fn claim_requests(
             max_cost: options.claim_cost,
             lease: lease.unwrap_or(options.settings.visibility_timeout),
             retry_limit: options.settings.retry_limit,
+        });
+    }
+    if let Some(s) = options
+        .sparse
+        .as_ref()
+        .filter(|_| options.stages.iter().any(|x| x == SPARSE))
+    {
+        // A claim is what one worker computes well within a lease: a few dozen documents.
+        requests.push(ClaimRequest {
+            owner: owner.to_string(),
+            stages: vec![SPARSE.to_string()],
+            vector_sets: Vec::new(),
+            max_items: 32,
+            max_cost: u64::MAX,
+            lease: lease.unwrap_or(s.settings.visibility_timeout),
+            retry_limit: s.settings.retry_limit,
         });
     }
     for l in options

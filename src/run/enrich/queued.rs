@@ -33,9 +33,9 @@ use crate::document::InputKey;
 use crate::embed::window::Recent;
 use crate::lifecycle::backoff::{jitter_unit, retry_delay};
 use crate::lifecycle::{
-    now_ms, ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText, EnrichStore,
-    LifecycleStore, Maintenance, Owner, PendingChunk, Priority, StageSettings, Status, StoreError,
-    WorkItem, WorkKey, EMBED,
+    now_ms, ChunkSparse, ChunkText, ChunkVector, Claim, ClaimRequest, DeliveryFailure,
+    DocumentText, EnrichStore, LifecycleStore, Maintenance, Owner, PendingChunk, Priority,
+    SparseModelRecord, StageSettings, Status, StoreError, WorkItem, WorkKey, EMBED,
 };
 use crate::queue::jetstream::lifecycle::{LifecycleDelivery, LifecycleQueue, Verdict};
 use crate::queue::jetstream::BrokerError;
@@ -562,5 +562,26 @@ impl<S: EnrichStore> EnrichStore for QueueStore<'_, S> {
         keyword: bool,
     ) -> Result<bool, StoreError> {
         self.inner.write_output(owner, key, output, keyword)
+    }
+
+    fn current_chunks(&mut self, id: &str) -> Result<Option<Vec<ChunkText>>, StoreError> {
+        self.inner.current_chunks(id)
+    }
+
+    fn write_sparse(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        chunks: &[ChunkSparse],
+    ) -> Result<bool, StoreError> {
+        self.inner.write_sparse(owner, key, chunks)
+    }
+
+    fn sparse_model(&mut self) -> Result<Option<SparseModelRecord>, StoreError> {
+        self.inner.sparse_model()
+    }
+
+    fn record_sparse_model(&mut self, model: &SparseModelRecord) -> Result<(), StoreError> {
+        self.inner.record_sparse_model(model)
     }
 }
