@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::Args;
 use ragline::jobs;
 use ragline::lifecycle::report::{StageCounts, StatusReport};
+use ragline::lifecycle::SPARSE;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -61,6 +62,14 @@ fn print(out: &mut dyn Write, r: &StatusReport) -> anyhow::Result<()> {
                 "backfill" => "  [backfilling]",
                 _ => "  [retired: `ragline backfill --drop-old` drops it]",
             }
+        )?;
+    }
+    if let (Some(model), Some(c)) = (&r.sparse_model, r.stages.get(SPARSE)) {
+        writeln!(
+            out,
+            "sparse   `{model}`: {} of {} documents done",
+            c.done,
+            c.pending + c.in_progress + c.failed + c.dead + c.done
         )?;
     }
     if let Some(b) = &r.backfill {

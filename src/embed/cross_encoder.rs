@@ -667,13 +667,7 @@ fn max_length(
     max_position_embeddings: Option<usize>,
     positions: usize,
 ) -> Result<usize, EmbedError> {
-    let from_tokenizer = super::files::tokenizer_max_length(&files.dir);
-    let len = files
-        .max_seq_length
-        .or(from_tokenizer)
-        .unwrap_or(positions)
-        .min(max_position_embeddings.unwrap_or(usize::MAX))
-        .min(positions);
+    let len = files.sequence_limit(positions.min(max_position_embeddings.unwrap_or(usize::MAX)));
     if len < 3 {
         return Err(EmbedError::Unsupported(format!(
             "model `{}`: a maximum length of {len} tokens leaves no room for a pair",

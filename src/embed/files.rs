@@ -215,6 +215,16 @@ impl ModelFiles {
         Ok(())
     }
 
+    /// The longest input, as sentence-transformers sets it: sentence_bert_config.json's
+    /// max_seq_length, else tokenizer_config.json's model_max_length, capped at the model's
+    /// `positions`.
+    pub fn sequence_limit(&self, positions: usize) -> usize {
+        self.max_seq_length
+            .or_else(|| tokenizer_max_length(&self.dir))
+            .unwrap_or(positions)
+            .min(positions)
+    }
+
     /// config.json's bytes.
     pub fn read_config(&self) -> Result<Vec<u8>, EmbedError> {
         std::fs::read(&self.config).map_err(|e| self.bad_config(e.to_string()))

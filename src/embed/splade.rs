@@ -181,12 +181,7 @@ impl SparseModel {
         } else {
             Body::Candle(bert)
         };
-        let from_tokenizer = super::files::tokenizer_max_length(&files.dir);
-        let max_len = files
-            .max_seq_length
-            .or(from_tokenizer)
-            .unwrap_or(positions)
-            .min(positions);
+        let max_len = files.sequence_limit(positions);
         let tokenizer = TextTokenizer::from_file(&files.tokenizer, max_len)?;
         Ok(SparseModel {
             files,

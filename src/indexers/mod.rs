@@ -272,11 +272,7 @@ pub trait IndexReader: Send {
         filter: &filter::Where,
     ) -> Result<Vec<(i64, f64)>, BackendError> {
         let _ = (terms, weights, k, filter);
-        Err(BackendError::Invalid(format!(
-            "{} has no sparse vectors: sparse search needs an index with them (sqlite:// or \
-             postgres://, filled by `ragline enrich --stage sparse --sparse-model MODEL`)",
-            self.describe()
-        )))
+        Err(no_sparse(&self.describe()))
     }
 
     /// The document a chunk belongs to.
@@ -286,6 +282,14 @@ pub trait IndexReader: Send {
     fn documents_of(&self, rowids: &[i64]) -> Result<Vec<Option<String>>, BackendError> {
         rowids.iter().map(|&r| self.document_of(r)).collect()
     }
+}
+
+/// An index without sparse vectors, asked for them.
+pub(crate) fn no_sparse(index: &str) -> BackendError {
+    BackendError::Invalid(format!(
+        "{index} has no sparse vectors: add them with `ragline enrich --stage sparse \
+         --sparse-model MODEL` (or ingest with --sparse-model), or search another --mode"
+    ))
 }
 
 pub(crate) fn no_filters(index: &str) -> BackendError {

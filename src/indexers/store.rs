@@ -327,6 +327,7 @@ pub(crate) fn status_report<Q: StatusSql>(
         vector_sets,
         backfill,
         activity,
+        sparse_model: None,
     })
 }
 

@@ -662,5 +662,8 @@ pub fn backfill(
 
 /// The lifecycle status of the index.
 pub fn status(config: &PipelineConfig) -> Result<StatusReport, JobError> {
-    Ok(lifecycle_store(config)?.status()?)
+    let mut store = lifecycle_store(config)?;
+    let mut report = store.status()?;
+    report.sparse_model = store.sparse_model()?.map(|m| m.name);
+    Ok(report)
 }

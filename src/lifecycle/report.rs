@@ -74,6 +74,9 @@ pub struct StatusReport {
     pub backfill: Option<BackfillProgress>,
     /// The last hour, per minute with any work: documents chunked and chunks embedded.
     pub activity: Vec<MinuteActivity>,
+    /// The model of the index's sparse vectors, when it has them (as it was named).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sparse_model: Option<String>,
 }
 
 /// What a minute saw done.

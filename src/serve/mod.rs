@@ -511,6 +511,19 @@ impl ApiError {
         }
     }
 
+    /// 500: the tokenizer panicked on this request (the server goes on).
+    fn tokenizer_panic(panic: &(dyn std::any::Any + Send)) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "tokenizer",
+            message: format!(
+                "the tokenizer failed on this request ({}); the server goes on",
+                crate::panics::message(panic)
+            ),
+            retry_after: None,
+        }
+    }
+
     /// 413: an input over the model's limit, and truncation not asked for.
     fn too_long(message: String) -> ApiError {
         ApiError {
@@ -847,17 +860,7 @@ async fn embed(
         let tokenized = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             tokenize(&app2, &texts, truncate, &prompt2)
         }));
-        let _ = tx.send(tokenized.unwrap_or_else(|panic| {
-            Err(ApiError {
-                status: StatusCode::INTERNAL_SERVER_ERROR,
-                kind: "tokenizer",
-                message: format!(
-                    "the tokenizer failed on this request ({}); the server goes on",
-                    crate::panics::message(&*panic)
-                ),
-                retry_after: None,
-            })
-        }));
+        let _ = tx.send(tokenized.unwrap_or_else(|panic| Err(ApiError::tokenizer_panic(&*panic))));
     });
     let ids = rx
         .await

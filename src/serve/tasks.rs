@@ -297,17 +297,7 @@ async fn rerank(
                 })
                 .collect::<Result<Vec<_>, _>>()
         }));
-        let _ = tx.send(pairs.unwrap_or_else(|panic| {
-            Err(ApiError {
-                status: StatusCode::INTERNAL_SERVER_ERROR,
-                kind: "tokenizer",
-                message: format!(
-                    "the tokenizer failed on this request ({}); the server goes on",
-                    crate::panics::message(&*panic)
-                ),
-                retry_after: None,
-            })
-        }));
+        let _ = tx.send(pairs.unwrap_or_else(|panic| Err(ApiError::tokenizer_panic(&*panic))));
     });
     let pairs = rx
         .await
@@ -475,7 +465,7 @@ pub(super) async fn tei_embed_sparse(
                     })
                     .collect::<Result<Vec<_>, _>>()
             }));
-            let _ = tx.send(ids.unwrap_or_else(|_| Err(ApiError::bad("the tokenizer failed"))));
+            let _ = tx.send(ids.unwrap_or_else(|panic| Err(ApiError::tokenizer_panic(&*panic))));
         });
         let inputs = rx
             .await

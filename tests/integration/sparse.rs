@@ -216,6 +216,12 @@ fn sparse_vectors_are_a_stage_of_the_index() {
         );
         assert_eq!(r["counts"]["indexed"], 8, "{r}");
         assert_eq!(sparse_status(&index)["done"], 8);
+        let o = run(ragline().args(["status", "--index"]).arg(index.uri()));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.contains(&format!("sparse   `{tiny_arg}`: 8 of 8 documents done")),
+            "{out}"
+        );
         assert_vectors_are(&index, &tiny, dir.path(), "after enrich");
 
         // A changed document: ingest gives it new vectors (the index remembers the model),

@@ -214,11 +214,7 @@ impl IndexReader for PgReader {
         filter: &crate::indexers::filter::Where,
     ) -> Result<Vec<(i64, f64)>, BackendError> {
         let (Some(_), Some(dim)) = (&self.meta.sparse_model, self.meta.sparse_dimension) else {
-            return Err(BackendError::Invalid(format!(
-                "{} has no sparse vectors: add them with `ragline enrich --stage sparse \
-                 --sparse-model MODEL`, or search another --mode",
-                self.describe()
-            )));
+            return Err(crate::indexers::no_sparse(&self.describe()));
         };
         if !filter.is_empty() {
             return Err(crate::indexers::no_filters(&self.describe()));

@@ -556,7 +556,10 @@ impl SqliteReader {
         filter: &crate::indexers::filter::Where,
     ) -> Result<Vec<(i64, f64)>, BackendError> {
         if self.meta.sparse_model.is_none() {
-            return Err(no_sparse(&self.path));
+            return Err(crate::indexers::no_sparse(&format!(
+                "index `{}`",
+                self.path.display()
+            )));
         }
         let (cond, params) = filter.sqlite();
         let n = params.len();
@@ -665,15 +668,6 @@ impl crate::indexers::IndexReader for SqliteReader {
     fn document_of(&self, rowid: i64) -> Result<Option<String>, BackendError> {
         SqliteReader::document_of(self, rowid)
     }
-}
-
-/// An index without sparse vectors, asked for them.
-fn no_sparse(path: &Path) -> BackendError {
-    BackendError::Invalid(format!(
-        "index `{}` has no sparse vectors: add them with `ragline enrich --stage sparse \
-         --sparse-model MODEL` (or ingest with --sparse-model), or search another --mode",
-        path.display()
-    ))
 }
 
 /// (chunks of the active set without a vector, current chunks), from the lifecycle rows.

@@ -108,14 +108,7 @@ pub(super) fn process<S: EnrichStore>(
             )),
         }
     }
-    if !failures.is_empty() {
-        let statuses = w.store.fail(owner.as_str(), &failures, &stage.settings)?;
-        let mut t = shared.tally();
-        for ((key, reason), status) in failures.iter().zip(statuses) {
-            t.failed(key, reason, status);
-        }
-    }
-    Ok(())
+    super::record_failures(w, owner, &failures, &stage.settings, shared)
 }
 
 #[cfg(test)]

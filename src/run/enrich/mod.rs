@@ -370,6 +370,26 @@ fn dispatch<S: EnrichStore>(
     }
 }
 
+/// Record failed attempts (`failed` with a backoff, or `dead` past `settings`' retry limit)
+/// and count them.
+fn record_failures<S: EnrichStore>(
+    w: &mut EnrichWorker<S>,
+    owner: &Owner,
+    failures: &[(WorkKey, String)],
+    settings: &StageSettings,
+    shared: &Shared<'_>,
+) -> Result<(), StoreError> {
+    if failures.is_empty() {
+        return Ok(());
+    }
+    let statuses = w.store.fail(owner.as_str(), failures, settings)?;
+    let mut t = shared.tally();
+    for ((key, reason), status) in failures.iter().zip(statuses) {
+        t.failed(key, reason, status);
+    }
+    Ok(())
+}
+
 /// What is done when nothing is claimable: queue new or changed documents for the LLM stages
 /// (with --follow, as they come), the next page of a backfill, or switch search to a
 /// completed one. True when it queued work (claim again at once).

@@ -89,12 +89,5 @@ pub(super) fn process<S: EnrichStore>(
         // Deleted while queued: nothing to do, and nothing to retry.
         w.store.complete(owner.as_str(), &gone)?;
     }
-    if !failures.is_empty() {
-        let statuses = w.store.fail(owner.as_str(), &failures, &stage.settings)?;
-        let mut t = shared.tally();
-        for ((key, reason), status) in failures.iter().zip(statuses) {
-            t.failed(key, reason, status);
-        }
-    }
-    Ok(())
+    super::record_failures(w, owner, &failures, &stage.settings, shared)
 }
