@@ -5,8 +5,11 @@
 //! supports. `gemm-crate` is the `gemm` crate (candle's CPU GEMM; it picks its own kernels),
 //! for comparison.
 //!
+//! A's rows are K values apart, or K + `RAGLINE_BENCH_PAD` (the encoder lays its activations
+//! out at `gemm::row_stride`, which adds 16 to these shapes: compare with 0 and 16).
+//!
 //!     cargo bench --bench kernels
-//!     RAGLINE_BENCH_SHAPES=base cargo bench --bench kernels
+//!     RAGLINE_BENCH_SHAPES=base RAGLINE_BENCH_PAD=16 cargo bench --bench kernels
 
 use std::time::Duration;
 
@@ -45,14 +48,21 @@ fn kernels(c: &mut Criterion) {
         Ok("base") => BASE,
         _ => MINILM,
     };
+    // Extra values at the end of each row of A (`RAGLINE_BENCH_PAD`): the row stride the
+    // encoder's activations have.
+    let pad: usize = std::env::var("RAGLINE_BENCH_PAD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     for (name, k, n) in shapes {
-        let a = data(M * k);
+        let lda = k + pad;
+        let a = data(M * lda);
         let b = data(k * n);
         let mut out = vec![0f32; M * n];
         group.throughput(Throughput::Elements((2 * M * k * n) as u64));
         let ops = |out: &mut Vec<f32>| Operands {
             a: a.as_ptr(),
-            lda: k,
+            lda,
             m: M,
             c: out.as_mut_ptr(),
             ldc: n,
@@ -70,7 +80,7 @@ fn kernels(c: &mut Criterion) {
                     true,
                     a.as_ptr(),
                     1,
-                    k as isize,
+                    lda as isize,
                     b.as_ptr(),
                     1,
                     n as isize,

@@ -105,7 +105,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MODEL")]
     rerank_model: Option<String>,
 
-    /// Also embed with this sparse (SPLADE) model: POST /embed_sparse (TEI's shape).
+    /// Also embed with this sparse (SPLADE) model: POST /embed_sparse (TEI's shape). With
+    /// --index, the index's own sparse model (when it records one) is loaded without it, for
+    /// `mode=sparse` and the hybrids that fuse sparse vectors.
     #[arg(long, value_name = "MODEL")]
     sparse_model: Option<String>,
 
@@ -138,6 +140,7 @@ fn index_setup(
             uri,
             dimension: reader.meta().dimension,
             admin: args.admin,
+            sparse_model: ragline::search::Searcher::sparse_model_spec(reader.as_ref()),
         },
     )))
 }
@@ -244,7 +247,12 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         eprintln!("reranker: {spec} ({})", m.encoder_kind());
         tasks.reranker = Some(m);
     }
-    if let Some(spec) = &args.sparse_model {
+    // The index's sparse model encodes `mode=sparse` queries, unless --sparse-model names one.
+    let sparse_spec = args
+        .sparse_model
+        .clone()
+        .or_else(|| options.index.as_ref().and_then(|i| i.sparse_model.clone()));
+    if let Some(spec) = &sparse_spec {
         let m = ragline::embed::splade::SparseModel::load(
             spec,
             &devices[0].device,

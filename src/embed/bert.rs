@@ -242,7 +242,9 @@ impl LayerNames {
 }
 
 struct Linear {
-    /// [in, out], contiguous.
+    /// [in, out]: contiguous on a GPU (cuBLASLt reads it so); on the CPU the transposed view
+    /// of the [out, in] weight (candle's matmul takes it as it is, and the fused encoder packs
+    /// from the weight itself: no transposed copy at load).
     weight_t: Tensor,
     bias: Tensor,
 }
@@ -256,7 +258,11 @@ impl Linear {
 
     fn from_parts(weight: &Tensor, bias: Tensor) -> Result<Self> {
         Ok(Linear {
-            weight_t: weight.t()?.contiguous()?,
+            weight_t: if weight.device().is_cpu() {
+                weight.t()?
+            } else {
+                weight.t()?.contiguous()?
+            },
             bias,
         })
     }

@@ -202,6 +202,15 @@ pub struct Hit {
     pub chunk: ChunkRow,
 }
 
+/// A query's vectors, when the caller encoded it already.
+#[derive(Clone, Debug, Default)]
+pub struct QueryVectors {
+    /// By the index's dense model (cut to the index's dimension).
+    pub dense: Option<Vec<f32>>,
+    /// By the index's sparse model.
+    pub sparse: Option<SparseVector>,
+}
+
 pub struct Searcher {
     reader: Box<dyn IndexReader>,
     model: Option<EmbeddingModel>,
@@ -297,23 +306,24 @@ impl Searcher {
         depth: usize,
         filter: &Where,
     ) -> Result<Vec<(i64, f64)>, SearchError> {
-        self.ranked_inner(query, None, mode, depth, filter)
+        self.ranked_inner(query, QueryVectors::default(), mode, depth, filter)
     }
 
-    /// Ranked, with the query's vector when the caller embedded it already (else the
-    /// searcher's model embeds it, when the mode needs one).
+    /// Ranked, with the query's vectors where the caller encoded them already (else the
+    /// searcher's models encode it, when the mode needs them).
     fn ranked_inner(
         &self,
         query: &str,
-        vector: Option<Vec<f32>>,
+        given: QueryVectors,
         mode: Mode,
         depth: usize,
         filter: &Where,
     ) -> Result<Vec<(i64, f64)>, SearchError> {
-        let vector = |this: &Self| match &vector {
+        let vector = |this: &Self| match &given.dense {
             Some(v) => Ok(v.clone()),
             None => this.embed_query(query),
         };
+        let sparse = given.sparse.as_ref();
         match mode {
             Mode::Vector => {
                 let v = vector(self)?;
@@ -339,7 +349,7 @@ impl Searcher {
                 fused.truncate(depth);
                 Ok(fused)
             }
-            Mode::Sparse => self.sparse_ranked(query, depth, filter),
+            Mode::Sparse => self.sparse_ranked(query, sparse, depth, filter),
             Mode::Hybrid(fuse) => {
                 let n = depth.max(HYBRID_DEPTH);
                 let mut lists = Vec::with_capacity(4);
@@ -348,7 +358,7 @@ impl Searcher {
                     lists.push(self.reader.nearest_where(&v, n, filter)?);
                 }
                 if fuse.sparse {
-                    lists.push(self.sparse_ranked(query, n, filter)?);
+                    lists.push(self.sparse_ranked(query, sparse, n, filter)?);
                 }
                 if fuse.keyword {
                     lists.push(self.reader.keyword_where(query, n, filter)?);
@@ -366,14 +376,23 @@ impl Searcher {
         }
     }
 
-    /// Chunks by the dot product of their sparse vectors with the query's.
+    /// Chunks by the dot product of their sparse vectors with the query's (`given`, else
+    /// encoded by the searcher's sparse model).
     fn sparse_ranked(
         &self,
         query: &str,
+        given: Option<&SparseVector>,
         depth: usize,
         filter: &Where,
     ) -> Result<Vec<(i64, f64)>, SearchError> {
-        let q = self.sparse_query(query)?;
+        let encoded;
+        let q = match given {
+            Some(q) => q,
+            None => {
+                encoded = self.sparse_query(query)?;
+                &encoded
+            }
+        };
         Ok(self
             .reader
             .sparse_where(&q.indices, &q.values, depth, filter)?)
@@ -405,20 +424,21 @@ impl Searcher {
         k: usize,
         filter: &Where,
     ) -> Result<Vec<Hit>, SearchError> {
-        self.search_with(query, None, mode, k, filter)
+        self.search_with(query, QueryVectors::default(), mode, k, filter)
     }
 
-    /// [`Searcher::search_where`] with the query's vector embedded by the caller (a server
-    /// batching its queries with its other work); None: the searcher's model embeds it.
+    /// [`Searcher::search_where`] with the query's vectors encoded by the caller (a server
+    /// batching its queries with its other work); those left None the searcher's models
+    /// encode, when the mode needs them.
     pub fn search_with(
         &self,
         query: &str,
-        vector: Option<Vec<f32>>,
+        vectors: QueryVectors,
         mode: Mode,
         k: usize,
         filter: &Where,
     ) -> Result<Vec<Hit>, SearchError> {
-        let ranked = self.ranked_inner(query, vector, mode, k, filter)?;
+        let ranked = self.ranked_inner(query, vectors, mode, k, filter)?;
         let mut hits = Vec::with_capacity(ranked.len());
         for (i, (rowid, score)) in ranked.into_iter().enumerate() {
             if let Some(chunk) = self.reader.chunk(rowid)? {

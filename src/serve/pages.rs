@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use super::{embed, ApiError, App};
 use crate::indexers::{open_store, IndexReader, IndexUri};
 use crate::lifecycle::StoreError;
-use crate::search::{Hit, Mode, SearchError, Searcher, Where};
+use crate::search::{Hit, Mode, QueryVectors, SearchError, Searcher, Where};
 
 /// The cookie that carries a browser's session when the server has an API key: a keyed hash
 /// of the key, never the key itself.
@@ -114,6 +114,9 @@ pub struct SearchSetup {
     pub dimension: Option<usize>,
     /// `--admin`: the status page's buttons (requeue, pause and resume, promote).
     pub admin: bool,
+    /// The sparse model the index records (where its sparse vectors came from), which the
+    /// server loads to encode sparse queries unless `--sparse-model` names one.
+    pub sparse_model: Option<String>,
 }
 
 /// The index, searched by the server.
@@ -264,9 +267,26 @@ async fn run_search(app: &Arc<App>, p: &SearchParams) -> Result<Vec<Hit>, ApiErr
         }
         Some(v)
     };
+    let sparse = if !p.mode.needs_sparse() {
+        None
+    } else if app.tasks.sparse.is_none() {
+        return Err(ApiError::bad(format!(
+            "mode `{}` needs sparse vectors, and this index has none (or the server has no \
+             sparse model): add them with `ragline enrich --stage sparse --sparse-model MODEL` \
+             and restart the server, or search another mode",
+            p.mode
+        )));
+    } else {
+        let (mut v, _) = super::tasks::sparse_vectors(app, vec![p.q.clone()], true).await?;
+        v.pop()
+    };
     let (q, mode, k) = (p.q.clone(), p.mode, p.k);
+    let vectors = QueryVectors {
+        dense: vector,
+        sparse,
+    };
     service
-        .with_reader(move |s| s.search_with(&q, vector, mode, k, &filter))
+        .with_reader(move |s| s.search_with(&q, vectors, mode, k, &filter))
         .await
 }
 
@@ -323,7 +343,7 @@ pub(super) async fn search_page(State(app): State<Arc<App>>, RawQuery(raw): RawQ
         ),
     };
     let mut body = String::new();
-    search_form(&mut body, &params);
+    search_form(&mut body, &params, app.tasks.sparse.is_some());
     if let Some(e) = error {
         body.push_str(&format!("<p class=error role=alert>{}</p>", escape(&e)));
     } else if !params.q.is_empty() {
@@ -650,14 +670,28 @@ fn chart(out: &mut String, id: &str, label: &str, now_minute: i64, per_minute: &
     ));
 }
 
-fn search_form(out: &mut String, p: &SearchParams) {
+/// The query form; `sparse`: the server encodes sparse queries, so the modes that use them
+/// are offered too.
+fn search_form(out: &mut String, p: &SearchParams, sparse: bool) {
     out.push_str(
         "<form method=get action=/ role=search><label for=q>Search the index</label> \
          <input id=q name=q type=search autofocus value=\"",
     );
     out.push_str(&escape(&p.q));
     out.push_str("\"> <label for=mode>mode</label> <select id=mode name=mode>");
-    for m in Mode::ALL {
+    let mut modes = Mode::ALL.to_vec();
+    if sparse {
+        modes.push(Mode::Sparse);
+        modes.push(Mode::Hybrid(crate::search::Fuse {
+            dense: true,
+            sparse: true,
+            keyword: true,
+        }));
+    }
+    if !modes.contains(&p.mode) {
+        modes.push(p.mode);
+    }
+    for m in modes {
         out.push_str(&format!(
             "<option{}>{}</option>",
             if m == p.mode { " selected" } else { "" },

@@ -414,6 +414,73 @@ pub(super) async fn cohere_rerank(
     .await
 }
 
+/// `texts` through the sparse model's queue (tokenized on the tokenizing pool, at most the
+/// model's length, cut when `truncate`): their vectors and the tokens they took.
+pub(super) async fn sparse_vectors(
+    app: &Arc<App>,
+    texts: Vec<String>,
+    truncate: bool,
+) -> Result<(Vec<SparseVector>, usize), ApiError> {
+    let Some((batcher, _)) = &app.tasks.sparse else {
+        return Err(not_served("sparse model", "--sparse-model"));
+    };
+    let Some(model) = app.sparse.clone() else {
+        return Err(not_served("sparse model", "--sparse-model"));
+    };
+    if app.stopping.load(Ordering::Relaxed) {
+        return Err(refused(app, Admission::Closed).expect("refused"));
+    }
+    if batcher.is_full() {
+        let tokens = batcher.queued_tokens();
+        return Err(refused(app, Admission::Full { tokens }).expect("refused"));
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    app.tokenize_pool.spawn(move || {
+        let room = model.tokenizer.max_content_len();
+        let ids = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            texts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let ids = if truncate {
+                        model.tokenizer.ids_for_embedding(t, &[])
+                    } else {
+                        model.tokenizer.content_ids(t)
+                    }
+                    .map_err(|e| ApiError::bad(format!("input {i}: {e}")))?;
+                    if ids.len() > room {
+                        return Err(ApiError::too_long(format!(
+                            "input {i} has {} tokens, over the model's limit of {room}; \
+                             send shorter texts or ask to truncate (\"truncate\": true)",
+                            ids.len()
+                        )));
+                    }
+                    Ok(ids)
+                })
+                .collect::<Result<Vec<_>, _>>()
+        }));
+        let _ = tx.send(ids.unwrap_or_else(|panic| Err(ApiError::tokenizer_panic(&*panic))));
+    });
+    let inputs = rx
+        .await
+        .map_err(|_| ApiError::bad("tokenization failed"))??;
+    let tokens: usize = inputs.iter().map(|i| i.len() + 2).sum();
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job = SparseJob {
+        inputs,
+        enqueued: Instant::now(),
+        reply,
+    };
+    if let Some(e) = refused(app, batcher.submit(job).0) {
+        return Err(e);
+    }
+    let vectors = answer
+        .await
+        .map_err(|_| model_error(app, None))?
+        .map_err(|e| model_error(app, Some(e)))?;
+    Ok((vectors, tokens))
+}
+
 /// TEI's `POST /embed_sparse`: per input, its non-zero entries `[{"index", "value"}]`.
 pub(super) async fn tei_embed_sparse(
     State(app): State<Arc<App>>,
@@ -422,69 +489,12 @@ pub(super) async fn tei_embed_sparse(
     let app2 = Arc::clone(&app);
     observed(&app, "/embed_sparse", async move {
         let app = app2;
-        let Some((batcher, _)) = &app.tasks.sparse else {
-            return Err(not_served("sparse model", "--sparse-model"));
-        };
-        let Some(model) = app.sparse.clone() else {
-            return Err(not_served("sparse model", "--sparse-model"));
-        };
         let req = parse_request(&body, "inputs", app.options.max_inputs)?;
         let truncate = req
             .truncate
             .unwrap_or(app.options.long_inputs == LongInputs::Truncate);
-        if app.stopping.load(Ordering::Relaxed) {
-            return Err(refused(&app, Admission::Closed).expect("refused"));
-        }
-        if batcher.is_full() {
-            let tokens = batcher.queued_tokens();
-            return Err(refused(&app, Admission::Full { tokens }).expect("refused"));
-        }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let texts = req.texts;
-        app.tokenize_pool.spawn(move || {
-            let room = model.tokenizer.max_content_len();
-            let ids = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                texts
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| {
-                        let ids = if truncate {
-                            model.tokenizer.ids_for_embedding(t, &[])
-                        } else {
-                            model.tokenizer.content_ids(t)
-                        }
-                        .map_err(|e| ApiError::bad(format!("input {i}: {e}")))?;
-                        if ids.len() > room {
-                            return Err(ApiError::too_long(format!(
-                                "input {i} has {} tokens, over the model's limit of {room}; \
-                                 send shorter texts or ask to truncate (\"truncate\": true)",
-                                ids.len()
-                            )));
-                        }
-                        Ok(ids)
-                    })
-                    .collect::<Result<Vec<_>, _>>()
-            }));
-            let _ = tx.send(ids.unwrap_or_else(|panic| Err(ApiError::tokenizer_panic(&*panic))));
-        });
-        let inputs = rx
-            .await
-            .map_err(|_| ApiError::bad("tokenization failed"))??;
-        let tokens: usize = inputs.iter().map(|i| i.len() + 2).sum();
-        let n = inputs.len();
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let job = SparseJob {
-            inputs,
-            enqueued: Instant::now(),
-            reply,
-        };
-        if let Some(e) = refused(&app, batcher.submit(job).0) {
-            return Err(e);
-        }
-        let vectors = answer
-            .await
-            .map_err(|_| model_error(&app, None))?
-            .map_err(|e| model_error(&app, Some(e)))?;
+        let n = req.texts.len();
+        let (vectors, tokens) = sparse_vectors(&app, req.texts, truncate).await?;
         count(&app, "/embed_sparse", n, tokens);
         let rows: Vec<Value> = vectors
             .iter()

@@ -101,6 +101,11 @@ fn serve_with_an_index_searches_it_and_shows_it() {
     assert_eq!(status, 400, "{body}");
     let (status, body) = get(&format!("{}/v1/search?q=x&where=nonsense", server.url));
     assert_eq!(status, 400, "{body}");
+    // An index without sparse vectors: sparse search says how to add them.
+    let (status, body) = get(&format!("{}/v1/search?q=x&mode=sparse", server.url));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("enrich --stage sparse"), "{body}");
+    assert!(!page.contains("<option>sparse</option>"), "{page}");
 
     assert!(server.log().contains("GET /v1/search"), "{}", server.log());
 

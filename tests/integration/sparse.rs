@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::backend::{backend_kinds, BackendKind, TestIndex};
 use crate::rerankers::{fixtures, model_of};
+use crate::serve::{get, Server};
 use crate::util::{model_dir, ragline, read_jsonl, root, run, stdout_json};
 
 /// The real tiny SPLADE (scripts/fetch-model.sh splade-tiny), or None (the test skips) where
@@ -437,4 +438,52 @@ fn eval_and_search_fuse_sparse_with_dense_and_keyword() {
         let scores = |v: &[Value]| v.iter().map(|h| h["score"].clone()).collect::<Vec<_>>();
         assert!(ids(&plain) != ids(&hybrid) || scores(&plain) != scores(&hybrid));
     }
+
+    // `serve --index` loads the index's sparse model: its sparse and fused searches answer
+    // what `ragline search` does.
+    let server = Server::start_args(&["--index", &uri], &[], dir.path(), "sparse-serve");
+    let query = &queries[0];
+    for (mode, args) in [
+        ("sparse", vec!["sparse"]),
+        (
+            "hybrid:dense%2Bsparse%2Bkeyword",
+            vec!["hybrid", "--fuse", "dense,sparse,keyword"],
+        ),
+    ] {
+        let want = search(&uri, query, &args, 10);
+        let (status, body) = get(&format!(
+            "{}/v1/search?q={}&k=10&mode={mode}",
+            server.url,
+            url_words(query)
+        ));
+        assert_eq!(status, 200, "{mode}: {body}");
+        let got: Vec<Value> = serde_json::from_str(&body).unwrap();
+        assert_eq!(got.len(), want.len(), "{mode}");
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g["id"], w["id"], "{mode}: {body}");
+            let (gs, ws) = (g["score"].as_f64().unwrap(), w["score"].as_f64().unwrap());
+            assert!(
+                (gs - ws).abs() <= 1e-5 * ws.abs().max(1.0),
+                "{mode}: {gs} vs {ws}"
+            );
+        }
+    }
+    // The search page offers the sparse modes.
+    let (status, page) = get(&format!("{}/?q=x&mode=sparse", server.url));
+    assert_eq!(status, 200);
+    assert!(page.contains("<option selected>sparse</option>"), "{page}");
+    assert!(
+        page.contains("<option>hybrid:dense+sparse+keyword</option>"),
+        "{page}"
+    );
+}
+
+/// A query's words for a URL: what is not a letter or digit percent-encoded.
+fn url_words(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

@@ -48,6 +48,27 @@ pub fn bf16_value(bits: u32) -> f32 {
     f32::from_bits(bits << 16)
 }
 
+/// Panel `p` ([k][NR]) of B [k, n], element (r, c) at `src[r * row_stride + c * col_stride]`;
+/// columns past n zero.
+fn fill_panel(
+    panel: &mut [f32],
+    p: usize,
+    src: &[f32],
+    k: usize,
+    n: usize,
+    row_stride: usize,
+    col_stride: usize,
+) {
+    let cols = (n - p * NR).min(NR);
+    for r in 0..k {
+        let dst = &mut panel[r * NR..(r + 1) * NR];
+        for (j, d) in dst[..cols].iter_mut().enumerate() {
+            *d = src[r * row_stride + (p * NR + j) * col_stride];
+        }
+        dst[cols..].fill(0.0);
+    }
+}
+
 /// B [k, n], element (r, c) at `src[r * row_stride + c * col_stride]`, in f32 panels.
 pub struct PackedF32 {
     pub data: Aligned<f32>,
@@ -71,6 +92,27 @@ impl PackedF32 {
         p
     }
 
+    /// Pack a matrix given by strides, its panels in parallel: the weights at load time
+    /// (a linear layer's [out, in] weight is B = W^T at row stride 1, column stride `in`).
+    pub fn from_strided(
+        src: &[f32],
+        k: usize,
+        n: usize,
+        row_stride: usize,
+        col_stride: usize,
+    ) -> Self {
+        use rayon::prelude::*;
+        let mut p = PackedF32::new(k, n);
+        if k > 0 {
+            p.data
+                .as_mut_slice()
+                .par_chunks_mut(k * NR)
+                .enumerate()
+                .for_each(|(i, panel)| fill_panel(panel, i, src, k, n, row_stride, col_stride));
+        }
+        p
+    }
+
     /// Refill with another matrix of at most the capacity packed so far (attention packs K
     /// and V of each head into one buffer per thread).
     pub fn fill(&mut self, src: &[f32], k: usize, n: usize, row_stride: usize, col_stride: usize) {
@@ -83,14 +125,7 @@ impl PackedF32 {
         let data = self.data.as_mut_slice();
         for p in 0..n.div_ceil(NR) {
             let panel = &mut data[p * k * NR..(p + 1) * k * NR];
-            let cols = (n - p * NR).min(NR);
-            for r in 0..k {
-                let dst = &mut panel[r * NR..(r + 1) * NR];
-                for (j, d) in dst[..cols].iter_mut().enumerate() {
-                    *d = src[r * row_stride + (p * NR + j) * col_stride];
-                }
-                dst[cols..].fill(0.0);
-            }
+            fill_panel(panel, p, src, k, n, row_stride, col_stride);
         }
     }
 
@@ -263,6 +298,18 @@ mod tests {
         // 1 + 2^-8 is half way between two bf16 values: it rounds to the even one (1.0).
         assert_eq!(bf16_value(bf16_bits(1.0 + 1.0 / 256.0)), 1.0);
         assert_eq!(bf16_value(bf16_bits(1.0 + 3.0 / 256.0)), 1.0 + 4.0 / 256.0);
+    }
+
+    #[test]
+    fn a_weight_packs_from_its_transpose_as_from_its_rows() {
+        // W [n, k] as a linear layer stores it; B = W^T [k, n].
+        let (k, n) = (7, 70);
+        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
+        let from_rows = PackedF32::from_rows(&b, k, n);
+        let strided = PackedF32::from_strided(&w, k, n, 1, k);
+        assert_eq!(strided.panels(), 3);
+        assert_eq!(from_rows.data.as_slice(), strided.data.as_slice());
     }
 
     #[test]

@@ -376,15 +376,7 @@ impl SqliteReader {
             params.drain(..).map(rusqlite::types::Value::Text).collect();
         values.push(rusqlite::types::Value::Blob(vector_bytes(query)));
         values.push(rusqlite::types::Value::Integer(k as i64));
-        self.conn
-            .prepare_cached(&sql)
-            .and_then(|mut s| {
-                s.query_map(rusqlite::params_from_iter(values.iter()), |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })?
-                .collect()
-            })
-            .map_err(|e| self.err(e))
+        self.scored_rows(&sql, &values)
     }
 
     /// [`SqliteReader::keyword`] among the chunks `filter` lets through.
@@ -580,8 +572,17 @@ impl SqliteReader {
             terms, weights,
         )));
         values.push(rusqlite::types::Value::Integer(k as i64));
+        self.scored_rows(&sql, &values)
+    }
+
+    /// Runs `sql`, whose rows are (chunk rowid, score), with `values` bound in order.
+    fn scored_rows(
+        &self,
+        sql: &str,
+        values: &[rusqlite::types::Value],
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
         self.conn
-            .prepare_cached(&sql)
+            .prepare_cached(sql)
             .and_then(|mut s| {
                 s.query_map(rusqlite::params_from_iter(values.iter()), |r| {
                     Ok((r.get(0)?, r.get(1)?))
