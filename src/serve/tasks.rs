@@ -25,35 +25,40 @@ pub struct TaskModels {
     pub sparse: Option<SparseModel>,
 }
 
+/// One request's inputs (a reranker's pairs, a sparse model's token ids), waiting for its
+/// model; answered with one output per input.
+pub struct TaskJob<I, O> {
+    items: Vec<I>,
+    enqueued: Instant,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<O>, String>>,
+}
+
 /// One request's pairs, waiting for the reranker.
-pub struct RerankJob {
-    pairs: Vec<PairIds>,
-    enqueued: Instant,
-    reply: tokio::sync::oneshot::Sender<Result<Vec<PairScore>, String>>,
-}
-
-impl Queued for RerankJob {
-    fn tokens(&self) -> usize {
-        self.pairs.iter().map(|p| p.ids.len()).sum()
-    }
-    fn enqueued(&self) -> Instant {
-        self.enqueued
-    }
-    fn fail(self, why: String) {
-        let _ = self.reply.send(Err(why));
-    }
-}
-
+pub type RerankJob = TaskJob<PairIds, PairScore>;
 /// One request's inputs (content ids), waiting for the sparse model.
-pub struct SparseJob {
-    inputs: Vec<Vec<u32>>,
-    enqueued: Instant,
-    reply: tokio::sync::oneshot::Sender<Result<Vec<SparseVector>, String>>,
+pub type SparseJob = TaskJob<Vec<u32>, SparseVector>;
+
+/// An input of a task model, and the tokens it costs the model.
+pub trait TaskInput: Send {
+    fn tokens(&self) -> usize;
 }
 
-impl Queued for SparseJob {
+impl TaskInput for PairIds {
     fn tokens(&self) -> usize {
-        self.inputs.iter().map(|i| i.len() + 2).sum()
+        self.ids.len()
+    }
+}
+
+/// Content ids: the model adds [CLS] and [SEP].
+impl TaskInput for Vec<u32> {
+    fn tokens(&self) -> usize {
+        self.len() + 2
+    }
+}
+
+impl<I: TaskInput, O: Send> Queued for TaskJob<I, O> {
+    fn tokens(&self) -> usize {
+        self.items.iter().map(TaskInput::tokens).sum()
     }
     fn enqueued(&self) -> Instant {
         self.enqueued
@@ -90,25 +95,10 @@ pub fn run_reranker(
     max_wait: Duration,
 ) {
     batcher.run_windows("reranker", batch_tokens * 4, max_wait, |jobs| {
-        let pairs: Vec<PairIds> = jobs.iter().flat_map(|j| j.pairs.iter().cloned()).collect();
-        let scored = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        answer_window(jobs, |pairs| {
+            let pairs: Vec<PairIds> = pairs.iter().map(|&p| p.clone()).collect();
             model.score_pairs(&pairs, batch_tokens)
-        }));
-        let scored = match scored {
-            Ok(Ok(s)) => Ok(s),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(panic) => Err(panic_message(&*panic)),
-        };
-        let mut at = 0;
-        for job in jobs {
-            let n = job.pairs.len();
-            let answer = scored
-                .as_ref()
-                .map(|s| s[at..at + n].to_vec())
-                .map_err(Clone::clone);
-            at += n;
-            let _ = job.reply.send(answer);
-        }
+        })
     });
 }
 
@@ -120,37 +110,88 @@ pub fn run_sparse(
     max_wait: Duration,
 ) {
     batcher.run_windows("sparse", batch_tokens * 4, max_wait, |jobs| {
-        let inputs: Vec<&[u32]> = jobs
-            .iter()
-            .flat_map(|j| j.inputs.iter().map(Vec::as_slice))
-            .collect();
-        let lengths: Vec<usize> = inputs.iter().map(|i| i.len() + 2).collect();
-        let embedded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        answer_window(jobs, |inputs| {
+            let lengths: Vec<usize> = inputs.iter().map(|i| i.tokens()).collect();
             let mut out = vec![SparseVector::default(); inputs.len()];
             for batch in crate::embed::batch::plan_unpadded(&lengths, batch_tokens) {
-                let seqs: Vec<&[u32]> = batch.iter().map(|&i| inputs[i]).collect();
+                let seqs: Vec<&[u32]> = batch.iter().map(|&i| inputs[i].as_slice()).collect();
                 for (&i, v) in batch.iter().zip(model.embed_ids(&seqs)?) {
                     out[i] = v;
                 }
             }
             Ok::<_, crate::embed::EmbedError>(out)
-        }));
-        let embedded = match embedded {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(panic) => Err(panic_message(&*panic)),
-        };
-        let mut at = 0;
-        for job in jobs {
-            let n = job.inputs.len();
-            let answer = embedded
-                .as_ref()
-                .map(|v| v[at..at + n].to_vec())
-                .map_err(Clone::clone);
-            at += n;
-            let _ = job.reply.send(answer);
-        }
+        })
     });
+}
+
+/// A window's jobs through `model` together (their inputs in order), each job answered with
+/// its share of the outputs, or every job with the error (a panic's message included).
+fn answer_window<I, O: Clone, E: std::fmt::Display>(
+    jobs: Vec<TaskJob<I, O>>,
+    model: impl FnOnce(&[&I]) -> Result<Vec<O>, E>,
+) {
+    let inputs: Vec<&I> = jobs.iter().flat_map(|j| &j.items).collect();
+    let count = inputs.len();
+    let outputs = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model(&inputs))) {
+        Ok(Ok(v)) if v.len() == count => Ok(v),
+        Ok(Ok(v)) => Err(format!("the model answered {} of {count} inputs", v.len())),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(panic) => Err(panic_message(&*panic)),
+    };
+    let mut at = 0;
+    for job in jobs {
+        let n = job.items.len();
+        let answer = outputs
+            .as_ref()
+            .map(|v| v[at..at + n].to_vec())
+            .map_err(Clone::clone);
+        at += n;
+        let _ = job.reply.send(answer);
+    }
+}
+
+/// A task model's request: refused while the server stops or while the queue is full, its
+/// inputs made by `prepare` on the tokenizing pool (a panic there answers as the
+/// tokenizer's), queued, and its outputs awaited, with the tokens they took.
+async fn through_queue<I, O>(
+    app: &Arc<App>,
+    batcher: &Batcher<TaskJob<I, O>>,
+    prepare: impl FnOnce() -> Result<Vec<I>, ApiError> + Send + 'static,
+) -> Result<(Vec<O>, usize), ApiError>
+where
+    I: TaskInput + 'static,
+    O: Send + 'static,
+{
+    if app.stopping.load(Ordering::Relaxed) {
+        return Err(refused(app, Admission::Closed).expect("refused"));
+    }
+    if batcher.is_full() {
+        let tokens = batcher.queued_tokens();
+        return Err(refused(app, Admission::Full { tokens }).expect("refused"));
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    app.tokenize_pool.spawn(move || {
+        let items = std::panic::catch_unwind(std::panic::AssertUnwindSafe(prepare));
+        let _ = tx.send(items.unwrap_or_else(|panic| Err(ApiError::tokenizer_panic(&*panic))));
+    });
+    let items = rx
+        .await
+        .map_err(|_| ApiError::bad("tokenization failed"))??;
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job = TaskJob {
+        items,
+        enqueued: Instant::now(),
+        reply,
+    };
+    let tokens = job.tokens();
+    if let Some(e) = refused(app, batcher.submit(job).0) {
+        return Err(e);
+    }
+    let outputs = answer
+        .await
+        .map_err(|_| model_error(app, None))?
+        .map_err(|e| model_error(app, Some(e)))?;
+    Ok((outputs, tokens))
 }
 
 /// The error a refused submission answers with (None: queued).
@@ -269,54 +310,27 @@ async fn rerank(
             app.options.max_inputs
         )));
     }
-    if app.stopping.load(Ordering::Relaxed) {
-        return Err(refused(app, Admission::Closed).expect("refused"));
-    }
-    if batcher.is_full() {
-        let tokens = batcher.queued_tokens();
-        return Err(refused(app, Admission::Full { tokens }).expect("refused"));
-    }
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    app.tokenize_pool.spawn(move || {
-        let pairs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            texts
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    let p = model
-                        .encode_pair(&query, t)
-                        .map_err(|e| ApiError::bad(format!("text {i}: {e}")))?;
-                    if p.truncated && !truncate {
-                        return Err(ApiError::too_long(format!(
-                            "text {i} and the query are over the model's limit of {} tokens; \
-                             send shorter texts or ask to truncate (\"truncate\": true)",
-                            model.max_len()
-                        )));
-                    }
-                    Ok(p)
-                })
-                .collect::<Result<Vec<_>, _>>()
-        }));
-        let _ = tx.send(pairs.unwrap_or_else(|panic| Err(ApiError::tokenizer_panic(&*panic))));
-    });
-    let pairs = rx
-        .await
-        .map_err(|_| ApiError::bad("tokenization failed"))??;
-    let tokens: usize = pairs.iter().map(|p| p.ids.len()).sum();
-    let n = pairs.len();
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    let job = RerankJob {
-        pairs,
-        enqueued: Instant::now(),
-        reply,
-    };
-    if let Some(e) = refused(app, batcher.submit(job).0) {
-        return Err(e);
-    }
-    let scores = answer
-        .await
-        .map_err(|_| model_error(app, None))?
-        .map_err(|e| model_error(app, Some(e)))?;
+    let n = texts.len();
+    let (scores, tokens) = through_queue(app, batcher, move || {
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let p = model
+                    .encode_pair(&query, t)
+                    .map_err(|e| ApiError::bad(format!("text {i}: {e}")))?;
+                if p.truncated && !truncate {
+                    return Err(ApiError::too_long(format!(
+                        "text {i} and the query are over the model's limit of {} tokens; \
+                         send shorter texts or ask to truncate (\"truncate\": true)",
+                        model.max_len()
+                    )));
+                }
+                Ok(p)
+            })
+            .collect()
+    })
+    .await?;
     count(app, endpoint, n, tokens);
     Ok((scores, tokens))
 }
@@ -427,58 +441,30 @@ pub(super) async fn sparse_vectors(
     let Some(model) = app.sparse.clone() else {
         return Err(not_served("sparse model", "--sparse-model"));
     };
-    if app.stopping.load(Ordering::Relaxed) {
-        return Err(refused(app, Admission::Closed).expect("refused"));
-    }
-    if batcher.is_full() {
-        let tokens = batcher.queued_tokens();
-        return Err(refused(app, Admission::Full { tokens }).expect("refused"));
-    }
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    app.tokenize_pool.spawn(move || {
+    through_queue(app, batcher, move || {
         let room = model.tokenizer.max_content_len();
-        let ids = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            texts
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    let ids = if truncate {
-                        model.tokenizer.ids_for_embedding(t, &[])
-                    } else {
-                        model.tokenizer.content_ids(t)
-                    }
-                    .map_err(|e| ApiError::bad(format!("input {i}: {e}")))?;
-                    if ids.len() > room {
-                        return Err(ApiError::too_long(format!(
-                            "input {i} has {} tokens, over the model's limit of {room}; \
-                             send shorter texts or ask to truncate (\"truncate\": true)",
-                            ids.len()
-                        )));
-                    }
-                    Ok(ids)
-                })
-                .collect::<Result<Vec<_>, _>>()
-        }));
-        let _ = tx.send(ids.unwrap_or_else(|panic| Err(ApiError::tokenizer_panic(&*panic))));
-    });
-    let inputs = rx
-        .await
-        .map_err(|_| ApiError::bad("tokenization failed"))??;
-    let tokens: usize = inputs.iter().map(|i| i.len() + 2).sum();
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    let job = SparseJob {
-        inputs,
-        enqueued: Instant::now(),
-        reply,
-    };
-    if let Some(e) = refused(app, batcher.submit(job).0) {
-        return Err(e);
-    }
-    let vectors = answer
-        .await
-        .map_err(|_| model_error(app, None))?
-        .map_err(|e| model_error(app, Some(e)))?;
-    Ok((vectors, tokens))
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let ids = if truncate {
+                    model.tokenizer.ids_for_embedding(t, &[])
+                } else {
+                    model.tokenizer.content_ids(t)
+                }
+                .map_err(|e| ApiError::bad(format!("input {i}: {e}")))?;
+                if ids.len() > room {
+                    return Err(ApiError::too_long(format!(
+                        "input {i} has {} tokens, over the model's limit of {room}; \
+                         send shorter texts or ask to truncate (\"truncate\": true)",
+                        ids.len()
+                    )));
+                }
+                Ok(ids)
+            })
+            .collect()
+    })
+    .await
 }
 
 /// TEI's `POST /embed_sparse`: per input, its non-zero entries `[{"index", "value"}]`.
