@@ -2,8 +2,9 @@
 //! floating-point operations: 2 x M x K x N): M = 2,048 tokens (the CPU batch budget), the
 //! (K, N) of all-MiniLM-L6-v2's dense layers (QKV, attention output, FFN in, FFN out), or of
 //! BERT-base's with `RAGLINE_BENCH_SHAPES=base`, per kernel path and precision this CPU
-//! supports. `gemm-crate` is the `gemm` crate (candle's CPU GEMM; it picks its own kernels),
-//! for comparison.
+//! supports (bf16 and int8 on AMX tiles where the CPU and the OS offer them; with
+//! `RAGLINE_CPU_AMX=off` on AVX-512 alone). `gemm-crate` is the `gemm` crate (candle's CPU
+//! GEMM; it picks its own kernels), for comparison.
 //!
 //! A's rows are K values apart, or K + `RAGLINE_BENCH_PAD` (the encoder lays its activations
 //! out at `gemm::row_stride`, which adds 16 to these shapes: compare with 0 and 16).
@@ -108,7 +109,12 @@ fn kernels(c: &mut Criterion) {
         #[cfg(target_arch = "x86_64")]
         if features().avx512_bf16 {
             let packed = PackedBf16::from_rows(&b, k, n);
-            group.bench_function(BenchmarkId::new("avx512-bf16", name), |bench| {
+            let label = if features().amx_bf16 {
+                "amx-bf16"
+            } else {
+                "avx512-bf16"
+            };
+            group.bench_function(BenchmarkId::new(label, name), |bench| {
                 // SAFETY: as above, and the CPU has AVX512-BF16.
                 bench.iter(|| unsafe {
                     gemm::bf16_gemm(ops(&mut out), &packed, Epilogue::NONE, true)
@@ -118,7 +124,12 @@ fn kernels(c: &mut Criterion) {
         #[cfg(target_arch = "x86_64")]
         if features().avx512_vnni {
             let packed = PackedI8::from_rows(&b, k, n);
-            group.bench_function(BenchmarkId::new("avx512-int8", name), |bench| {
+            let label = if features().amx_int8 {
+                "amx-int8"
+            } else {
+                "avx512-int8"
+            };
+            group.bench_function(BenchmarkId::new(label, name), |bench| {
                 // SAFETY: as above, and the CPU has AVX512-VNNI.
                 bench.iter(|| unsafe {
                     gemm::i8_gemm(ops(&mut out), &packed, Epilogue::NONE, false, true)

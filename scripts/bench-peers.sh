@@ -9,8 +9,10 @@
 # 2,000 passages cut from ../shared/data (react-docs and MDN paragraphs), built once into
 # target/bench-peers/passages.jsonl. DEVICE is cpu (default) or cuda. DTYPE=bf16|int8 runs
 # ragline in that precision (sentence-transformers stays f32 on the CPU); RAGLINE_CPU_KERNELS
-# forces ragline's CPU kernel path (avx512, avx2, portable). PASSAGES=N takes the first N
-# passages only (the big models: scripts/bench-families.sh).
+# forces ragline's CPU kernel path (avx512, avx2, portable). ST_DTYPE=bf16 runs
+# sentence-transformers in bf16 too (torch's oneDNN then uses AMX where the CPU has it: the
+# fair peer of ragline's --dtype bf16). PASSAGES=N takes the first N passages only (the big
+# models: scripts/bench-families.sh).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -33,9 +35,9 @@ if [ -n "${PASSAGES:-}" ]; then
   INPUT=$OUT/passages-$PASSAGES.jsonl
   head -n "$PASSAGES" "$OUT/passages.jsonl" > "$INPUT"
 fi
-"$PYTHON" - "$INPUT" "$MODEL" "$RAGLINE" "$THREADS" "$RUNS" "$DEVICE" "${DTYPE:-auto}" <<'PY'
+"$PYTHON" - "$INPUT" "$MODEL" "$RAGLINE" "$THREADS" "$RUNS" "$DEVICE" "${DTYPE:-auto}" "${ST_DTYPE:-f32}" <<'PY'
 import json, os, platform, statistics, subprocess, sys, time
-path, model_dir, ragline, threads, runs, device, dtype = sys.argv[1:8]
+path, model_dir, ragline, threads, runs, device, dtype, st_dtype = sys.argv[1:9]
 threads, runs = int(threads), int(runs)
 import torch
 from sentence_transformers import SentenceTransformer
@@ -44,6 +46,8 @@ texts = [json.loads(l)["text"] for l in open(path, encoding="utf-8")]
 st = SentenceTransformer(model_dir, device=device)
 if device == "cuda":
     st = st.half()
+elif st_dtype == "bf16":
+    st = st.to(torch.bfloat16)
 tok = st.tokenizer
 tokens = sum(len(x) for x in tok(texts, truncation=True, max_length=st.max_seq_length)["input_ids"])
 
@@ -89,7 +93,7 @@ simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
 kernels = os.environ.get("RAGLINE_CPU_KERNELS", "auto")
 print(f"{len(texts)} passages, {tokens} tokens (truncated at {st.max_seq_length}), "
       f"{threads} threads, device {device}, CPU {cpu_model()} ({' '.join(simd) or 'no AVX'}), "
-      f"ragline dtype {dtype}, kernels {kernels}; torch {torch.__version__} "
+      f"ragline dtype {dtype}, kernels {kernels}, sentence-transformers {st_dtype}; torch {torch.__version__} "
       f"({torch.backends.cpu.get_cpu_capability()})")
 rate = {}
 for name, ts in times.items():

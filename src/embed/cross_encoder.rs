@@ -445,11 +445,7 @@ impl CrossEncoder {
     /// Which encoder runs, in words.
     pub fn encoder_kind(&self) -> String {
         match &self.body {
-            Body::Cpu(c) => format!(
-                "fused CPU encoder, {} on the {} kernels",
-                c.precision().name(),
-                c.path()
-            ),
+            Body::Cpu(c) => c.describe(),
             Body::Candle(b) => format!("candle encoder, {:?}", b.dtype()).to_lowercase(),
             Body::Rotary(r) => format!("candle modernbert encoder, {:?}", r.dtype()).to_lowercase(),
         }

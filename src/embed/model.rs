@@ -456,11 +456,7 @@ impl EmbeddingModel {
             Encoder::Rotary(r) => {
                 format!("candle {} encoder, {:?}", self.model_type, r.dtype()).to_lowercase()
             }
-            Encoder::Cpu(c) => format!(
-                "fused CPU encoder, {} on the {} kernels",
-                c.precision().name(),
-                c.path()
-            ),
+            Encoder::Cpu(c) => c.describe(),
         }
     }
 

@@ -35,10 +35,12 @@ pub(crate) fn kernel_paths() -> Vec<&'static str> {
         .collect()
 }
 
-/// `ragline embed` of `input` on the CPU with the kernel path and dtype given.
-fn embed(input: &Path, out: &Path, kernels: &str, dtype: &str) -> std::process::Output {
+/// `ragline embed` of `input` on the CPU with the kernel path and dtype given, and AMX
+/// allowed or not (`RAGLINE_CPU_AMX`; it only matters for bf16 and int8 on CPUs with AMX).
+fn embed(input: &Path, out: &Path, kernels: &str, dtype: &str, amx: bool) -> std::process::Output {
     run(crate::util::ragline()
         .env("RAGLINE_CPU_KERNELS", kernels)
+        .env("RAGLINE_CPU_AMX", if amx { "on" } else { "off" })
         .args(["embed", "--device", "cpu", "--dtype", dtype, "--model"])
         .arg(model_dir())
         .arg("--input")
@@ -48,17 +50,23 @@ fn embed(input: &Path, out: &Path, kernels: &str, dtype: &str) -> std::process::
 }
 
 /// The lowest cosine of the parity texts embedded with this path and dtype to
-/// sentence-transformers' vectors, with the text that has it.
-fn parity(kernels: &str, dtype: &str) -> (f64, String) {
+/// sentence-transformers' vectors, with the text that has it. `amx`: the bf16 or int8 GEMMs
+/// run on AMX tiles (the caller checked the CPU has them), else AMX is turned off.
+fn parity(kernels: &str, dtype: &str, amx: bool) -> (f64, String) {
     let fixtures = root().join("tests/fixtures/parity");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("v.npy");
-    let o = embed(&fixtures.join("texts.jsonl"), &out, kernels, dtype);
+    let o = embed(&fixtures.join("texts.jsonl"), &out, kernels, dtype, amx);
     assert_eq!(o.status.code(), Some(0), "{kernels} {dtype}");
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(
         stderr.contains(&format!("{dtype} on the {kernels} kernels")),
         "the run names its kernels: {stderr}"
+    );
+    assert_eq!(
+        stderr.contains("(AMX tiles)"),
+        amx,
+        "the run says whether AMX ran: {stderr}"
     );
     let ours = read_matrix(&out);
     let reference = read_matrix(&fixtures.join("reference.npy"));
@@ -80,7 +88,10 @@ fn parity(kernels: &str, dtype: &str) -> (f64, String) {
             .as_str()
             .map(|t| &t[..t.len().min(80)])
     );
-    eprintln!("{kernels} {dtype}: lowest cosine {} for {what}", worst.0);
+    eprintln!(
+        "{kernels} {dtype} (AMX {amx}): lowest cosine {} for {what}",
+        worst.0
+    );
     (worst.0, what)
 }
 
@@ -92,7 +103,7 @@ fn vectors_match_sentence_transformers() {
     let paths = kernel_paths();
     assert!(paths.contains(&"portable"));
     for kernels in paths {
-        let (worst, text) = parity(kernels, "f32");
+        let (worst, text) = parity(kernels, "f32", false);
         assert!(
             worst >= 0.9999,
             "{kernels}: text {text} has cosine {worst} to the reference"
@@ -101,21 +112,25 @@ fn vectors_match_sentence_transformers() {
 }
 
 /// `--dtype bf16` and `--dtype int8` on the CPU: within cosine 0.999 and 0.995 of
-/// sentence-transformers' f32 vectors where the CPU has AVX512-BF16 / AVX512-VNNI; where it
-/// has not, a clear refusal that names the missing feature and the fix, not a slow emulation.
+/// sentence-transformers' f32 vectors where the CPU has AVX512-BF16 / AVX512-VNNI, on the
+/// AVX-512 kernels and, where the CPU has AMX, on its tiles too; where it has not, a clear
+/// refusal that names the missing feature and the fix, not a slow emulation.
 #[test]
 fn low_precision_holds_its_bar_or_is_refused() {
     use ragline::embed::cpu::kernels::{features, KernelPath};
     let f = features();
-    for (dtype, floor, has, needs) in [
-        ("bf16", 0.999, f.avx512_bf16, "AVX512-BF16"),
-        ("int8", 0.995, f.avx512_vnni, "AVX512-VNNI"),
+    for (dtype, floor, has, amx, needs) in [
+        ("bf16", 0.999, f.avx512_bf16, f.amx_bf16, "AVX512-BF16"),
+        ("int8", 0.995, f.avx512_vnni, f.amx_int8, "AVX512-VNNI"),
     ] {
-        if has {
-            let (worst, text) = parity("avx512", dtype);
+        for on_tiles in [false, true] {
+            if !has || (on_tiles && !amx) {
+                continue;
+            }
+            let (worst, text) = parity("avx512", dtype, on_tiles);
             assert!(
                 worst >= floor,
-                "{dtype}: text {text} has cosine {worst} to the reference"
+                "{dtype} (AMX {on_tiles}): text {text} has cosine {worst} to the reference"
             );
         }
         // On a path without the instructions (every CPU has the portable one), it is refused.
@@ -127,6 +142,7 @@ fn low_precision_holds_its_bar_or_is_refused() {
             &dir.path().join("v.npy"),
             KernelPath::Portable.name(),
             dtype,
+            true,
         );
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert_ne!(o.status.code(), Some(0), "{dtype} on portable kernels");
@@ -201,7 +217,7 @@ fn sts_benchmark_matches_sentence_transformers() {
     fs::write(&input, lines).unwrap();
     let out = dir.path().join("v.npy");
     for kernels in kernel_paths() {
-        let o = embed(&input, &out, kernels, "f32");
+        let o = embed(&input, &out, kernels, "f32", false);
         assert_eq!(o.status.code(), Some(0));
         let v = read_matrix(&out);
         let cos: Vec<f64> = v.chunks(2).map(|p| cosine(&p[0], &p[1])).collect();

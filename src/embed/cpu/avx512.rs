@@ -172,24 +172,73 @@ pub unsafe fn micro_i8(
         bp = bp.add(NR);
     }
     let m = masks(st.cols);
+    for (i, row) in acc.iter().enumerate().take(st.rows) {
+        store_i8_row(st, i, *row, s, m);
+    }
+}
+
+/// Row i of an int8 tile: row scale x column scale x (sum - zero point x column sum), then
+/// the epilogue.
+///
+/// # Safety
+/// As [`store_row`], with `s` valid for row i and 32 columns; the CPU has AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_i8_row(
+    st: &Store,
+    i: usize,
+    row: [__m512i; 2],
+    s: &I8Scales,
+    m: (__mmask16, __mmask16),
+) {
     let (sum0, sum1) = (
         _mm512_loadu_si512(s.sums.cast()),
         _mm512_loadu_si512(s.sums.add(16).cast()),
     );
     let (cs0, cs1) = (_mm512_loadu_ps(s.cols), _mm512_loadu_ps(s.cols.add(16)));
-    for (i, row) in acc.iter().enumerate().take(st.rows) {
-        let z = _mm512_set1_epi32(*s.zeros.add(i));
-        let (sh0, sh1) = (_mm512_mullo_epi32(z, sum0), _mm512_mullo_epi32(z, sum1));
-        let rs = _mm512_set1_ps(*s.rows.add(i));
-        let v0 = _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_sub_epi32(row[0], sh0)),
-            _mm512_mul_ps(rs, cs0),
-        );
-        let v1 = _mm512_mul_ps(
-            _mm512_cvtepi32_ps(_mm512_sub_epi32(row[1], sh1)),
-            _mm512_mul_ps(rs, cs1),
-        );
-        store_row(st, i, [v0, v1], m);
+    let z = _mm512_set1_epi32(*s.zeros.add(i));
+    let (sh0, sh1) = (_mm512_mullo_epi32(z, sum0), _mm512_mullo_epi32(z, sum1));
+    let rs = _mm512_set1_ps(*s.rows.add(i));
+    let v0 = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(row[0], sh0)),
+        _mm512_mul_ps(rs, cs0),
+    );
+    let v1 = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(row[1], sh1)),
+        _mm512_mul_ps(rs, cs1),
+    );
+    store_row(st, i, [v0, v1], m);
+}
+
+/// The store's rows of a block of f32 sums (32 to a row, as the AMX kernels leave them),
+/// through the epilogue.
+///
+/// # Safety
+/// `block` holds `st.rows` rows of 32 values; the store's pointers are valid; the CPU has
+/// AVX-512F.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn store_block_f32(st: &Store, block: *const f32) {
+    let m = masks(st.cols);
+    for i in 0..st.rows {
+        let r = block.add(i * NR);
+        store_row(st, i, [_mm512_loadu_ps(r), _mm512_loadu_ps(r.add(16))], m);
+    }
+}
+
+/// As [`store_block_f32`] for a block of int8 i32 sums, scaled as [`micro_i8`] does.
+///
+/// # Safety
+/// As [`store_block_f32`], with `s` valid for the tile's rows and 32 columns.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn store_block_i8(st: &Store, block: *const i32, s: &I8Scales) {
+    let m = masks(st.cols);
+    for i in 0..st.rows {
+        let r = block.add(i * NR);
+        let row = [
+            _mm512_loadu_si512(r.cast()),
+            _mm512_loadu_si512(r.add(16).cast()),
+        ];
+        store_i8_row(st, i, row, s, m);
     }
 }
 

@@ -159,12 +159,13 @@ fn k_blocks(k: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
 
 /// The loops shared by every format: for each task's K block, column panel and row group of
 /// `mr`, call `micro(k0, kc, row, panel, store)`; `k` and the block size are in the format's
-/// K units (values, pairs, quads).
+/// K units (values, pairs, quads). `setup` runs on the task's thread before its first call,
+/// and what it returns is dropped after its last (the AMX tiles' configuration).
 ///
 /// # Safety
 /// `ops.c` writable for m rows of n values at stride ldc; `epi` valid for those rows.
 #[allow(clippy::too_many_arguments)]
-unsafe fn drive<F>(
+unsafe fn drive<F, S, G>(
     ops: Operands,
     n: usize,
     k: usize,
@@ -172,14 +173,17 @@ unsafe fn drive<F>(
     mr: usize,
     epi: Epilogue,
     parallel: bool,
+    setup: S,
     micro: F,
 ) where
     F: Fn(usize, usize, usize, usize, &Store) + Sync,
+    S: Fn() -> G + Sync,
 {
     let panels = n.div_ceil(NR);
     let task = |t: Tile| {
         // Whole-struct copies, so the closure captures the Sync structs, not their fields.
         let (ops, epi) = (ops, epi);
+        let _state = setup();
         for (k0, kc) in k_blocks(k, k_most) {
             for p in t.p0..t.p1 {
                 for r in (t.r0..t.r0 + t.rows).step_by(mr) {
@@ -249,6 +253,7 @@ pub unsafe fn f32_gemm(
         mr,
         epi,
         parallel,
+        || (),
         |k0, kc, r, p, st| {
             // The whole Operands (Sync), not its raw-pointer fields, is captured.
             let ops = &ops;
@@ -312,20 +317,54 @@ struct Converted {
     zero: Vec<i32>,
 }
 
-/// `C = act(A · B + bias + residual)` with B in bf16 and A rounded to bf16 first.
+/// `C = act(A · B + bias + residual)` with B in bf16 and A rounded to bf16 first: on AMX
+/// tiles where the CPU has them ([`super::amx`]), else with `vdpbf16ps`.
 ///
 /// # Safety
 /// As [`f32_gemm`]; and the CPU has AVX512-BF16.
 #[cfg(target_arch = "x86_64")]
 pub unsafe fn bf16_gemm(ops: Operands, b: &PackedBf16, epi: Epilogue, parallel: bool) {
+    bf16_gemm_on(super::kernels::features().amx_bf16, ops, b, epi, parallel)
+}
+
+/// [`bf16_gemm`], on AMX or not as `amx` says.
+///
+/// # Safety
+/// As [`bf16_gemm`]; with `amx`, the CPU has AMX-BF16 and the process the tiles.
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn bf16_gemm_on(
+    amx: bool,
+    ops: Operands,
+    b: &PackedBf16,
+    epi: Epilogue,
+    parallel: bool,
+) {
     if ops.m == 0 || b.n == 0 {
         return;
     }
-    let a = convert(ops, b.k, b.pairs, |row, out| {
+    let pad = if amx { super::amx::MR } else { 1 };
+    let a = convert(ops, b.k, b.pairs, pad, |row, out| {
         // SAFETY: the caller's contract (the CPU has AVX512-BF16).
         unsafe { super::avx512::to_bf16_pairs(row, out) };
         (1.0, 0)
     });
+    if amx {
+        let (steps, lda) = (b.panel_pairs / super::amx::STEP, a.stride * 4);
+        drive_amx(
+            ops,
+            b.n,
+            b.pairs,
+            &a,
+            epi,
+            parallel,
+            // SAFETY: 32 rows of the converted A (padded to whole tiles with zeros), panel p
+            // of B (whole tiles of pair rows), a block of 32 x 32; the tiles are configured.
+            |ap, p, out| unsafe { super::amx::block_bf16(steps, ap, lda, b.panel(p, 0), out) },
+            // SAFETY: the block holds the tile's sums (`drive_amx`).
+            |st, out, _, _| unsafe { super::avx512::store_block_f32(st, out) },
+        );
+        return;
+    }
     drive(
         ops,
         b.n,
@@ -334,6 +373,7 @@ pub unsafe fn bf16_gemm(ops: Operands, b: &PackedBf16, epi: Epilogue, parallel: 
         super::avx512::MR,
         epi,
         parallel,
+        || (),
         |q0, qc, r, p, st| {
             let ap = a.lanes[r * a.stride + q0..].as_ptr();
             // SAFETY: rows r.. of the converted A, panel p from pair q0 of B.
@@ -341,6 +381,57 @@ pub unsafe fn bf16_gemm(ops: Operands, b: &PackedBf16, epi: Epilogue, parallel: 
         },
     );
 }
+
+/// The loops of the AMX GEMMs: for each task (its tiles configured on its thread), each
+/// panel p and each 32 rows r of the converted A, `kernel(A at row r, p, block)` fills a
+/// 32 x 32 block with the sums over the whole of K, then `store(store, block, r, p)` writes
+/// the block's rows of C through the epilogue. `lanes`: K in the format's lanes.
+///
+/// # Safety
+/// As [`drive`]; the CPU has AMX and the process the tiles; `a` padded to whole tiles.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn drive_amx<T, K, S>(
+    ops: Operands,
+    n: usize,
+    lanes: usize,
+    a: &Converted,
+    epi: Epilogue,
+    parallel: bool,
+    kernel: K,
+    store: S,
+) where
+    K: Fn(*const u32, usize, *mut T) + Sync,
+    S: Fn(&Store, *const T, usize, usize) + Sync,
+{
+    drive(
+        ops,
+        n,
+        lanes,
+        usize::MAX,
+        super::amx::MR,
+        epi,
+        parallel,
+        // SAFETY: the caller's contract (AMX granted).
+        || unsafe { super::amx::Tiles::configure() },
+        |_, _, r, p, st| {
+            // Every value is written by the kernel before `store` reads it.
+            let mut block = std::mem::MaybeUninit::<Block<T>>::uninit();
+            let out = block.as_mut_ptr().cast::<T>();
+            kernel(a.lanes[r * a.stride..].as_ptr(), p, out);
+            store(st, out, r, p);
+        },
+    );
+}
+
+/// Values of an AMX block of C (32 x 32).
+#[cfg(target_arch = "x86_64")]
+const BLOCK: usize = 32 * 32;
+
+/// An AMX block of C as the tiles store it, 32 values to a row, rows on whole lines.
+#[cfg(target_arch = "x86_64")]
+#[repr(C, align(64))]
+struct Block<T>([T; BLOCK]);
 
 /// An input channel whose |value| passes this in any row of a batch is an outlier: BERT's
 /// hidden states have a few channels of large magnitude, and one would take the whole int8
@@ -357,6 +448,23 @@ pub const OUTLIER_THRESHOLD: f32 = 6.0;
 /// As [`f32_gemm`]; and the CPU has AVX512-VNNI.
 #[cfg(target_arch = "x86_64")]
 pub unsafe fn i8_gemm(
+    ops: Operands,
+    b: &PackedI8,
+    epi: Epilogue,
+    asymmetric: bool,
+    parallel: bool,
+) {
+    let amx = super::kernels::features().amx_int8;
+    i8_gemm_on(amx, ops, b, epi, asymmetric, parallel)
+}
+
+/// [`i8_gemm`], on AMX or not as `amx` says.
+///
+/// # Safety
+/// As [`i8_gemm`]; with `amx`, the CPU has AMX-INT8 and the process the tiles.
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn i8_gemm_on(
+    amx: bool,
     ops: Operands,
     b: &PackedI8,
     epi: Epilogue,
@@ -409,10 +517,34 @@ pub unsafe fn i8_gemm(
         }
         Some(keep)
     };
-    let a = convert(ops, k, b.quads, |row, out| {
+    let pad = if amx { super::amx::MR } else { 1 };
+    let a = convert(ops, k, b.quads, pad, |row, out| {
         // SAFETY: the caller's contract (the CPU has AVX512-VNNI, hence AVX-512 BW).
         unsafe { super::avx512::quantize_row(row, keep.as_deref(), asymmetric, out) }
     });
+    let scales = |r: usize, p: usize| I8Scales {
+        rows: a.scale[r..].as_ptr(),
+        zeros: a.zero[r..].as_ptr(),
+        cols: b.scale[p * NR..].as_ptr(),
+        sums: b.sums[p * NR..].as_ptr(),
+    };
+    if amx {
+        let (steps, lda) = (b.panel_quads / super::amx::STEP, a.stride * 4);
+        drive_amx(
+            ops,
+            b.n,
+            b.quads,
+            &a,
+            epi,
+            parallel,
+            // SAFETY: 32 rows of the quantised A (padded to whole tiles), panel p of B (whole
+            // tiles of quad rows), a block of 32 x 32; the tiles are configured.
+            |ap, p, out| unsafe { super::amx::block_i8(steps, ap, lda, b.panel(p), out) },
+            // SAFETY: the block holds the tile's sums, the scales cover its rows and columns.
+            |st, out, r, p| unsafe { super::avx512::store_block_i8(st, out, &scales(r, p)) },
+        );
+        return;
+    }
     // One K block: the i32 sums of a tile must see all of K before they are scaled.
     drive(
         ops,
@@ -422,16 +554,11 @@ pub unsafe fn i8_gemm(
         super::avx512::MR,
         epi,
         parallel,
+        || (),
         |_, qc, r, p, st| {
-            let scales = I8Scales {
-                rows: a.scale[r..].as_ptr(),
-                zeros: a.zero[r..].as_ptr(),
-                cols: b.scale[p * NR..].as_ptr(),
-                sums: b.sums[p * NR..].as_ptr(),
-            };
             let ap = a.lanes[r * a.stride..].as_ptr();
             // SAFETY: rows r.. of the quantised A, panel p of B, the scales of both.
-            unsafe { super::avx512::micro_i8(qc, ap, a.stride, b.panel(p), st, &scales) }
+            unsafe { super::avx512::micro_i8(qc, ap, a.stride, b.panel(p), st, &scales(r, p)) }
         },
     );
 }
@@ -468,25 +595,30 @@ unsafe fn outlier_channels(ops: Operands, k: usize) -> Vec<usize> {
 }
 
 /// Convert every row of A (k values) into `lanes` 32-bit lanes with `f`, which returns the
-/// row's scale and zero point; rows in parallel.
+/// row's scale and zero point; rows in parallel. The rows are padded with zero rows to a
+/// multiple of `pad` (and every row with zero lanes to its stride, a multiple of 16): the
+/// AMX kernels read whole tiles.
 unsafe fn convert(
     ops: Operands,
     k: usize,
     lanes: usize,
+    pad: usize,
     f: impl Fn(&[f32], &mut [u32]) -> (f32, i32) + Sync,
 ) -> Converted {
     // Converted rows are the micro-kernel's A too: at the stride that spreads them over L1.
     let stride = row_stride(lanes);
+    let rows = ops.m.div_ceil(pad) * pad;
     let mut out = Converted {
-        lanes: vec![0; ops.m * stride],
+        lanes: vec![0; rows * stride],
         stride,
-        scale: vec![0f32; ops.m],
-        zero: vec![0i32; ops.m],
+        scale: vec![0f32; rows],
+        zero: vec![0i32; rows],
     };
-    out.lanes
+    let m = ops.m;
+    out.lanes[..m * stride]
         .par_chunks_mut(stride * 64)
-        .zip(out.scale.par_chunks_mut(64))
-        .zip(out.zero.par_chunks_mut(64))
+        .zip(out.scale[..m].par_chunks_mut(64))
+        .zip(out.zero[..m].par_chunks_mut(64))
         .enumerate()
         .for_each(|(block, ((dst, scales), zeros))| {
             // The whole Operands (Sync), not its raw-pointer fields, is captured.
@@ -589,8 +721,9 @@ mod tests {
 
     type Run<'a> = &'a dyn Fn(Operands, &[f32], usize, usize, Epilogue);
 
-    /// The largest error of `run`'s C = A · B + bias + residual against the f64 reference.
-    fn worst_error(run: Run<'_>, a: &[f32], m: usize, k: usize, n: usize) -> f64 {
+    /// `run`'s C = A · B + bias + residual (the test's B, bias and residual) and the f64
+    /// reference.
+    fn product(run: Run<'_>, a: &[f32], m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f64>) {
         let b = data(k * n, 2);
         let res = data(m * n, 3);
         let bias = data(n, 4);
@@ -610,8 +743,13 @@ mod tests {
         };
         run(ops, &b, k, n, epi);
         let want = reference(a, &b, &bias, &res, k, n);
+        (c, want)
+    }
+
+    /// The largest error of C against the reference (infinite for a NaN).
+    fn largest_error(c: &[f32], want: &[f64]) -> f64 {
         c.iter()
-            .zip(&want)
+            .zip(want)
             .map(|(&x, &w)| (f64::from(x) - w).abs())
             .fold(0f64, |worst, e| {
                 if e.is_nan() {
@@ -620,6 +758,12 @@ mod tests {
                     worst.max(e)
                 }
             })
+    }
+
+    /// The largest error of `run`'s C = A · B + bias + residual against the f64 reference.
+    fn worst_error(run: Run<'_>, a: &[f32], m: usize, k: usize, n: usize) -> f64 {
+        let (c, want) = product(run, a, m, k, n);
+        largest_error(&c, &want)
     }
 
     fn check(run: Run<'_>, tol: f64, what: &str) {
@@ -741,6 +885,86 @@ mod tests {
             2e-2,
             "int8",
         );
+    }
+
+    /// Shapes for the AMX kernels: rows past one 32-row block and not a multiple of 16, K
+    /// not a multiple of a tile's 32 bf16 (64 int8) and past several tiles, columns not a
+    /// multiple of 32; then a BERT-base layer's (K 768 -> 3,072 and back).
+    #[cfg(target_arch = "x86_64")]
+    const AMX_SHAPES: [(usize, usize, usize); 6] = [
+        (1, 1, 1),
+        (13, 7, 33),
+        (45, 200, 70),
+        (70, 33, 100),
+        (130, 768, 96),
+        (64, 3072, 40),
+    ];
+
+    /// The AMX kernels against the f64 reference (within the rounding of their format), and
+    /// against the AVX-512 kernels of the same format: the same sums up to the order of
+    /// addition (bf16), exactly (int8: integer sums).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn amx_gemms_match_the_reference_and_the_avx512_kernels() {
+        let f = features();
+        if !(f.amx_bf16 || f.amx_int8) {
+            eprintln!("skipped: this CPU or OS offers no AMX tiles ({f})");
+            return;
+        }
+        for (m, k, n) in AMX_SHAPES {
+            let a = data(m * k, 21);
+            let tol = (k as f64).sqrt();
+            if f.amx_bf16 {
+                let bf16 = |amx| {
+                    product(
+                        &|ops, b, k, n, epi| {
+                            let b = PackedBf16::from_rows(b, k, n);
+                            // SAFETY: the test's operands; the CPU has AMX-BF16 and
+                            // AVX512-BF16.
+                            unsafe { bf16_gemm_on(amx, ops, &b, epi, true) }
+                        },
+                        &a,
+                        m,
+                        k,
+                        n,
+                    )
+                };
+                let ((tiles, want), (avx, _)) = (bf16(true), bf16(false));
+                let worst = largest_error(&tiles, &want);
+                assert!(worst <= 1e-2 * tol, "bf16 amx {m}x{k}x{n}: off by {worst}");
+                let apart = tiles
+                    .iter()
+                    .zip(&avx)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    apart <= 1e-4 * tol as f32,
+                    "bf16 {m}x{k}x{n}: amx and avx512 {apart} apart"
+                );
+            }
+            if f.amx_int8 {
+                for asymmetric in [false, true] {
+                    let int8 = |amx| {
+                        product(
+                            &|ops, b, k, n, epi| {
+                                let b = PackedI8::from_rows(b, k, n);
+                                // SAFETY: the test's operands; the CPU has AMX-INT8 and
+                                // AVX512-VNNI.
+                                unsafe { i8_gemm_on(amx, ops, &b, epi, asymmetric, true) }
+                            },
+                            &a,
+                            m,
+                            k,
+                            n,
+                        )
+                    };
+                    let ((tiles, want), (avx, _)) = (int8(true), int8(false));
+                    let worst = largest_error(&tiles, &want);
+                    assert!(worst <= 2e-2 * tol, "int8 amx {m}x{k}x{n}: off by {worst}");
+                    assert_eq!(tiles, avx, "int8 {m}x{k}x{n} asymmetric {asymmetric}");
+                }
+            }
+        }
     }
 
     /// A channel of large values (an outlier) would take the whole int8 range of every row it

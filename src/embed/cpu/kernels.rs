@@ -108,6 +108,10 @@ pub struct Features {
     pub avx512: bool,
     pub avx512_bf16: bool,
     pub avx512_vnni: bool,
+    /// AMX-BF16 tiles, granted by the OS, beside AVX512-BF16 (the bf16 GEMM runs on them).
+    pub amx_bf16: bool,
+    /// AMX-INT8 tiles, granted by the OS, beside AVX512-VNNI (the int8 GEMM runs on them).
+    pub amx_int8: bool,
 }
 
 /// The features of this CPU, detected once.
@@ -120,11 +124,19 @@ pub fn features() -> Features {
 fn detect() -> Features {
     use std::is_x86_feature_detected as has;
     let avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512vl");
+    let (avx512_bf16, avx512_vnni) = (avx512 && has!("avx512bf16"), avx512 && has!("avx512vnni"));
+    let (amx_bf16, amx_int8) = if avx512_bf16 || avx512_vnni {
+        super::amx::detect()
+    } else {
+        (false, false)
+    };
     Features {
         avx2_fma: has!("avx2") && has!("fma"),
         avx512,
-        avx512_bf16: avx512 && has!("avx512bf16"),
-        avx512_vnni: avx512 && has!("avx512vnni"),
+        avx512_bf16,
+        avx512_vnni,
+        amx_bf16: amx_bf16 && avx512_bf16,
+        amx_int8: amx_int8 && avx512_vnni,
     }
 }
 
@@ -140,6 +152,8 @@ impl fmt::Display for Features {
             (self.avx512, "avx512f/bw/vl"),
             (self.avx512_bf16, "avx512-bf16"),
             (self.avx512_vnni, "avx512-vnni"),
+            (self.amx_bf16, "amx-bf16"),
+            (self.amx_int8, "amx-int8"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -200,10 +214,11 @@ pub fn peak_flops(path: KernelPath, seconds: f64) -> Option<f64> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precision {
     F32,
-    /// bf16 weights and activations, f32 accumulation (AVX512-BF16 `vdpbf16ps`).
+    /// bf16 weights and activations, f32 accumulation (AMX `tdpbf16ps` where the CPU and
+    /// the OS offer the tiles, else AVX512-BF16 `vdpbf16ps`).
     Bf16,
-    /// int8 weights per output channel and activations per token, i32 accumulation
-    /// (AVX512-VNNI `vpdpbusd`).
+    /// int8 weights per output channel and activations per token, i32 accumulation (AMX
+    /// `tdpbusd` where offered, else AVX512-VNNI `vpdpbusd`).
     Int8,
 }
 

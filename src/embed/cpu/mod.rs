@@ -17,6 +17,8 @@ pub mod kernels;
 pub mod pack;
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -166,7 +168,12 @@ impl CpuBert {
                     Some(packed) => Weights::F32(packed),
                     None => Weights::F32(PackedF32::from_rows(&vec1(w)?, inputs, outputs)),
                 },
-                Precision::Bf16 => Weights::Bf16(PackedBf16::from_rows(&vec1(w)?, inputs, outputs)),
+                Precision::Bf16 => match with_slice(&w.t()?, |w| {
+                    PackedBf16::from_strided(w, inputs, outputs, 1, inputs)
+                })? {
+                    Some(packed) => Weights::Bf16(packed),
+                    None => Weights::Bf16(PackedBf16::from_rows(&vec1(w)?, inputs, outputs)),
+                },
                 Precision::Int8 => Weights::Int8(PackedI8::from_rows(&vec1(w)?, inputs, outputs)),
             };
             Ok(Linear {
@@ -239,6 +246,23 @@ impl CpuBert {
 
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// The encoder in words: "fused CPU encoder, f32 on the avx512 kernels", with "(AMX
+    /// tiles)" where the bf16 or int8 GEMMs run on them.
+    pub fn describe(&self) -> String {
+        let f = kernels::features();
+        let amx = match self.precision {
+            Precision::Bf16 => f.amx_bf16,
+            Precision::Int8 => f.amx_int8,
+            Precision::F32 => false,
+        };
+        format!(
+            "fused CPU encoder, {} on the {} kernels{}",
+            self.precision.name(),
+            self.path,
+            if amx { " (AMX tiles)" } else { "" }
+        )
     }
 
     /// Floating-point operations (multiply and add counted apart) of a forward pass over

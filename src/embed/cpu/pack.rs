@@ -48,6 +48,21 @@ pub fn bf16_value(bits: u32) -> f32 {
     f32::from_bits(bits << 16)
 }
 
+/// Fill `data`'s panels of `len` values each, `fill(p, panel)` on the rayon pool.
+fn in_parallel<T: Copy + Default + Send>(
+    data: &mut Aligned<T>,
+    len: usize,
+    fill: impl Fn(usize, &mut [T]) + Sync,
+) {
+    use rayon::prelude::*;
+    if len > 0 {
+        data.as_mut_slice()
+            .par_chunks_mut(len)
+            .enumerate()
+            .for_each(|(p, panel)| fill(p, panel));
+    }
+}
+
 /// Panel `p` ([k][NR]) of B [k, n], element (r, c) at `src[r * row_stride + c * col_stride]`;
 /// columns past n zero.
 fn fill_panel(
@@ -101,15 +116,10 @@ impl PackedF32 {
         row_stride: usize,
         col_stride: usize,
     ) -> Self {
-        use rayon::prelude::*;
         let mut p = PackedF32::new(k, n);
-        if k > 0 {
-            p.data
-                .as_mut_slice()
-                .par_chunks_mut(k * NR)
-                .enumerate()
-                .for_each(|(i, panel)| fill_panel(panel, i, src, k, n, row_stride, col_stride));
-        }
+        in_parallel(&mut p.data, k * NR, |i, panel| {
+            fill_panel(panel, i, src, k, n, row_stride, col_stride)
+        });
         p
     }
 
@@ -177,32 +187,66 @@ impl F32Panels {
     }
 }
 
+/// Lane rows a low-precision panel holds: its pairs (quads) rounded up to the 16 rows of an
+/// AMX tile, zero past the last, so the tile kernels read whole tiles inside the panel.
+pub fn tile_rows(lanes: usize) -> usize {
+    lanes.div_ceil(16) * 16
+}
+
 /// B [k, n] in bf16, two k per 32-bit lane: lane j of pair row q holds (B[2q, j], B[2q+1, j]).
+/// A panel's pair rows are 128 bytes apart: two AMX B tiles (16 columns of pairs each) side
+/// by side, as `tdpbf16ps` reads them.
 pub struct PackedBf16 {
     pub data: Aligned<u32>,
     /// k rounded up to pairs.
     pub pairs: usize,
+    /// Pair rows per panel: [`tile_rows`] of `pairs`.
+    pub panel_pairs: usize,
     pub k: usize,
     pub n: usize,
 }
 
 impl PackedBf16 {
+    /// Pack a row-major [k, n] matrix.
     pub fn from_rows(b: &[f32], k: usize, n: usize) -> Self {
+        PackedBf16::from_strided(b, k, n, n, 1)
+    }
+
+    /// Pack a matrix given by strides, its panels in parallel (as [`PackedF32::from_strided`]:
+    /// a linear layer's [out, in] weight at row stride 1, column stride `in`).
+    pub fn from_strided(
+        src: &[f32],
+        k: usize,
+        n: usize,
+        row_stride: usize,
+        col_stride: usize,
+    ) -> Self {
         let pairs = k.div_ceil(2);
-        let panels = n.div_ceil(NR);
-        let mut data = Aligned::zeroed(panels * pairs * NR);
-        let d = data.as_mut_slice();
-        let at = |r: usize, c: usize| if r < k && c < n { b[r * n + c] } else { 0.0 };
-        for p in 0..panels {
-            for q in 0..pairs {
-                for j in 0..NR {
-                    let c = p * NR + j;
-                    d[(p * pairs + q) * NR + j] =
-                        bf16_bits(at(2 * q, c)) | bf16_bits(at(2 * q + 1, c)) << 16;
+        let panel_pairs = tile_rows(pairs);
+        let mut data = Aligned::zeroed(n.div_ceil(NR) * panel_pairs * NR);
+        let at = |r: usize, c: usize| {
+            if r < k {
+                src[r * row_stride + c * col_stride]
+            } else {
+                0.0
+            }
+        };
+        in_parallel(&mut data, panel_pairs * NR, |p, panel| {
+            // Column by column: each reads one weight row (contiguous in [out, in]).
+            for j in 0..NR.min(n - p * NR) {
+                let c = p * NR + j;
+                for q in 0..pairs {
+                    panel[q * NR + j] = bf16_bits(at(2 * q, c)) | bf16_bits(at(2 * q + 1, c)) << 16;
                 }
             }
+        });
+        PackedBf16 {
+            data,
+            pairs,
+            panel_pairs,
+            k,
+            n,
         }
-        PackedBf16 { data, pairs, k, n }
     }
 
     pub fn panels(&self) -> usize {
@@ -211,15 +255,18 @@ impl PackedBf16 {
 
     #[inline(always)]
     pub fn panel(&self, p: usize, q0: usize) -> *const u32 {
-        self.data.as_slice()[(p * self.pairs + q0) * NR..].as_ptr()
+        self.data.as_slice()[(p * self.panel_pairs + q0) * NR..].as_ptr()
     }
 }
 
 /// B [k, n] in int8, symmetric per output channel: B[r, c] ~ q[r, c] * scale[c]. Four k per
 /// 32-bit lane; `sums[c]` = sum over r of q[r, c] (to undo the +128 shift of the activations).
+/// Quad rows 128 bytes apart, as AMX's `tdpbusd` reads two B tiles side by side.
 pub struct PackedI8 {
     pub data: Aligned<u32>,
     pub quads: usize,
+    /// Quad rows per panel: [`tile_rows`] of `quads`.
+    pub panel_quads: usize,
     pub k: usize,
     pub n: usize,
     pub scale: Vec<f32>,
@@ -232,6 +279,7 @@ pub struct PackedI8 {
 impl PackedI8 {
     pub fn from_rows(b: &[f32], k: usize, n: usize) -> Self {
         let quads = k.div_ceil(4);
+        let panel_quads = tile_rows(quads);
         let panels = n.div_ceil(NR);
         let padded = panels * NR;
         let mut scale = vec![0f32; padded];
@@ -247,7 +295,7 @@ impl PackedI8 {
                 sums[c] += i32::from(v);
             }
         }
-        let mut data = Aligned::zeroed(panels * quads * NR);
+        let mut data = Aligned::zeroed(panels * panel_quads * NR);
         let d = data.as_mut_slice();
         for p in 0..panels {
             for g in 0..quads {
@@ -260,13 +308,14 @@ impl PackedI8 {
                             lane |= u32::from(q[r * padded + c] as u8) << (8 * t);
                         }
                     }
-                    d[(p * quads + g) * NR + j] = lane;
+                    d[(p * panel_quads + g) * NR + j] = lane;
                 }
             }
         }
         PackedI8 {
             data,
             quads,
+            panel_quads,
             k,
             n,
             scale,
@@ -281,7 +330,7 @@ impl PackedI8 {
 
     #[inline(always)]
     pub fn panel(&self, p: usize) -> *const u32 {
-        self.data.as_slice()[p * self.quads * NR..].as_ptr()
+        self.data.as_slice()[p * self.panel_quads * NR..].as_ptr()
     }
 }
 
@@ -310,6 +359,22 @@ mod tests {
         let strided = PackedF32::from_strided(&w, k, n, 1, k);
         assert_eq!(strided.panels(), 3);
         assert_eq!(from_rows.data.as_slice(), strided.data.as_slice());
+        let from_rows = PackedBf16::from_rows(&b, k, n);
+        let strided = PackedBf16::from_strided(&w, k, n, 1, k);
+        assert_eq!(strided.panel_pairs, 16, "4 pairs padded to a whole tile");
+        assert_eq!(from_rows.data.as_slice(), strided.data.as_slice());
+        // Lane (pair q, column c) of panel p holds B[2q, c] and B[2q + 1, c].
+        let d = strided.data.as_slice();
+        let lane = d[(strided.panel_pairs + 1) * NR + 5];
+        assert_eq!(
+            bf16_value(lane & 0xFFFF),
+            bf16_value(bf16_bits(b[2 * n + 37]))
+        );
+        assert_eq!(bf16_value(lane >> 16), bf16_value(bf16_bits(b[3 * n + 37])));
+        assert!(
+            d[4 * NR..16 * NR].iter().all(|&x| x == 0),
+            "pad rows are zero"
+        );
     }
 
     #[test]
