@@ -342,6 +342,8 @@ pub(super) unsafe fn bf16_gemm_on(
     if ops.m == 0 || b.n == 0 {
         return;
     }
+    // The tile kernels run at least one step of K (an empty K stays on AVX-512).
+    let amx = amx && b.pairs > 0;
     let pad = if amx { super::amx::MR } else { 1 };
     let a = convert(ops, b.k, b.pairs, pad, |row, out| {
         // SAFETY: the caller's contract (the CPU has AVX512-BF16).
@@ -517,6 +519,7 @@ pub(super) unsafe fn i8_gemm_on(
         }
         Some(keep)
     };
+    let amx = amx && b.quads > 0;
     let pad = if amx { super::amx::MR } else { 1 };
     let a = convert(ops, k, b.quads, pad, |row, out| {
         // SAFETY: the caller's contract (the CPU has AVX512-VNNI, hence AVX-512 BW).
