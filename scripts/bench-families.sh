@@ -29,5 +29,5 @@ for family in "${FAMILIES[@]}"; do
     *) passages=${PASSAGES:-200} ;;
   esac
   echo "== $family (real shape, random weights; $passages passages)"
-  MODEL=$model PASSAGES=$passages scripts/bench-peers.sh "$THREADS" "$RUNS" cpu | tail -4
+  MODEL=$model PASSAGES=$passages scripts/bench-peers.sh "$THREADS" "$RUNS" cpu | tail -6
 done

@@ -428,7 +428,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
-        "embedded {} texts ({} tokens) in {secs:.1}s: {:.0} tokens/s; {} bad lines",
+        "embedded {} texts ({} tokens) in {secs:.2}s: {:.0} tokens/s; {} bad lines",
         n.total - n.bad,
         n.tokens,
         n.tokens as f64 / secs.max(1e-9),

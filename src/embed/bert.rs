@@ -796,6 +796,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
+    use crate::embed::cpu::Rows;
 
     /// A tiny BERT with random weights, named as Hugging Face's BERT checkpoints name them.
     pub fn tiny(seed: u64) -> (HashMap<String, Tensor>, BertConfig) {
@@ -859,6 +860,53 @@ mod tests {
                     row += s.len();
                 }
                 assert_eq!(row * 16, fused.len(), "{what}");
+            }
+        }
+        assert!(ran >= 1, "the portable path runs everywhere");
+    }
+
+    /// `Rows::First` gives each sequence's first row of a full forward pass, with token types,
+    /// on every kernel path and precision this CPU supports; and refuses an empty sequence.
+    #[test]
+    fn first_rows_are_the_full_pass_s_first_rows() {
+        let dev = Device::Cpu;
+        let (tensors, config) = tiny(9);
+        let bert =
+            Bert::load(VarBuilder::from_tensors(tensors, DType::F32, &dev), &config).unwrap();
+        let seqs: Vec<&[u32]> = vec![&[1, 7, 9, 4, 2], &[1, 30, 2], &[1], &[1, 3, 3, 8, 3, 2]];
+        let types: Vec<&[u32]> = vec![&[0, 0, 0, 1, 1], &[0, 0, 1], &[0], &[0, 0, 0, 0, 1, 1]];
+        let mut ran = 0;
+        for path in [KernelPath::Avx512, KernelPath::Avx2, KernelPath::Portable] {
+            // int8 quantises per batch (its outlier channels are the batch's), so it is held
+            // to its rounding; f32 and bf16 round each row alike whatever the batch.
+            for (precision, tolerance) in [
+                (Precision::F32, 1e-5),
+                (Precision::Bf16, 1e-5),
+                (Precision::Int8, 0.15),
+            ] {
+                if !path.supported() || precision.check(path).is_err() {
+                    continue;
+                }
+                ran += 1;
+                let what = format!("{} {}", path, precision.name());
+                let cpu = bert.to_cpu(path, precision).unwrap();
+                let all = cpu.forward_typed(&seqs, Some(&types)).unwrap();
+                let first = cpu.forward_rows(&seqs, Some(&types), Rows::First).unwrap();
+                assert_eq!(first.len(), seqs.len() * 16, "{what}");
+                let mut row = 0;
+                for (i, s) in seqs.iter().enumerate() {
+                    let want = &all[row * 16..(row + 1) * 16];
+                    let diff = first[i * 16..(i + 1) * 16]
+                        .iter()
+                        .zip(want)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(diff <= tolerance, "{what}, sequence {i}: off by {diff}");
+                    row += s.len();
+                }
+                let empty: Vec<&[u32]> = vec![&[1, 2], &[]];
+                let err = cpu.forward_rows(&empty, None, Rows::First).unwrap_err();
+                assert!(err.to_string().contains("empty sequence"), "{what}: {err}");
             }
         }
         assert!(ran >= 1, "the portable path runs everywhere");

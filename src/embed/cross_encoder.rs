@@ -17,7 +17,7 @@ use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStr
 
 use super::bert::{Bert, BertConfig, Family};
 use super::cpu::kernels::{KernelPath, Precision};
-use super::cpu::CpuBert;
+use super::cpu::{CpuBert, Rows};
 use super::device::DTypeChoice;
 use super::files::ModelFiles;
 use super::gelu;
@@ -539,16 +539,9 @@ impl CrossEncoder {
             Body::Cpu(cpu) => {
                 let seqs: Vec<&[u32]> = pairs.iter().map(|p| p.ids.as_slice()).collect();
                 let types: Vec<&[u32]> = pairs.iter().map(|p| p.types.as_slice()).collect();
-                let hidden = cpu.forward_typed(&seqs, Some(&types))?;
-                let mut row = 0;
-                pairs
-                    .iter()
-                    .map(|p| {
-                        let first = hidden[row * h..(row + 1) * h].to_vec();
-                        row += p.ids.len();
-                        first
-                    })
-                    .collect()
+                // The heads read each pair's first token: the last layer computes only it.
+                let first = cpu.forward_rows(&seqs, Some(&types), Rows::First)?;
+                first.chunks_exact(h).map(<[f32]>::to_vec).collect()
             }
             Body::Candle(bert) => {
                 let (ids, types, mask, _) = self.padded(pairs);

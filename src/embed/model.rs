@@ -5,7 +5,7 @@ use candle_nn::VarBuilder;
 
 use super::bert::{Bert, BertConfig, SUPPORTED_MODEL_TYPES};
 use super::cpu::kernels::{KernelPath, Precision};
-use super::cpu::CpuBert;
+use super::cpu::{CpuBert, Rows};
 use super::device::DTypeChoice;
 use super::files::{DenseActivation, DenseSpec, ModelFiles, Pooling};
 use super::profile::Parts;
@@ -464,7 +464,7 @@ impl EmbeddingModel {
     /// the fused CPU encoder; None for the candle one.
     pub fn cpu_flops(&self, lengths: &[usize]) -> Option<f64> {
         match &self.encoder {
-            Encoder::Cpu(c) => Some(c.flops(lengths)),
+            Encoder::Cpu(c) => Some(c.flops(lengths, self.cpu_rows())),
             Encoder::Candle(_) | Encoder::Rotary(_) => None,
         }
     }
@@ -694,6 +694,15 @@ impl EmbeddingModel {
 }
 
 impl EmbeddingModel {
+    /// The hidden states pooling reads from the fused CPU encoder: CLS pooling reads each
+    /// sequence's first token alone, so the last layer computes only that row.
+    fn cpu_rows(&self) -> Rows {
+        match self.pooling {
+            Pooling::Cls => Rows::First,
+            _ => Rows::All,
+        }
+    }
+
     fn embed_cpu(
         &self,
         cpu: &CpuBert,
@@ -703,8 +712,12 @@ impl EmbeddingModel {
     ) -> Result<Vec<Vec<f32>>, EmbedError> {
         let full: Vec<Vec<u32>> = seqs.iter().map(|s| [prefix, s, suffix].concat()).collect();
         let refs: Vec<&[u32]> = full.iter().map(Vec::as_slice).collect();
-        let hidden = cpu.forward(&refs)?;
         let h = self.hidden;
+        if self.cpu_rows() == Rows::First {
+            let first = cpu.forward_rows(&refs, None, Rows::First)?;
+            return Ok(first.chunks_exact(h).map(<[f32]>::to_vec).collect());
+        }
+        let hidden = cpu.forward(&refs)?;
         let skip = self.pool_skip(prefix.len());
         let mut row = 0;
         let mut pooled = Vec::with_capacity(seqs.len());

@@ -71,6 +71,18 @@ pub enum Activation {
     Relu,
 }
 
+/// Which hidden states a forward pass gives back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows {
+    /// Every token's, laid end to end: [sum of lengths, hidden].
+    All,
+    /// Each sequence's first token's only (CLS pooling, a classifier's head): [sequences,
+    /// hidden]. The last layer then computes keys and values for every token and the rest
+    /// (attention's query, its output projection, the feed-forward layer, the norms) for
+    /// one row per sequence: three quarters of that layer's work left out.
+    First,
+}
+
 pub struct CpuBert {
     word_embeddings: Vec<f32>,
     position_type: Vec<f32>,
@@ -267,18 +279,28 @@ impl CpuBert {
 
     /// Floating-point operations (multiply and add counted apart) of a forward pass over
     /// sequences of these lengths: the dense layers per token, attention per sequence.
-    pub fn flops(&self, lengths: &[usize]) -> f64 {
+    pub fn flops(&self, lengths: &[usize], rows: Rows) -> f64 {
         let tokens: usize = lengths.iter().sum();
         let squares: f64 = lengths.iter().map(|&l| (l * l) as f64).sum();
         let h = self.hidden as f64;
+        let last = self.layers.len().saturating_sub(1);
         self.layers
             .iter()
-            .map(|l| {
-                let dense: f64 = [&l.qkv, &l.attention_out, &l.intermediate, &l.output]
-                    .iter()
-                    .map(|d| 2.0 * (d.inputs * d.outputs) as f64)
+            .enumerate()
+            .map(|(i, l)| {
+                let per_token = |d: &Linear| 2.0 * (d.inputs * d.outputs) as f64;
+                let rest: f64 = [&l.attention_out, &l.intermediate, &l.output]
+                    .into_iter()
+                    .map(per_token)
                     .sum();
-                dense * tokens as f64 + 4.0 * squares * h
+                let qkv = per_token(&l.qkv) * tokens as f64;
+                if rows == Rows::First && i == last {
+                    // One query row per sequence: its scores and context over the whole
+                    // sequence, the rest for that row.
+                    qkv + rest * lengths.len() as f64 + 4.0 * tokens as f64 * h
+                } else {
+                    qkv + rest * tokens as f64 + 4.0 * squares * h
+                }
             })
             .sum()
     }
@@ -292,6 +314,20 @@ impl CpuBert {
     /// [`CpuBert::forward`] with each token's type (`types[i]` as long as `seqs[i]`: a
     /// pair's second segment is type 1); None: every token is type 0.
     pub fn forward_typed(&self, seqs: &[&[u32]], types: Option<&[&[u32]]>) -> Result<Vec<f32>> {
+        self.forward_rows(seqs, types, Rows::All)
+    }
+
+    /// The hidden states `rows` asks for ([`Rows::All`]: as [`CpuBert::forward_typed`];
+    /// [`Rows::First`]: each sequence's first token's, [sequences, hidden]).
+    pub fn forward_rows(
+        &self,
+        seqs: &[&[u32]],
+        types: Option<&[&[u32]]>,
+        rows: Rows,
+    ) -> Result<Vec<f32>> {
+        if rows == Rows::First && seqs.iter().any(|s| s.is_empty()) {
+            candle_core::bail!("an empty sequence has no first token");
+        }
         let h = self.hidden;
         let kinds = self.token_types.len() / h;
         let total: usize = seqs.iter().map(|s| s.len()).sum();
@@ -344,17 +380,30 @@ impl CpuBert {
         }
         layer_norm(self.path, &mut x, &self.embedding_norm, h);
         let lengths: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
+        let last = self.layers.len().saturating_sub(1);
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
-            for layer in &self.layers {
-                self.layer(layer, &mut x, &mut scratch, &starts, &lengths, total);
+            for (i, layer) in self.layers.iter().enumerate() {
+                if rows == Rows::First && i == last {
+                    self.layer_first(layer, &mut x, &mut scratch, &starts, &lengths, total);
+                } else {
+                    self.layer(layer, &mut x, &mut scratch, &starts, &lengths, total);
+                }
             }
         });
-        // The hidden states, [total, h], rows packed.
-        for r in 1..total {
+        let out = match rows {
+            Rows::First if self.layers.is_empty() => {
+                gather_first(&mut x, &starts, ld);
+                starts.len()
+            }
+            Rows::First => starts.len(),
+            Rows::All => total,
+        };
+        // The hidden states, [out, h], rows packed.
+        for r in 1..out {
             x.copy_within(r * ld..r * ld + h, r * h);
         }
-        x.truncate(total * h);
+        x.truncate(out * h);
         Ok(x)
     }
 
@@ -378,13 +427,50 @@ impl CpuBert {
             self.heads,
             h,
             self.relative.as_ref(),
+            Rows::All,
             &mut s.context,
         );
+        self.rest(l, x, s, total);
+    }
+
+    /// [`CpuBert::layer`] for each sequence's first token: keys and values of every token,
+    /// the rest for that row alone; x becomes [sequences, h] (row stride as before).
+    fn layer_first(
+        &self,
+        l: &Layer,
+        x: &mut Vec<f32>,
+        s: &mut Scratch,
+        starts: &[usize],
+        lengths: &[usize],
+        total: usize,
+    ) {
+        let (h, path) = (self.hidden, self.path);
+        linear(path, &l.qkv, x, total, None, None, &mut s.qkv);
+        attention(
+            path,
+            &s.qkv,
+            starts,
+            lengths,
+            self.heads,
+            h,
+            self.relative.as_ref(),
+            Rows::First,
+            &mut s.context,
+        );
+        // The residual: each sequence's first row of x.
+        gather_first(x, starts, row_stride(h));
+        self.rest(l, x, s, starts.len());
+    }
+
+    /// A layer after attention, on `rows` rows: the output projection with x as the
+    /// residual, its norm, the feed-forward layer and its norm; the result in x.
+    fn rest(&self, l: &Layer, x: &mut Vec<f32>, s: &mut Scratch, rows: usize) {
+        let (h, path) = (self.hidden, self.path);
         linear(
             path,
             &l.attention_out,
             &s.context,
-            total,
+            rows,
             Some(x),
             None,
             &mut s.attended,
@@ -394,14 +480,25 @@ impl CpuBert {
             path,
             &l.intermediate,
             &s.attended,
-            total,
+            rows,
             None,
             Some(self.act),
             &mut s.inner,
         );
-        linear(path, &l.output, &s.inner, total, Some(&s.attended), None, x);
+        linear(path, &l.output, &s.inner, rows, Some(&s.attended), None, x);
         layer_norm(path, x, &l.output_norm, h);
     }
+}
+
+/// Keep only each sequence's first row of x (rows `ld` apart, sequences from `starts`),
+/// packed to the front.
+fn gather_first(x: &mut Vec<f32>, starts: &[usize], ld: usize) {
+    // starts ascend from 0, so starts[i] >= i: row i is written after every row it held
+    // was read.
+    for (i, &start) in starts.iter().enumerate() {
+        x.copy_within(start * ld..(start + 1) * ld, i * ld);
+    }
+    x.truncate(starts.len() * ld);
 }
 
 /// The encoder's intermediate buffers, kept per thread between layers and batches: every
@@ -496,12 +593,19 @@ fn attention(
     heads: usize,
     h: usize,
     relative: Option<&Relative>,
+    rows: Rows,
     out: &mut Vec<f32>,
 ) {
     let hs = h / heads;
     let total: usize = lengths.iter().sum();
     let ldo = row_stride(h);
-    sized(out, total * ldo);
+    sized(
+        out,
+        match rows {
+            Rows::All => total,
+            Rows::First => starts.len(),
+        } * ldo,
+    );
     let stride = row_stride(3 * h);
     let out_ptr = SendPtr(out.as_mut_ptr());
     (0..starts.len() * heads).into_par_iter().for_each_init(
@@ -526,18 +630,24 @@ fn attention(
                 v.view()
             };
             // SAFETY: each task reads rows start..start+len of qkv at its head's columns and
-            // writes only its own head's columns of those rows of `out`; tasks never overlap.
+            // writes only its own head's columns of its rows of `out` (those rows, or with
+            // Rows::First row `seq`); tasks never overlap.
             // Query rows go QUERY_BLOCK at a time: scores are [block, len], never [len, len].
             // Score rows are A of P V: at the row stride that spreads them over L1's sets.
             let ls = row_stride(len);
-            for q0 in (0..len).step_by(QUERY_BLOCK) {
-                let rows = QUERY_BLOCK.min(len - q0);
-                sized(scores, rows * ls);
+            // The query rows, and the row of `out` the first one's context goes to.
+            let (queries, out_row) = match rows {
+                Rows::All => (len, start),
+                Rows::First => (1, seq),
+            };
+            for q0 in (0..queries).step_by(QUERY_BLOCK) {
+                let block = QUERY_BLOCK.min(queries - q0);
+                sized(scores, block * ls);
                 unsafe {
                     let q = Operands {
                         a: qkv[base + q0 * stride..].as_ptr(),
                         lda: stride,
-                        m: rows,
+                        m: block,
                         c: scores.as_mut_ptr(),
                         ldc: ls,
                     };
@@ -551,8 +661,8 @@ fn attention(
                     let p = Operands {
                         a: scores.as_ptr(),
                         lda: ls,
-                        m: rows,
-                        c: out_ptr.get().add((start + q0) * ldo + head * hs),
+                        m: block,
+                        c: out_ptr.get().add((out_row + q0) * ldo + head * hs),
                         ldc: ldo,
                     };
                     gemm::f32_gemm(path, p, v, Epilogue::NONE, false);
