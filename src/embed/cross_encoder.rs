@@ -447,7 +447,7 @@ impl CrossEncoder {
         match &self.body {
             Body::Cpu(c) => c.describe(),
             Body::Candle(b) => format!("candle encoder, {:?}", b.dtype()).to_lowercase(),
-            Body::Rotary(r) => format!("candle modernbert encoder, {:?}", r.dtype()).to_lowercase(),
+            Body::Rotary(r) => r.describe(),
         }
     }
 

@@ -453,9 +453,7 @@ impl EmbeddingModel {
     pub fn encoder_kind(&self) -> String {
         match &self.encoder {
             Encoder::Candle(b) => format!("candle encoder, {:?}", b.dtype()).to_lowercase(),
-            Encoder::Rotary(r) => {
-                format!("candle {} encoder, {:?}", self.model_type, r.dtype()).to_lowercase()
-            }
+            Encoder::Rotary(r) => r.describe(),
             Encoder::Cpu(c) => c.describe(),
         }
     }

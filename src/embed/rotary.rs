@@ -19,6 +19,9 @@
 
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{Embedding, Linear, VarBuilder};
+
+use super::cpu::kernels::KernelPath;
+use super::cpu::{gated, Gate, PackedLinear};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -43,6 +46,15 @@ impl Arch {
             "gemma3_text" => Arch::Gemma3,
             _ => return None,
         })
+    }
+
+    /// config.json's `model_type` of the family.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Arch::ModernBert => "modernbert",
+            Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3_text",
+        }
     }
 }
 
@@ -320,27 +332,27 @@ struct Layer {
     qkv: Qkv,
     /// Qwen3's and Gemma's per-head norms of queries and keys.
     qk_norm: Option<(Norm, Norm)>,
-    out: Linear,
+    out: Dense,
     /// Gemma: a norm of the attention output before the residual, and of the MLP's.
     post_attn_norm: Option<Norm>,
     mlp_norm: Norm,
     post_mlp_norm: Option<Norm>,
     /// ModernBERT: Wi [2 * inter, hidden] (input then gate); others gate and up.
     mlp_in: MlpIn,
-    mlp_out: Linear,
+    mlp_out: Dense,
     window: Option<usize>,
     /// Which of the model's RoPE tables turns this layer's queries and keys.
     rope: usize,
 }
 
 enum Qkv {
-    Fused(Linear),
-    Split(Linear, Linear, Linear),
+    Fused(Dense),
+    Split(Dense, Dense, Dense),
 }
 
 enum MlpIn {
-    Fused(Linear),
-    GateUp(Linear, Linear),
+    Fused(Dense),
+    GateUp(Dense, Dense),
 }
 
 pub struct RotaryModel {
@@ -356,6 +368,8 @@ pub struct RotaryModel {
     ropes: Vec<Vec<f32>>,
     device: Device,
     dtype: DType,
+    /// The kernel path its projections run on (ragline's packed GEMM), where they do.
+    packed: Option<KernelPath>,
 }
 
 /// How a family's norms load: RMS norms (Gemma3 stores `weight - 1`) and layer norms (a
@@ -397,9 +411,44 @@ impl Norms {
 }
 
 /// A linear layer, with its bias when the weights have one.
-fn linear(vb: VarBuilder, i: usize, o: usize) -> Result<Linear> {
+fn linear(vb: VarBuilder, i: usize, o: usize, packed: Option<KernelPath>) -> Result<Dense> {
     let bias = vb.contains_tensor("bias");
-    candle_nn::linear_b(i, o, bias, vb)
+    let layer = candle_nn::linear_b(i, o, bias, vb)?;
+    Ok(match packed {
+        Some(path) => Dense::Packed(Box::new(PackedLinear::new(
+            layer.weight(),
+            layer.bias(),
+            path,
+        )?)),
+        None => Dense::Candle(layer),
+    })
+}
+
+/// The kernel path the projections of a model on `device` in `dtype` run on: on the CPU in
+/// f32 the fused encoder's avx512 or avx2 kernels; None (candle's matmul) elsewhere, and for
+/// the portable kernels, which are no faster than candle's.
+fn packed_path(device: &Device, dtype: DType) -> Result<Option<KernelPath>> {
+    if !device.is_cpu() || dtype != DType::F32 {
+        return Ok(None);
+    }
+    let path = KernelPath::from_env().map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    Ok((path != KernelPath::Portable).then_some(path))
+}
+
+/// A projection: on the CPU in f32 on ragline's packed GEMM (the fused BERT encoder's
+/// kernels), elsewhere candle's linear layer.
+enum Dense {
+    Candle(Linear),
+    Packed(Box<PackedLinear>),
+}
+
+impl Dense {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Dense::Candle(l) => l.forward(x),
+            Dense::Packed(p) => p.forward(x),
+        }
+    }
 }
 
 /// Layer `l` of a ModernBERT: fused QKV and gated MLP, pre-norms (none before the first
@@ -410,6 +459,7 @@ fn modernbert_layer(
     n: Norms,
     l: usize,
     rope: usize,
+    packed: Option<KernelPath>,
 ) -> Result<Layer> {
     let (h, hd) = (c.hidden, c.head_dim);
     Ok(Layer {
@@ -418,14 +468,14 @@ fn modernbert_layer(
         } else {
             Some(n.layer(v.pp("attn_norm"), h)?)
         },
-        qkv: Qkv::Fused(linear(v.pp("attn.Wqkv"), h, 3 * c.heads * hd)?),
+        qkv: Qkv::Fused(linear(v.pp("attn.Wqkv"), h, 3 * c.heads * hd, packed)?),
         qk_norm: None,
-        out: linear(v.pp("attn.Wo"), c.heads * hd, h)?,
+        out: linear(v.pp("attn.Wo"), c.heads * hd, h, packed)?,
         post_attn_norm: None,
         mlp_norm: n.layer(v.pp("mlp_norm"), h)?,
         post_mlp_norm: None,
-        mlp_in: MlpIn::Fused(linear(v.pp("mlp.Wi"), h, 2 * c.intermediate)?),
-        mlp_out: linear(v.pp("mlp.Wo"), c.intermediate, h)?,
+        mlp_in: MlpIn::Fused(linear(v.pp("mlp.Wi"), h, 2 * c.intermediate, packed)?),
+        mlp_out: linear(v.pp("mlp.Wo"), c.intermediate, h, packed)?,
         window: c.windows[l],
         rope,
     })
@@ -439,6 +489,7 @@ fn decoder_layer(
     n: Norms,
     l: usize,
     rope: usize,
+    packed: Option<KernelPath>,
 ) -> Result<Layer> {
     let (h, hd) = (c.hidden, c.head_dim);
     let a = v.pp("self_attn");
@@ -448,12 +499,12 @@ fn decoder_layer(
     Ok(Layer {
         attn_norm: Some(n.rms(v.pp("input_layernorm"), h)?),
         qkv: Qkv::Split(
-            linear(a.pp("q_proj"), h, c.heads * hd)?,
-            linear(a.pp("k_proj"), h, c.kv_heads * hd)?,
-            linear(a.pp("v_proj"), h, c.kv_heads * hd)?,
+            linear(a.pp("q_proj"), h, c.heads * hd, packed)?,
+            linear(a.pp("k_proj"), h, c.kv_heads * hd, packed)?,
+            linear(a.pp("v_proj"), h, c.kv_heads * hd, packed)?,
         ),
         qk_norm: Some((n.rms(a.pp("q_norm"), hd)?, n.rms(a.pp("k_norm"), hd)?)),
-        out: linear(a.pp("o_proj"), c.heads * hd, h)?,
+        out: linear(a.pp("o_proj"), c.heads * hd, h, packed)?,
         post_attn_norm: gemma_only("post_attention_layernorm")?,
         mlp_norm: if n.gemma {
             n.rms(v.pp("pre_feedforward_layernorm"), h)?
@@ -462,10 +513,10 @@ fn decoder_layer(
         },
         post_mlp_norm: gemma_only("post_feedforward_layernorm")?,
         mlp_in: MlpIn::GateUp(
-            linear(m.pp("gate_proj"), h, c.intermediate)?,
-            linear(m.pp("up_proj"), h, c.intermediate)?,
+            linear(m.pp("gate_proj"), h, c.intermediate, packed)?,
+            linear(m.pp("up_proj"), h, c.intermediate, packed)?,
         ),
-        mlp_out: linear(m.pp("down_proj"), c.intermediate, h)?,
+        mlp_out: linear(m.pp("down_proj"), c.intermediate, h, packed)?,
         window: c.windows[l],
         rope,
     })
@@ -502,6 +553,7 @@ impl RotaryModel {
             }
         }
         let rope_index = |t: f64| bases.iter().position(|&b| b == t).unwrap_or(0);
+        let packed = packed_path(vb.device(), vb.dtype())?;
         let ropes: Vec<Vec<f32>> = bases.iter().map(|&t| inv_freq(t)).collect();
         let mut layers = Vec::with_capacity(c.layers);
         let (embeddings, embedding_norm, embedding_scale, final_norm) = match c.arch {
@@ -511,7 +563,14 @@ impl RotaryModel {
                 let embedding_norm = Some(n.layer(vb.pp("embeddings.norm"), h)?);
                 for l in 0..c.layers {
                     let v = vb.pp(format!("layers.{l}"));
-                    layers.push(modernbert_layer(v, c, n, l, rope_index(c.thetas[l]))?);
+                    layers.push(modernbert_layer(
+                        v,
+                        c,
+                        n,
+                        l,
+                        rope_index(c.thetas[l]),
+                        packed,
+                    )?);
                 }
                 let final_norm = n.layer(vb.pp("final_norm"), h)?;
                 (embeddings, embedding_norm, None, final_norm)
@@ -520,7 +579,7 @@ impl RotaryModel {
                 let embeddings = candle_nn::embedding(c.vocab, h, vb.pp("embed_tokens"))?;
                 for l in 0..c.layers {
                     let v = vb.pp(format!("layers.{l}"));
-                    layers.push(decoder_layer(v, c, n, l, rope_index(c.thetas[l]))?);
+                    layers.push(decoder_layer(v, c, n, l, rope_index(c.thetas[l]), packed)?);
                 }
                 let final_norm = n.rms(vb.pp("norm"), h)?;
                 // transformers multiplies by sqrt(hidden) held in the weights' dtype.
@@ -540,8 +599,24 @@ impl RotaryModel {
             ropes,
             device: vb.device().clone(),
             dtype: vb.dtype(),
+            packed,
             config,
         })
+    }
+
+    /// Which encoder runs, in words: "candle modernbert encoder, f32, its projections on the
+    /// avx512 kernels".
+    pub fn describe(&self) -> String {
+        let base = format!(
+            "candle {} encoder, {:?}",
+            self.config.arch.model_type(),
+            self.dtype
+        )
+        .to_lowercase();
+        match self.packed {
+            Some(path) => format!("{base}, its projections on the {path} kernels"),
+            None => base,
+        }
     }
 
     pub fn arch(&self) -> Arch {
@@ -677,6 +752,25 @@ impl RotaryModel {
         }
         let x = (x + attended)?;
         let inner = l.mlp_norm.forward(&x)?;
+        if let Some(path) = self.packed {
+            // On the CPU in f32: act(input) * gate in one pass, the GELU vectorised.
+            let act = match c.activation {
+                Activation::GeluErf => Gate::GeluErf,
+                Activation::GeluTanh => Gate::GeluTanh,
+                Activation::Silu => Gate::Silu,
+            };
+            let product = match &l.mlp_in {
+                MlpIn::Fused(w) => gated(path, &w.forward(&inner)?, None, act)?,
+                MlpIn::GateUp(g, u) => {
+                    gated(path, &g.forward(&inner)?, Some(&u.forward(&inner)?), act)?
+                }
+            };
+            let mut out = l.mlp_out.forward(&product)?;
+            if let Some(n) = &l.post_mlp_norm {
+                out = n.forward(&out)?;
+            }
+            return x + out;
+        }
         let (input, gate) = match &l.mlp_in {
             MlpIn::Fused(w) => {
                 let both = w.forward(&inner)?;

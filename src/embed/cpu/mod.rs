@@ -63,6 +63,145 @@ struct Layer {
     output_norm: Norm,
 }
 
+/// A dense layer outside the fused encoder, on candle tensors: the rotary families'
+/// projections on the CPU in f32 run on the fused encoder's packed GEMM ([`gemm::f32_gemm`]),
+/// about twice candle's CPU matmul on AVX-512 (candle's `gemm` crate runs AVX2 kernels there).
+pub struct PackedLinear {
+    weights: PackedF32,
+    bias: Option<Vec<f32>>,
+    inputs: usize,
+    outputs: usize,
+    path: KernelPath,
+}
+
+impl PackedLinear {
+    /// From a layer's [out, in] weight and its bias (f32 on the CPU), for kernel `path`.
+    pub fn new(weight: &Tensor, bias: Option<&Tensor>, path: KernelPath) -> Result<Self> {
+        let (outputs, inputs) = weight.dims2()?;
+        let weights = match with_slice(weight, |w| {
+            PackedF32::from_strided(w, inputs, outputs, 1, inputs)
+        })? {
+            Some(packed) => packed,
+            None => PackedF32::from_rows(&vec1(&weight.t()?)?, inputs, outputs),
+        };
+        Ok(PackedLinear {
+            weights,
+            bias: bias.map(vec1).transpose()?,
+            inputs,
+            outputs,
+            path,
+        })
+    }
+
+    /// x [.., in] (f32 on the CPU) -> x W^T + b, [.., out].
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (k, n) = (self.inputs, self.outputs);
+        let mut dims = x.dims().to_vec();
+        match dims.last_mut() {
+            Some(last) if *last == k => *last = n,
+            _ => candle_core::bail!("a dense layer of {k} inputs given a tensor {:?}", x.dims()),
+        }
+        let rows = x.elem_count() / k;
+        let x = x.contiguous()?;
+        let out = with_slice(&x, |a| {
+            // A's rows at `row_stride` (an odd number of cache lines apart: see there).
+            let lda = row_stride(k);
+            let padded: Vec<f32>;
+            let a = if lda == k {
+                a
+            } else {
+                let mut p = vec![0f32; rows * lda];
+                for (dst, src) in p.chunks_exact_mut(lda).zip(a.chunks_exact(k)) {
+                    dst[..k].copy_from_slice(src);
+                }
+                padded = p;
+                &padded
+            };
+            // C's rows at `row_stride` too (its tiles' rows in as many of L1's sets), then
+            // packed to the tensor's n values a row.
+            let ldc = row_stride(n);
+            let mut out = vec![0f32; rows * ldc];
+            let ops = Operands {
+                a: a.as_ptr(),
+                lda,
+                m: rows,
+                c: out.as_mut_ptr(),
+                ldc,
+            };
+            let epi = Epilogue {
+                bias: self.bias.as_ref().map_or(std::ptr::null(), |b| b.as_ptr()),
+                ..Epilogue::NONE
+            };
+            // SAFETY: a holds rows x k at stride lda, out rows x n, the bias n values; the
+            // path was checked against this CPU when it was chosen.
+            unsafe { gemm::f32_gemm(self.path, ops, self.weights.view(), epi, true) };
+            for r in 1..rows {
+                out.copy_within(r * ldc..r * ldc + n, r * n);
+            }
+            out.truncate(rows * n);
+            out
+        })?;
+        match out {
+            Some(out) => Tensor::from_vec(out, dims, x.device()),
+            None => candle_core::bail!("the packed dense layer runs on f32 CPU tensors"),
+        }
+    }
+}
+
+/// The activation of a gated feed-forward layer: `act(input) * gate`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    GeluErf,
+    GeluTanh,
+    Silu,
+}
+
+/// A gated feed-forward layer's product `act(a) * b` on the CPU in f32, in one pass: `a`
+/// and `b` [.., i] tensors, or with `b` None the two halves of `a` [.., 2i] (ModernBERT's
+/// fused projection: input, then gate). The exact GELU runs on the `path`'s vector kernel.
+pub fn gated(path: KernelPath, a: &Tensor, b: Option<&Tensor>, act: Gate) -> Result<Tensor> {
+    let a = a.contiguous()?;
+    let b = b.map(Tensor::contiguous).transpose()?;
+    let width = a.dim(candle_core::D::Minus1)?;
+    let i = if b.is_some() { width } else { width / 2 };
+    if i == 0 || (b.is_none() && width % 2 != 0) {
+        candle_core::bail!("a gated layer given a tensor {:?}", a.dims());
+    }
+    let rows = a.elem_count() / width;
+    let mut dims = a.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = i;
+    }
+    let product = |x: &[f32], gate: &[f32], ld_gate: usize, off: usize| -> Vec<f32> {
+        let mut out = vec![0f32; rows * i];
+        out.par_chunks_mut(i * 64)
+            .enumerate()
+            .for_each(|(chunk, dst)| {
+                for (r, row) in dst.chunks_exact_mut(i).enumerate() {
+                    let r = chunk * 64 + r;
+                    row.copy_from_slice(&x[r * width..r * width + i]);
+                    match act {
+                        Gate::GeluErf => activate(path, row, Activation::GeluErf),
+                        Gate::GeluTanh => activate(path, row, Activation::GeluTanh),
+                        Gate::Silu => row.iter_mut().for_each(|v| *v /= 1.0 + (-*v).exp()),
+                    }
+                    let g = &gate[r * ld_gate + off..r * ld_gate + off + i];
+                    row.iter_mut().zip(g).for_each(|(v, g)| *v *= g);
+                }
+            });
+        out
+    };
+    let out = with_slice(&a, |x| match &b {
+        None => Some(product(x, x, width, i)),
+        Some(b) => with_slice(b, |g| product(x, g, i, 0)).ok().flatten(),
+    })?
+    .flatten();
+    match out {
+        Some(out) => Tensor::from_vec(out, dims, a.device()),
+        None => candle_core::bail!("the gated product runs on f32 CPU tensors"),
+    }
+}
+
 /// Which activation the feed-forward layer uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -795,6 +934,57 @@ fn activate(path: KernelPath, x: &mut [f32], act: Activation) {
 
 #[cfg(test)]
 mod tests {
+    use candle_core::{Device, Module};
+
+    use super::*;
+
+    /// A packed dense layer gives candle's linear layer's output for a 3-D input, with and
+    /// without a bias, on every kernel path this CPU supports; a tensor of the wrong width is
+    /// refused.
+    #[test]
+    fn packed_linear_matches_candle_s() {
+        let dev = Device::Cpu;
+        let mut ran = 0;
+        for (k, n) in [(768, 70), (37, 33), (16, 1)] {
+            let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
+            let b = Tensor::randn(0f32, 1.0, n, &dev).unwrap();
+            let x = Tensor::randn(0f32, 1.0, (3, 5, k), &dev).unwrap();
+            for bias in [None, Some(&b)] {
+                let reference = candle_nn::Linear::new(w.clone(), bias.cloned())
+                    .forward(&x)
+                    .unwrap();
+                for path in [KernelPath::Avx512, KernelPath::Avx2, KernelPath::Portable] {
+                    if !path.supported() {
+                        continue;
+                    }
+                    ran += 1;
+                    let layer = PackedLinear::new(&w, bias, path).unwrap();
+                    let ours = layer.forward(&x).unwrap();
+                    assert_eq!(ours.dims(), reference.dims(), "{path} {k}x{n}");
+                    let diff = (ours - &reference)
+                        .unwrap()
+                        .abs()
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .max(0)
+                        .unwrap()
+                        .to_scalar::<f32>()
+                        .unwrap();
+                    let tolerance = 1e-4 * (k as f32).sqrt();
+                    assert!(
+                        diff <= tolerance,
+                        "{path} {k}x{n} bias {}: off by {diff}",
+                        bias.is_some()
+                    );
+                    let narrow = x.narrow(2, 0, k - 1).unwrap();
+                    assert!(layer.forward(&narrow).is_err(), "{path}: a narrower input");
+                }
+            }
+        }
+        assert!(ran >= 6, "the portable path runs everywhere");
+    }
+
     #[test]
     fn exp_is_accurate() {
         let mut worst = 0f64;
