@@ -654,7 +654,29 @@ impl RotaryModel {
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= c.vocab) {
             candle_core::bail!("token id {id} is outside the vocabulary of {}", c.vocab);
         }
+        // On the CPU (the projections on the packed GEMM) every per-token step runs on the
+        // real tokens alone, [tokens, hidden]; attention alone sees the padded batch.
+        let layout = Layout {
+            b,
+            len,
+            real: match self.packed {
+                Some(_) if lengths.iter().any(|&n| n < len) => {
+                    let real: Vec<u32> = lengths
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(r, &n)| (0..n.min(len)).map(move |p| (r * len + p) as u32))
+                        .collect();
+                    let n = real.len();
+                    Some(Tensor::from_vec(real, n, &self.device)?)
+                }
+                _ => None,
+            },
+        };
         let ids = Tensor::from_vec(ids, (b, len), &self.device)?;
+        let ids = match &layout.real {
+            Some(real) => ids.flatten_all()?.index_select(real, 0)?,
+            None => ids,
+        };
         let mut x = self.embeddings.forward(&ids)?;
         if let Some(scale) = self.embedding_scale {
             x = (x * scale)?;
@@ -670,9 +692,10 @@ impl RotaryModel {
             .collect::<Result<Vec<_>>>()?;
         for layer in &self.layers {
             let (cos, sin) = &tables[layer.rope];
-            x = self.layer(layer, &x, cos, sin, &mut masks)?;
+            x = self.layer(layer, &x, &layout, cos, sin, &mut masks)?;
         }
-        self.final_norm.forward(&x)
+        let x = self.final_norm.forward(&x)?;
+        layout.padded(&x)?.reshape((b, len, c.hidden))
     }
 
     /// cos and sin [len, head_dim / 2] of positions 0..len, computed in f32 as transformers
@@ -697,12 +720,13 @@ impl RotaryModel {
         &self,
         l: &Layer,
         x: &Tensor,
+        layout: &Layout,
         cos: &Tensor,
         sin: &Tensor,
         masks: &mut Masks,
     ) -> Result<Tensor> {
         let c = &self.config;
-        let (b, len, _) = x.dims3()?;
+        let (b, len) = (layout.b, layout.len);
         let (nh, nkv, hd) = (c.heads, c.kv_heads, c.head_dim);
         let normed = match &l.attn_norm {
             Some(n) => n.forward(x)?,
@@ -710,7 +734,9 @@ impl RotaryModel {
         };
         let (q, k, v) = match &l.qkv {
             Qkv::Fused(w) => {
-                let qkv = w.forward(&normed)?.reshape((b, len, 3, nh, hd))?;
+                let qkv = layout
+                    .padded(&w.forward(&normed)?)?
+                    .reshape((b, len, 3, nh, hd))?;
                 (
                     qkv.narrow(2, 0, 1)?.squeeze(2)?,
                     qkv.narrow(2, 1, 1)?.squeeze(2)?,
@@ -718,9 +744,15 @@ impl RotaryModel {
                 )
             }
             Qkv::Split(wq, wk, wv) => (
-                wq.forward(&normed)?.reshape((b, len, nh, hd))?,
-                wk.forward(&normed)?.reshape((b, len, nkv, hd))?,
-                wv.forward(&normed)?.reshape((b, len, nkv, hd))?,
+                layout
+                    .padded(&wq.forward(&normed)?)?
+                    .reshape((b, len, nh, hd))?,
+                layout
+                    .padded(&wk.forward(&normed)?)?
+                    .reshape((b, len, nkv, hd))?,
+                layout
+                    .padded(&wv.forward(&normed)?)?
+                    .reshape((b, len, nkv, hd))?,
             ),
         };
         let (q, k) = match &l.qk_norm {
@@ -745,7 +777,13 @@ impl RotaryModel {
             (repeat(k)?, repeat(v)?)
         };
         let context = attend(&q, &k, &v, l.window, masks)?;
-        let context = context.transpose(1, 2)?.reshape((b, len, nh * hd))?;
+        let context = match &layout.real {
+            Some(real) => context
+                .transpose(1, 2)?
+                .reshape((b * len, nh * hd))?
+                .index_select(real, 0)?,
+            None => context.transpose(1, 2)?.reshape((b, len, nh * hd))?,
+        };
         let mut attended = l.out.forward(&context)?;
         if let Some(n) = &l.post_attn_norm {
             attended = n.forward(&attended)?;
@@ -791,6 +829,32 @@ impl RotaryModel {
             out = n.forward(&out)?;
         }
         x + out
+    }
+}
+
+/// A batch's shape, and where it keeps only its real tokens: the flat index (row x len +
+/// position) of each, in order; the per-token steps then run on [tokens, ..] rows.
+struct Layout {
+    b: usize,
+    len: usize,
+    real: Option<Tensor>,
+}
+
+impl Layout {
+    /// Per-token rows [tokens, w] (or already padded) as the padded batch's [b * len, w],
+    /// the padding rows zeros (attention gives them no weight; pooling masks them).
+    fn padded(&self, t: &Tensor) -> Result<Tensor> {
+        match &self.real {
+            Some(real) => {
+                let w = t.dim(D::Minus1)?;
+                Tensor::zeros((self.b * self.len, w), t.dtype(), t.device())?.index_add(
+                    real,
+                    &t.contiguous()?,
+                    0,
+                )
+            }
+            None => Ok(t.clone()),
+        }
     }
 }
 

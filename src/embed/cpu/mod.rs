@@ -110,35 +110,34 @@ impl PackedLinear {
             let a = if lda == k {
                 a
             } else {
-                let mut p = vec![0f32; rows * lda];
-                for (dst, src) in p.chunks_exact_mut(lda).zip(a.chunks_exact(k)) {
-                    dst[..k].copy_from_slice(src);
+                let mut p = Vec::with_capacity(rows * lda);
+                for row in a.chunks_exact(k) {
+                    p.extend_from_slice(row);
+                    p.extend(std::iter::repeat_n(0.0, lda - k));
                 }
                 padded = p;
                 &padded
             };
-            // C's rows at `row_stride` too (its tiles' rows in as many of L1's sets), then
-            // packed to the tensor's n values a row.
-            let ldc = row_stride(n);
-            let mut out = vec![0f32; rows * ldc];
+            let mut out: Vec<f32> = Vec::with_capacity(rows * n);
             let ops = Operands {
                 a: a.as_ptr(),
                 lda,
                 m: rows,
                 c: out.as_mut_ptr(),
-                ldc,
+                ldc: n,
             };
             let epi = Epilogue {
                 bias: self.bias.as_ref().map_or(std::ptr::null(), |b| b.as_ptr()),
                 ..Epilogue::NONE
             };
-            // SAFETY: a holds rows x k at stride lda, out rows x n, the bias n values; the
-            // path was checked against this CPU when it was chosen.
-            unsafe { gemm::f32_gemm(self.path, ops, self.weights.view(), epi, true) };
-            for r in 1..rows {
-                out.copy_within(r * ldc..r * ldc + n, r * n);
+            // SAFETY: a holds rows x k at stride lda, out has room for rows x n, the bias n
+            // values; the path was checked against this CPU when it was chosen. The GEMM
+            // writes every value of C (its first K block stores the tile whole), so all
+            // rows x n values are initialised when the length is set.
+            unsafe {
+                gemm::f32_gemm(self.path, ops, self.weights.view(), epi, true);
+                out.set_len(rows * n);
             }
-            out.truncate(rows * n);
             out
         })?;
         match out {
