@@ -181,8 +181,8 @@ pub fn gated(path: KernelPath, a: &Tensor, b: Option<&Tensor>, act: Gate) -> Res
                     row.copy_from_slice(&x[r * width..r * width + i]);
                     match act {
                         Gate::GeluErf => activate(path, row, Activation::GeluErf),
-                        Gate::GeluTanh => activate(path, row, Activation::GeluTanh),
-                        Gate::Silu => row.iter_mut().for_each(|v| *v /= 1.0 + (-*v).exp()),
+                        Gate::GeluTanh => gelu_tanh_in_place(row),
+                        Gate::Silu => silu_in_place(row),
                     }
                     let g = &gate[r * ld_gate + off..r * ld_gate + off + i];
                     row.iter_mut().zip(g).for_each(|(v, g)| *v *= g);
@@ -843,6 +843,36 @@ fn exp_nonpositive(x: f32) -> f32 {
     f32::from_bits(((n as i32 + 127) as u32) << 23) * p
 }
 
+/// The logistic function 1 / (1 + e^-z), from [`exp_nonpositive`] of -|z| (no overflow on
+/// either side). Branch-free, so the loops around it vectorise.
+#[inline(always)]
+fn sigmoid(z: f32) -> f32 {
+    let e = exp_nonpositive(-z.abs());
+    let r = 1.0 / (1.0 + e);
+    if z >= 0.0 {
+        r
+    } else {
+        e * r
+    }
+}
+
+/// GELU's tanh form, 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), as the
+/// equal x sigmoid(2u): vectorised, where the scalar tanh per value cost a fifth of a Gemma
+/// forward pass.
+fn gelu_tanh_in_place(x: &mut [f32]) {
+    for v in x {
+        let u = 0.797_884_6 * (*v + 0.044_715 * *v * *v * *v);
+        *v *= sigmoid(2.0 * u);
+    }
+}
+
+/// SiLU, x sigmoid(x), in place.
+fn silu_in_place(x: &mut [f32]) {
+    for v in x {
+        *v *= sigmoid(*v);
+    }
+}
+
 #[inline(always)]
 fn softmax_generic(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -917,12 +947,7 @@ fn activate(path: KernelPath, x: &mut [f32], act: Activation) {
             KernelPath::Portable => c.iter_mut().for_each(|v| *v = gelu::gelu(*v)),
             _ => gelu::gelu_in_place(c),
         }),
-        Activation::GeluTanh => x.par_chunks_mut(16384).for_each(|c| {
-            for v in c {
-                let u = 0.797_884_6 * (*v + 0.044_715 * *v * *v * *v);
-                *v = 0.5 * *v * (1.0 + u.tanh());
-            }
-        }),
+        Activation::GeluTanh => x.par_chunks_mut(16384).for_each(gelu_tanh_in_place),
         Activation::Relu => x.par_chunks_mut(16384).for_each(|c| {
             for v in c {
                 *v = v.max(0.0);
@@ -982,6 +1007,26 @@ mod tests {
             }
         }
         assert!(ran >= 6, "the portable path runs everywhere");
+    }
+
+    /// The vectorised tanh-GELU and SiLU agree with their scalar definitions (tanh, exp)
+    /// across the range activations take, tails included.
+    #[test]
+    fn gelu_tanh_and_silu_match_their_definitions() {
+        let xs: Vec<f32> = (-20_000..=20_000).map(|i| i as f32 / 1000.0).collect();
+        let (mut g, mut s) = (xs.clone(), xs.clone());
+        super::gelu_tanh_in_place(&mut g);
+        super::silu_in_place(&mut s);
+        for ((&x, &g), &s) in xs.iter().zip(&g).zip(&s) {
+            let x64 = f64::from(x);
+            let u = 0.797_884_560_802_865_4 * (x64 + 0.044_715 * x64 * x64 * x64);
+            let want_g = 0.5 * x64 * (1.0 + u.tanh());
+            let want_s = x64 / (1.0 + (-x64).exp());
+            let close =
+                |got: f32, want: f64| (f64::from(got) - want).abs() <= 1e-6 * (1.0 + want.abs());
+            assert!(close(g, want_g), "gelu_tanh({x}) = {g}, want {want_g}");
+            assert!(close(s, want_s), "silu({x}) = {s}, want {want_s}");
+        }
     }
 
     #[test]
