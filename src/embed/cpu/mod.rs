@@ -522,11 +522,8 @@ impl CpuBert {
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             for (i, layer) in self.layers.iter().enumerate() {
-                if rows == Rows::First && i == last {
-                    self.layer_first(layer, &mut x, &mut scratch, &starts, &lengths, total);
-                } else {
-                    self.layer(layer, &mut x, &mut scratch, &starts, &lengths, total);
-                }
+                let rows = if i == last { rows } else { Rows::All };
+                self.layer(layer, &mut x, &mut scratch, &starts, &lengths, total, rows);
             }
         });
         let out = match rows {
@@ -545,7 +542,10 @@ impl CpuBert {
         Ok(x)
     }
 
-    /// One encoder layer, x in place; the intermediate results in `s`.
+    /// One encoder layer, x in place; the intermediate results in `s`. With
+    /// [`Rows::First`], keys and values of every token and the rest for each sequence's
+    /// first row alone: x becomes [sequences, h] (row stride as before).
+    #[allow(clippy::too_many_arguments)]
     fn layer(
         &self,
         l: &Layer,
@@ -554,6 +554,7 @@ impl CpuBert {
         starts: &[usize],
         lengths: &[usize],
         total: usize,
+        rows: Rows,
     ) {
         let (h, path) = (self.hidden, self.path);
         linear(path, &l.qkv, x, total, None, None, &mut s.qkv);
@@ -565,39 +566,18 @@ impl CpuBert {
             self.heads,
             h,
             self.relative.as_ref(),
-            Rows::All,
+            rows,
             &mut s.context,
         );
-        self.rest(l, x, s, total);
-    }
-
-    /// [`CpuBert::layer`] for each sequence's first token: keys and values of every token,
-    /// the rest for that row alone; x becomes [sequences, h] (row stride as before).
-    fn layer_first(
-        &self,
-        l: &Layer,
-        x: &mut Vec<f32>,
-        s: &mut Scratch,
-        starts: &[usize],
-        lengths: &[usize],
-        total: usize,
-    ) {
-        let (h, path) = (self.hidden, self.path);
-        linear(path, &l.qkv, x, total, None, None, &mut s.qkv);
-        attention(
-            path,
-            &s.qkv,
-            starts,
-            lengths,
-            self.heads,
-            h,
-            self.relative.as_ref(),
-            Rows::First,
-            &mut s.context,
-        );
-        // The residual: each sequence's first row of x.
-        gather_first(x, starts, row_stride(h));
-        self.rest(l, x, s, starts.len());
+        let rows = match rows {
+            Rows::All => total,
+            Rows::First => {
+                // The residual: each sequence's first row of x.
+                gather_first(x, starts, row_stride(h));
+                starts.len()
+            }
+        };
+        self.rest(l, x, s, rows);
     }
 
     /// A layer after attention, on `rows` rows: the output projection with x as the
