@@ -38,8 +38,12 @@ target_dir=${CARGO_TARGET_DIR:-$ROOT/target}
 if [ "$deep" = 1 ]; then
   target_dir=$target_dir-fuzz
   echo "== building ragline-fuzz, everything instrumented (a full build)" >&2
+  # An explicit --target keeps RUSTFLAGS off the build scripts and proc macros (host code,
+  # which would need the sanitizer's runtime to link), as cargo-fuzz does.
+  triple=$(rustc -vV | sed -n 's/^host: //p')
   RUSTFLAGS="$RAGLINE_SANCOV" CARGO_TARGET_DIR=$target_dir \
-    cargo build -q --features fuzzing --bin ragline-fuzz
+    cargo build -q --target "$triple" --features fuzzing --bin ragline-fuzz
+  bin=$target_dir/$triple/debug/ragline-fuzz
 else
   echo "== building ragline-fuzz, ragline's code instrumented" >&2
   # RAGLINE_FUZZ_OPT_LEVEL: ragline's own opt-level (CI's short runs take 1: a faster build).
@@ -47,8 +51,8 @@ else
   [ -z "${RAGLINE_FUZZ_OPT_LEVEL:-}" ] || opt=(--config "profile.dev.package.ragline.opt-level=$RAGLINE_FUZZ_OPT_LEVEL")
   RUSTC_WRAPPER="$ROOT/scripts/fuzz-rustc.sh" CARGO_TARGET_DIR=$target_dir \
     cargo build -q "${opt[@]}" --features fuzzing --bin ragline-fuzz
+  bin=$target_dir/debug/ragline-fuzz
 fi
-bin=$target_dir/debug/ragline-fuzz
 
 mkdir -p "$DIR"
 summary=$DIR/summary.tsv

@@ -161,7 +161,7 @@ pub struct Document {
 }
 
 /// What kind of block of text.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum BlockKind {
     /// A heading of `level` (1 = top) with its plain text.
     Heading {
@@ -189,7 +189,7 @@ impl fmt::Display for BlockKind {
 }
 
 /// A block of the extracted text: `text[start..end]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Block {
     pub kind: BlockKind,
     pub start: usize,

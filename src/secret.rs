@@ -63,6 +63,11 @@ const TOKEN_SCHEMES: &[&str] = &["nats", "tls", "ws", "wss"];
 /// `***`, and the values of `?password=`, `?token=`, `?key=`... become `***`. Text that is not
 /// a URL comes back as it was.
 pub fn redact_url(url: &str) -> String {
+    // A fragment is kept as it is, after the redacted query.
+    let (url, fragment) = match url.split_once('#') {
+        Some((u, f)) => (u, Some(f)),
+        None => (url, None),
+    };
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (url, None),
@@ -72,18 +77,35 @@ pub fn redact_url(url: &str) -> String {
         let pairs: Vec<String> = q
             .split('&')
             .map(|pair| match pair.split_once('=') {
-                Some((k, v))
-                    if !v.is_empty() && SECRET_PARAMS.iter().any(|s| s.eq_ignore_ascii_case(k)) =>
-                {
-                    format!("{k}=***")
-                }
+                Some((k, v)) if !v.is_empty() && is_secret_param(k) => format!("{k}=***"),
                 _ => pair.to_string(),
             })
             .collect();
         let last = out.pop().unwrap_or_default();
         out.push(format!("{last}?{}", pairs.join("&")));
     }
-    out.join(",")
+    let mut out = out.join(",");
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    out
+}
+
+/// Whether a query parameter named `key` carries a secret: one of [`SECRET_PARAMS`], any
+/// `X-Amz-*` or `X-Goog-*` signing parameter, or a name ending in `token`, `secret`,
+/// `password` or `signature` (compared without case, `%`-encoding undone).
+fn is_secret_param(key: &str) -> bool {
+    let key: String = url::form_urlencoded::parse(format!("{key}=").as_bytes())
+        .next()
+        .map(|(k, _)| k.to_ascii_lowercase())
+        .unwrap_or_default();
+    SECRET_PARAMS.iter().any(|s| s.eq_ignore_ascii_case(&key))
+        || key.starts_with("x-amz-")
+        || key.starts_with("x-goog-")
+        || ["token", "secret", "password", "signature", "_key", "-key"]
+            .iter()
+            .any(|end| key.ends_with(end))
 }
 
 fn redact_authority(part: &str) -> String {
@@ -135,6 +157,18 @@ mod tests {
             ("sqlite://rag.db", "sqlite://rag.db"),
             ("not a url", "not a url"),
             ("https://h/p@q", "https://h/p@q"),
+            (
+                "https://b.example/feed.xml?token=t0k&page=2#top",
+                "https://b.example/feed.xml?token=***&page=2#top",
+            ),
+            (
+                "https://s3.example/o?X-Amz-Credential=AK&X-Amz-Date=20261207&x-amz-signature=f0",
+                "https://s3.example/o?X-Amz-Credential=***&X-Amz-Date=***&x-amz-signature=***",
+            ),
+            (
+                "https://h/x?Access_Token=a&refresh%5Ftoken=r&sig=s&private_key=k&sort=asc",
+                "https://h/x?Access_Token=***&refresh%5Ftoken=***&sig=***&private_key=***&sort=asc",
+            ),
         ] {
             assert_eq!(redact_url(url), shown, "{url}");
         }

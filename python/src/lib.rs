@@ -509,6 +509,12 @@ impl Index {
         let query: String = query.extract().map_err(|_| {
             PyTypeError::new_err(format!("query must be a str, not {}", type_name(query)))
         })?;
+        let max = ragline::search::MAX_K;
+        if !(1..=max).contains(&k) {
+            return Err(PyValueError::new_err(format!(
+                "k={k}: give a number of results from 1 to {max}"
+            )));
+        }
         let mode: Mode = mode
             .parse()
             .map_err(|e| PyValueError::new_err(format!("mode={mode:?}: {e}")))?;

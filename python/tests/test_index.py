@@ -137,6 +137,13 @@ def test_where_filters_and_bad_queries(index):
         ix.search(None)
     with pytest.raises(ragline.RaglineError):
         ragline.Index("sqlite:///no/such/dir/x.db").search("x")
+    # A huge k is refused before it reaches the index (it once aborted the interpreter).
+    for k in (2**62, 10_001, 0):
+        with pytest.raises(ValueError, match="1 to 10000"):
+            ix.search("state", k=k, mode="vector")
+    with pytest.raises((ValueError, OverflowError)):
+        ix.search("state", k=-1)
+    assert len(ix.search("state", k=10_000, mode="keyword")) >= 1
 
 
 def test_status_is_the_clis(index):

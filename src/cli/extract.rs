@@ -40,6 +40,11 @@ pub struct ExtractArgs {
     /// Files larger than this many bytes fail instead of being read.
     #[arg(long, default_value_t = 100 << 20)]
     max_file_bytes: u64,
+
+    /// Extract in a child process, so a crash inside a parser (a stack overflow, an abort)
+    /// fails that file alone.
+    #[arg(long)]
+    isolate_extraction: bool,
 }
 
 /// One file's extraction, as `--json` prints it.
@@ -76,6 +81,11 @@ pub fn run(args: ExtractArgs) -> anyhow::Result<ExitCode> {
     let mut stage = Extract::new(ExtractConfig {
         max_file_time: Duration::from_secs(args.max_file_seconds),
         max_memory: args.max_extract_mb.max(16) << 20,
+        isolate: if args.isolate_extraction {
+            Some(ragline::jobs::ingest::extraction_program()?)
+        } else {
+            None
+        },
     });
     let mut out = std::io::stdout().lock();
     let mut failed = false;

@@ -144,6 +144,19 @@ pub struct IngestArgs {
     #[arg(long, value_name = "SECS")]
     pub(super) fetch_timeout: Option<f64>,
 
+    /// Web sources: also connect to private, loopback and link-local addresses (an intranet
+    /// site by its name). Without it they are read only when the source's own URL names one
+    /// (http://127.0.0.1:8080/, http://10.0.0.7/wiki/); a public name that resolves to one (DNS
+    /// rebinding, a cloud's metadata service) is refused.
+    #[arg(long)]
+    pub(super) allow_private_addresses: bool,
+
+    /// Extract each file in a child process, so a crash inside a third-party parser that no
+    /// thread can contain (a stack overflow, an abort) fails that file alone instead of the
+    /// run. Costs a copy of each file's bytes and text through a pipe (BENCHMARKS.md).
+    #[arg(long)]
+    pub(super) isolate_extraction: bool,
+
     /// Object stores (s3://, gs://, az://) and feeds with --follow-links: how many objects or
     /// pages are downloaded at once. [default: 16]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -239,6 +252,12 @@ impl IngestArgs {
         }
         if let Some(t) = self.fetch_timeout {
             src.fetch_timeout = t;
+        }
+        if self.allow_private_addresses {
+            src.allow_private_addresses = true;
+        }
+        if self.isolate_extraction {
+            src.isolate_extraction = true;
         }
         if let Some(n) = self.max_extract_mb {
             src.max_extract_mb = n;

@@ -106,6 +106,10 @@ enum Command {
     #[cfg(feature = "test-hooks")]
     #[command(hide = true)]
     RandomModel(random_model::RandomModelArgs),
+    /// The child process of `--isolate-extraction`: extracts the files its parent sends on
+    /// standard input (not for direct use).
+    #[command(hide = true, name = "extract-worker")]
+    ExtractWorker,
 }
 
 /// The `ragline` command with these arguments (the first is the program's name), as the
@@ -170,6 +174,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         #[cfg(feature = "test-hooks")]
         Command::RandomModel(args) => random_model::run(args),
+        Command::ExtractWorker => {
+            ragline::stages::extract::isolate::serve(
+                std::io::stdin().lock(),
+                std::io::stdout().lock(),
+            )?;
+            Ok(ExitCode::from(EXIT_OK))
+        }
     }
 }
 

@@ -22,8 +22,8 @@ pub struct SearchArgs {
     #[arg(long, env = "RAGLINE_INDEX")]
     index: Option<String>,
 
-    /// How many results.
-    #[arg(short, long, default_value_t = 10)]
+    /// How many results (1 to 10000).
+    #[arg(short, long, default_value_t = 10, value_parser = k_in_range)]
     k: usize,
 
     /// vector (dense vectors: meaning), keyword (BM25 over words), sparse (SPLADE vectors:
@@ -66,8 +66,8 @@ pub struct SearchArgs {
     #[arg(long, value_name = "MODEL")]
     rerank: Option<String>,
 
-    /// First-stage candidates the reranker scores (at least k).
-    #[arg(long, default_value_t = ragline::search::rerank::DEFAULT_CANDIDATES, requires = "rerank")]
+    /// First-stage candidates the reranker scores (at least k, at most 10000).
+    #[arg(long, default_value_t = ragline::search::rerank::DEFAULT_CANDIDATES, requires = "rerank", value_parser = k_in_range)]
     rerank_candidates: usize,
 
     #[command(flatten)]
@@ -199,6 +199,15 @@ fn promote_matches(searcher: &Searcher, uri: &IndexUri, query: &str) -> anyhow::
         Err(e) => eprintln!("note: cannot promote matching documents ({e})"),
     }
     Ok(())
+}
+
+/// A count of results: 1 to [`ragline::search::MAX_K`].
+fn k_in_range(s: &str) -> Result<usize, String> {
+    let max = ragline::search::MAX_K;
+    s.parse::<usize>()
+        .ok()
+        .filter(|k| (1..=max).contains(k))
+        .ok_or_else(|| format!("`{s}` is not a number of results from 1 to {max}"))
 }
 
 /// Keyword hits looked at for promotion.

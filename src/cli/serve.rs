@@ -96,8 +96,17 @@ pub struct ServeArgs {
     /// With --index: the status page gets buttons that change the index's lifecycle (requeue
     /// dead documents, pause and resume stages, promote documents), each a POST carrying a
     /// CSRF token. Off by default: the pages are read-only.
+    /// Refused on an address other than loopback without --api-key-env (anyone who reaches
+    /// the port could change the index).
     #[arg(long, requires = "index")]
     admin: bool,
+
+    /// A Host name the server answers to, besides loopback names and the address it listens
+    /// on (repeatable): the name clients and browsers use when it sits behind a proxy or a
+    /// DNS name. A request naming any other Host gets 421 (a page reaching the server through
+    /// DNS rebinding names its own).
+    #[arg(long, value_name = "NAME")]
+    allowed_host: Vec<String>,
 
     /// Also rerank with this cross-encoder (a folder, a name under models/, a hub id):
     /// POST /rerank (TEI's shape) and POST /v1/rerank (Cohere's and Jina's), batched across
@@ -164,6 +173,20 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             _ => bail!("--api-key-env {var}: the variable is not set (or empty); export it"),
         },
     };
+    if api_key.is_none() && args.admin && !args.host.is_loopback() {
+        bail!(
+            "--admin on {} without an API key would let anyone who reaches the port change the \
+             index: give --api-key-env VAR, or listen on 127.0.0.1",
+            args.host
+        );
+    }
+    if let Some(bad) = args.allowed_host.iter().find(|h| {
+        h.is_empty()
+            || h.contains(['/', '@', ' '])
+            || (h.contains(':') && h.parse::<IpAddr>().is_err())
+    }) {
+        bail!("--allowed-host `{bad}` is not a host name: give the name alone (search.example.com) or an address");
+    }
     if api_key.is_none() && !args.host.is_loopback() {
         eprintln!(
             "warning: listening on {} without an API key: anyone who reaches the port can use \
@@ -230,6 +253,7 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         header_timeout: ServeOptions::DEFAULT_HEADER_TIMEOUT,
         request_timeout: Duration::from_secs(args.request_timeout),
         index,
+        allowed_hosts: args.allowed_host.clone(),
     };
     if let Some(d) = options.index.as_ref().and_then(|i| i.dimension) {
         if d > dimension {

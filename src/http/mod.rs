@@ -27,6 +27,7 @@ pub mod circuit;
 pub mod embed;
 pub mod fetch;
 pub mod limit;
+pub mod robots;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -612,6 +613,14 @@ pub(crate) async fn read_bounded(mut resp: reqwest::Response, max: usize) -> Res
 
 /// A transport error, said plainly.
 pub(crate) fn transport_reason(e: &reqwest::Error) -> String {
+    // A name the fetcher's resolver refused says why itself.
+    let mut source: Option<&dyn std::error::Error> = Some(e);
+    while let Some(s) = source {
+        if let Some(refused) = s.downcast_ref::<fetch::RefusedAddress>() {
+            return refused.to_string();
+        }
+        source = s.source();
+    }
     if e.is_timeout() {
         "timed out".into()
     } else if e.is_connect() {

@@ -112,6 +112,12 @@ pub struct SourceConfig {
     pub crawl_rps: f64,
     /// Web sources: seconds one GET may take.
     pub fetch_timeout: f64,
+    /// Web sources: connect to private, loopback and link-local addresses even when the
+    /// source's URL does not name one (an intranet site by its name).
+    pub allow_private_addresses: bool,
+    /// Extract each file in a child process (the ragline binary), so a crash inside a
+    /// parser that no thread can contain (a stack overflow, an abort) fails that file alone.
+    pub isolate_extraction: bool,
 }
 
 impl Default for SourceConfig {
@@ -134,6 +140,8 @@ impl Default for SourceConfig {
             crawl_max_pages: 10_000,
             crawl_rps: 8.0,
             fetch_timeout: 30.0,
+            allow_private_addresses: false,
+            isolate_extraction: false,
         }
     }
 }

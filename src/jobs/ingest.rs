@@ -268,6 +268,11 @@ fn stage_factory(
     let extract = ExtractConfig {
         max_file_time: Duration::from_secs(config.source.max_file_seconds),
         max_memory: config.source.max_extract_mb << 20,
+        isolate: if config.source.isolate_extraction {
+            Some(extraction_program()?)
+        } else {
+            None
+        },
     };
     let store = Arc::clone(backend);
     Ok(Box::new(move || -> Result<Pipeline, StageError> {
@@ -276,7 +281,7 @@ fn stage_factory(
                 Arc::clone(&known),
                 Arc::clone(&fingerprint),
             )),
-            Box::new(Extract::new(extract)),
+            Box::new(Extract::new(extract.clone())),
         ];
         if let Some((tokenizer, sizes)) = &chunking {
             stages.push(Box::new(if truncate {
@@ -348,6 +353,7 @@ pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connecto
                 crawl_max_pages: src.crawl_max_pages,
                 crawl_rps: src.crawl_rps,
                 timeout: fetch_timeout(src.fetch_timeout)?,
+                allow_private: src.allow_private_addresses,
             };
             out.push(Box::new(WebConnector::new(url, settings)?));
             continue;
@@ -472,6 +478,26 @@ pub fn subject_waiters(
 }
 
 /// `--fetch-timeout` as a duration.
+/// The program `--isolate-extraction` runs as its child: `RAGLINE_BIN`, else this process's
+/// own executable when it is the ragline binary (not, say, a Python interpreter that loaded
+/// the library).
+pub fn extraction_program() -> Result<std::path::PathBuf, JobError> {
+    if let Some(bin) = std::env::var_os("RAGLINE_BIN").filter(|b| !b.is_empty()) {
+        return Ok(bin.into());
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| JobError::Setup(format!("--isolate-extraction: {e}")))?;
+    let name = exe.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if !name.starts_with("ragline") {
+        return Err(JobError::Setup(format!(
+            "--isolate-extraction runs the ragline binary in a child process, and this process \
+             is {}: set RAGLINE_BIN to the ragline binary's path",
+            exe.display()
+        )));
+    }
+    Ok(exe)
+}
+
 fn fetch_timeout(seconds: f64) -> Result<Duration, JobError> {
     Duration::try_from_secs_f64(seconds)
         .ok()

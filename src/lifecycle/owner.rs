@@ -75,6 +75,11 @@ fn state(pid: u32) -> Option<char> {
     stat[stat.rfind(')')? + 1..].trim_start().chars().next()
 }
 
+/// This process as `HOST:PID`, for messages to other processes.
+pub fn process_name() -> String {
+    format!("{}:{}", host(), std::process::id())
+}
+
 fn host() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()

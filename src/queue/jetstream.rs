@@ -464,6 +464,11 @@ impl BrokerConfig {
         format!("{}_RUNS", self.prefix.to_uppercase())
     }
 
+    /// The bucket where role processes say what they make of each run ([`RoleNote`]).
+    fn roles_bucket(&self) -> String {
+        format!("{}_ROLES", self.prefix.to_uppercase())
+    }
+
     /// The URL without settings or credentials, for messages.
     pub fn describe(&self) -> String {
         self.servers.join(",")
@@ -659,6 +664,29 @@ pub struct RunRecord {
     pub started: u64,
 }
 
+/// What a role process made of a run: it joined it, refused it (its setup failed: the
+/// reason), or left it (its loops stopped on an error: the reason). The publishing process
+/// reads them to say why a run is not moving.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RoleNote {
+    pub run: String,
+    /// `worker`, `embedder`, `indexer`.
+    pub role: String,
+    /// `HOST:PID`.
+    pub process: String,
+    pub state: RoleState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RoleState {
+    Joined,
+    Refused,
+    Left,
+}
+
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum RunState {
@@ -798,28 +826,103 @@ impl Broker {
                 async move { js.get_or_create_stream(config).await }
             })?;
         }
-        let js = self.inner.js.clone();
-        let bucket = c.bucket();
         let replicas = c.replicas;
-        self.retrying("creating the runs bucket", || {
-            let (js, bucket) = (js.clone(), bucket.clone());
-            async move {
-                match js.get_key_value(&bucket).await {
-                    Ok(kv) => Ok(kv),
-                    Err(_) => {
-                        js.create_key_value(jetstream::kv::Config {
-                            bucket,
-                            history: 1,
-                            storage: stream::StorageType::File,
-                            num_replicas: replicas,
-                            ..Default::default()
-                        })
-                        .await
+        for (bucket, what, max_age) in [
+            (c.bucket(), "creating the runs bucket", Duration::ZERO),
+            // Notes of roles are read while their run lasts: a day is plenty.
+            (
+                c.roles_bucket(),
+                "creating the roles bucket",
+                Duration::from_secs(86_400),
+            ),
+        ] {
+            let js = self.inner.js.clone();
+            self.retrying(what, || {
+                let (js, bucket) = (js.clone(), bucket.clone());
+                async move {
+                    match js.get_key_value(&bucket).await {
+                        Ok(kv) => Ok(kv),
+                        Err(_) => {
+                            js.create_key_value(jetstream::kv::Config {
+                                bucket,
+                                history: 1,
+                                storage: stream::StorageType::File,
+                                num_replicas: replicas,
+                                max_age,
+                                ..Default::default()
+                            })
+                            .await
+                        }
                     }
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    fn roles(&self) -> Result<jetstream::kv::Store, BrokerError> {
+        let js = self.inner.js.clone();
+        let bucket = self.inner.config.roles_bucket();
+        self.retrying("opening the roles bucket", || {
+            let (js, bucket) = (js.clone(), bucket.clone());
+            async move { js.get_key_value(bucket).await }
+        })
+    }
+
+    /// Say what this role process made of a run (the publisher reads it).
+    pub fn put_role_note(&self, note: &RoleNote) -> Result<(), BrokerError> {
+        let kv = self.roles()?;
+        let bytes = Bytes::from(serde_json::to_vec(note).expect("a note encodes"));
+        // Keys are tokens of letters, digits, `-` and `_` joined by dots.
+        let clean = |s: &str| -> String {
+            s.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect()
+        };
+        let key = format!(
+            "{}.{}.{}",
+            clean(&note.run),
+            clean(&note.role),
+            clean(&note.process)
+        );
+        self.retrying("recording the role's note", || {
+            let (kv, key, bytes) = (kv.clone(), key.clone(), bytes.clone());
+            async move { kv.put(key, bytes).await }
+        })?;
+        Ok(())
+    }
+
+    /// What the role processes made of `run` so far, one note a process (its latest).
+    pub fn role_notes(&self, run: &str) -> Result<Vec<RoleNote>, BrokerError> {
+        let kv = self.roles()?;
+        let prefix = format!("{run}.");
+        let keys: Vec<String> = self.retrying("listing the roles' notes", || {
+            let kv = kv.clone();
+            async move {
+                match kv.keys().await {
+                    Ok(keys) => Ok(keys.filter_map(|k| async { k.ok() }).collect().await),
+                    Err(e) => Err(e),
                 }
             }
         })?;
-        Ok(())
+        let mut notes = Vec::new();
+        for key in keys.into_iter().filter(|k| k.starts_with(&prefix)) {
+            let got = self.retrying("reading a role's note", || {
+                let (kv, key) = (kv.clone(), key.clone());
+                async move { kv.get(key).await }
+            })?;
+            // A note this version cannot read is another version's: left out.
+            if let Some(note) = got.and_then(|b| serde_json::from_slice::<RoleNote>(&b).ok()) {
+                notes.push(note);
+            }
+        }
+        Ok(notes)
     }
 
     fn runs(&self) -> Result<jetstream::kv::Store, BrokerError> {

@@ -27,7 +27,9 @@ use crate::embed::pool::{EmbedQueues, EmbedderPool};
 use crate::event::{Event, EventKind};
 use crate::indexers::{BackendFactory, BatchConfig, Indexer};
 use crate::publisher::Publisher;
-use crate::queue::jetstream::{Broker, BrokerError, Lane, RunRecord, RunState};
+use crate::queue::jetstream::{
+    Broker, BrokerError, Lane, RoleNote, RoleState, RunRecord, RunState,
+};
 use crate::queue::wire::Wire;
 use crate::queue::Queue;
 use crate::signal::RunSignal;
@@ -40,6 +42,8 @@ use super::{RunError, RunSummary};
 
 /// Documents one worker process pulls ahead.
 const WORK_PREFETCH: usize = 128;
+/// How long a published run waits for a worker to join before saying so.
+const JOIN_WARNING: Duration = Duration::from_secs(60);
 /// Chunks one embedder pulls ahead of its window.
 const EMBED_PREFETCH: usize = 256;
 
@@ -110,6 +114,10 @@ pub fn publish(
             run_id,
         };
         scope.spawn(move || dead_letters.forward(&dead, sink.as_mut()));
+        // What the roles make of the run: refusals and departures said as they happen, and a
+        // run no worker joined said after a minute.
+        let (sig, run) = (Arc::clone(&signal), record.run.clone());
+        scope.spawn(move || watch_roles(broker, &run, &sig, join_warning()));
 
         let announced = || publisher.announced();
         let complete = publisher.follow_events(&events, tick, &mut |tracker| {
@@ -158,6 +166,80 @@ pub fn publish(
     summary.fetched = publisher.fetched_counts();
     summary.unreadable = publisher.tracker().unreadable().to_vec();
     Ok(summary)
+}
+
+/// [`JOIN_WARNING`], or with the `test-hooks` feature `RAGLINE_TEST_JOIN_WARNING_SECS` (a test
+/// need not wait a minute).
+fn join_warning() -> Duration {
+    let test = cfg!(feature = "test-hooks")
+        .then(|| std::env::var("RAGLINE_TEST_JOIN_WARNING_SECS").ok())
+        .flatten()
+        .and_then(|s| s.parse().ok());
+    test.map_or(JOIN_WARNING, Duration::from_secs)
+}
+
+/// Follow the roles' notes on `run` until the run stops: each refusal and departure is
+/// warned of once, with its reason; when no worker has joined after `join_warning`, that is
+/// said once (with the refusals so far, the likely reason).
+fn watch_roles(broker: &Broker, run: &str, sig: &RunSignal, join_warning: Duration) {
+    let started = Instant::now();
+    let mut said: Vec<RoleNote> = Vec::new();
+    let mut warned = false;
+    let mut last = Instant::now() - Duration::from_secs(1);
+    while !sig.is_stopped() {
+        std::thread::sleep(Duration::from_millis(50));
+        if last.elapsed() < Duration::from_millis(500) {
+            continue;
+        }
+        last = Instant::now();
+        let Ok(notes) = broker.role_notes(run) else {
+            continue; // the broker is away: the next look
+        };
+        for note in &notes {
+            if note.state == RoleState::Joined || said.contains(note) {
+                continue;
+            }
+            let reason = note.reason.as_deref().unwrap_or("no reason given");
+            match note.state {
+                RoleState::Refused => tracing::warn!(
+                    target: crate::NOTE,
+                    "the {} at {} refused run {run}: {reason}",
+                    note.role,
+                    note.process
+                ),
+                RoleState::Left => tracing::warn!(
+                    target: crate::NOTE,
+                    "the {} at {} left run {run}: {reason}",
+                    note.role,
+                    note.process
+                ),
+                RoleState::Joined => {}
+            }
+            said.push(note.clone());
+        }
+        let joined = notes
+            .iter()
+            .any(|n| n.role == Role::Worker.name() && n.state == RoleState::Joined);
+        if !warned && !joined && started.elapsed() >= join_warning {
+            warned = true;
+            let refused = notes
+                .iter()
+                .filter(|n| n.role == Role::Worker.name() && n.state == RoleState::Refused)
+                .count();
+            tracing::warn!(
+                target: crate::NOTE,
+                "no worker has joined run {run} in {} s{}: start `ragline worker --queue {}` \
+                 (with the same --index), or look at the workers' logs",
+                join_warning.as_secs(),
+                if refused > 0 {
+                    format!(" ({refused} refused it, said above)")
+                } else {
+                    String::new()
+                },
+                broker.config().describe()
+            );
+        }
+    }
 }
 
 /// The connectors' thread of a published run: each connector in turn, then the end of the
@@ -352,8 +434,37 @@ pub fn serve(
         announced_wait = false;
         let run_id = parse_run(&record.run)?;
         log(&format!("{}: joining run {}", role.name(), record.run));
-        let parts = setup(&record)?;
-        let report = serve_run(broker, run_id, &record.run, parts, stop)?;
+        let note = |state: RoleState, reason: Option<String>| {
+            let note = RoleNote {
+                run: record.run.clone(),
+                role: role.name().to_string(),
+                process: crate::lifecycle::owner::process_name(),
+                state,
+                reason,
+            };
+            // Best effort: the run goes on (or the error is returned) either way.
+            if let Err(e) = broker.put_role_note(&note) {
+                tracing::warn!(
+                    "cannot tell the publisher what this {} did: {e}",
+                    role.name()
+                );
+            }
+        };
+        let parts = match setup(&record) {
+            Ok(parts) => parts,
+            Err(e) => {
+                note(RoleState::Refused, Some(e.to_string()));
+                return Err(e);
+            }
+        };
+        note(RoleState::Joined, None);
+        let report = match serve_run(broker, run_id, &record.run, parts, stop) {
+            Ok(report) => report,
+            Err(e) => {
+                note(RoleState::Left, Some(e.to_string()));
+                return Err(e);
+            }
+        };
         log(&format!(
             "{}: run {} is over after {:.1}s",
             role.name(),

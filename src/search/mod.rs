@@ -18,6 +18,10 @@ use crate::indexers::{BackendError, ChunkRow, IndexReader, IndexUri};
 pub const RRF_K: f64 = 60.0;
 /// Candidates each side brings to a hybrid search, at least.
 pub const HYBRID_DEPTH: usize = 100;
+/// Results one search returns, at most (a larger k is cut to it; `ragline search -k`, the
+/// Python `Index.search` and the reranker's candidates refuse more). Each is a chunk row read
+/// and returned: past a few thousand a caller wants an export, not a search.
+pub const MAX_K: usize = 10_000;
 
 /// How a search ranks chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -438,6 +442,8 @@ impl Searcher {
         k: usize,
         filter: &Where,
     ) -> Result<Vec<Hit>, SearchError> {
+        // Bounded here, whoever asks: the backends size buffers by k.
+        let k = k.min(MAX_K);
         let ranked = self.ranked_inner(query, vectors, mode, k, filter)?;
         let mut hits = Vec::with_capacity(ranked.len());
         for (i, (rowid, score)) in ranked.into_iter().enumerate() {

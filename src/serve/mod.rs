@@ -21,6 +21,7 @@
 //! requests fail and `/health` says so. SIGTERM or SIGINT: stop accepting, answer every
 //! request in flight, then exit.
 
+pub mod auth;
 pub mod batcher;
 pub mod metrics;
 pub mod pages;
@@ -93,6 +94,9 @@ pub struct ServeOptions {
     pub request_timeout: Duration,
     /// The index searched by `/v1/search` and shown by `/` and `/status` (`--index`).
     pub index: Option<Arc<pages::SearchSetup>>,
+    /// Host names answered besides loopback ones and the address served on
+    /// (`--allowed-host`); a request naming another gets 421 (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl ServeOptions {
@@ -125,6 +129,12 @@ struct App {
     tasks: tasks::TaskQueues,
     reranker: Option<Arc<crate::embed::cross_encoder::CrossEncoder>>,
     sparse: Option<Arc<crate::embed::splade::SparseModel>>,
+    /// The Host names and addresses answered.
+    hosts: auth::HostPolicy,
+    /// Browser sessions opened by the login page.
+    sessions: auth::Sessions,
+    /// Wrong keys tried at the login page.
+    logins: auth::LoginThrottle,
 }
 
 /// Serve until SIGTERM/SIGINT or until `stop` resolves; `ready` hears the address bound.
@@ -173,6 +183,9 @@ pub fn serve(
         tasks: task_queues,
         reranker: reranker.clone(),
         sparse: sparse.clone(),
+        hosts: auth::HostPolicy::new(options.addr.ip(), &options.allowed_hosts),
+        sessions: auth::Sessions::default(),
+        logins: auth::LoginThrottle::default(),
     });
     let cors = match &options.cors_origin {
         None => None,
@@ -253,6 +266,7 @@ pub fn serve(
                 .route("/v1/search", get(pages::search_json))
                 .route("/v1/status", get(pages::status_json))
                 .route("/login", get(pages::login_page).post(pages::login))
+                .route("/logout", post(pages::logout))
                 .route("/admin/{action}", post(pages::admin));
         }
         let mut router = router
@@ -290,6 +304,7 @@ async fn accept(
 ) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
+    use tower::ServiceExt as _;
     let connections = Arc::new(tokio::sync::Semaphore::new(options.max_connections.max(1)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -302,8 +317,8 @@ async fn accept(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
+                let (stream, remote) = match accepted {
+                    Ok(accepted) => accepted,
                     // Out of file descriptors and the like: wait a moment, go on.
                     Err(_) => {
                         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -315,7 +330,17 @@ async fn accept(
                     drop(stream);
                     continue;
                 };
-                let service = TowerToHyperService::new(router.clone());
+                // Where the request came in, for the Host check and the login throttle.
+                let connection = auth::Connection {
+                    local: stream.local_addr().map_or(remote.ip(), |a| a.ip()),
+                    remote: remote.ip(),
+                };
+                let service = TowerToHyperService::new(router.clone().map_request(
+                    move |mut r: axum::http::Request<hyper::body::Incoming>| {
+                        r.extensions_mut().insert(connection);
+                        r
+                    },
+                ));
                 let connection = builder
                     .serve_connection_with_upgrades(TokioIo::new(stream), service)
                     .into_owned();
@@ -357,17 +382,43 @@ fn cors_layer(origin: &str) -> Result<tower_http::cors::CorsLayer, String> {
         .max_age(Duration::from_secs(600)))
 }
 
-/// Every request: the API key (all but `/health`), JSON bodies only (415), room among the
-/// requests in flight for the embedding routes (503), and the request's deadline (408).
+/// Every request: a Host this server answers to (all but `/health`: 421), the API key (all
+/// but `/health`), JSON bodies only (415), room among the requests in flight for the routes
+/// that run a model or a search (503), and the request's deadline (408).
 async fn guard(
     State(app): State<Arc<App>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let path = request.uri().path().to_string();
+    if path != "/health" {
+        let host = request
+            .headers()
+            .get(header::HOST)
+            .map(|h| h.to_str().unwrap_or("\u{0}"))
+            .or_else(|| request.uri().authority().map(|a| a.as_str()));
+        let local = request
+            .extensions()
+            .get::<auth::Connection>()
+            .map(|c| c.local);
+        if !app.hosts.allows(host, local) {
+            app.metrics.error("misdirected");
+            return ApiError {
+                status: StatusCode::MISDIRECTED_REQUEST,
+                kind: "misdirected",
+                message: "this server does not answer to that Host name (a page reaching it \
+                          through DNS rebinding?): use its address, or start it with \
+                          --allowed-host NAME"
+                    .into(),
+                retry_after: None,
+            }
+            .into_response();
+        }
+    }
     if let Some(key) = &app.options.api_key {
-        let open = path == "/health" || (app.search.is_some() && path == "/login");
-        if !open && !authorized(request.headers(), key) {
+        let open =
+            path == "/health" || (app.search.is_some() && (path == "/login" || path == "/logout"));
+        if !open && !authorized(&app.sessions, request.headers(), key) {
             if app.search.is_some() && pages::is_page(&path) {
                 // A browser: to the login form.
                 return pages::to_login();
@@ -387,7 +438,12 @@ async fn guard(
     }
     let embeds = request.method() == axum::http::Method::POST
         && path != "/login"
+        && path != "/logout"
         && !path.starts_with("/admin/");
+    // The search page and the search API embed the query and search: they take a permit too.
+    let searches = request.method() == axum::http::Method::GET
+        && app.search.is_some()
+        && (path == "/" || path == "/v1/search");
     if embeds && !is_json(request.headers()) {
         app.metrics.error("unsupported_media_type");
         return ApiError {
@@ -398,7 +454,7 @@ async fn guard(
         }
         .into_response();
     }
-    let _permit = if embeds {
+    let _permit = if embeds || searches {
         match Arc::clone(&app.requests).try_acquire_owned() {
             Ok(p) => Some(p),
             Err(_) => {
@@ -438,9 +494,9 @@ async fn guard(
     }
 }
 
-/// `Authorization: Bearer KEY` with the server's key, or the session cookie the login page
-/// sets (a browser), compared in constant time.
-fn authorized(headers: &axum::http::HeaderMap, key: &Secret) -> bool {
+/// `Authorization: Bearer KEY` with the server's key (compared in constant time), or the
+/// cookie of a live session the login page opened (a browser).
+fn authorized(sessions: &auth::Sessions, headers: &axum::http::HeaderMap, key: &Secret) -> bool {
     use subtle::ConstantTimeEq;
     if let Some(given) = headers
         .get(header::AUTHORIZATION)
@@ -448,15 +504,7 @@ fn authorized(headers: &axum::http::HeaderMap, key: &Secret) -> bool {
     {
         return bool::from(given.ct_eq(key.expose().as_bytes()));
     }
-    let session = pages::session_token(key);
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|c| c.trim().strip_prefix(pages::SESSION_COOKIE))
-        .filter_map(|c| c.strip_prefix('='))
-        .any(|token| bool::from(token.as_bytes().ct_eq(session.as_bytes())))
+    pages::session_ids(headers).any(|id| sessions.valid(id))
 }
 
 /// `Content-Type: application/json` (or a `+json` type), parameters allowed.
@@ -626,6 +674,7 @@ impl<'de> serde::de::Visitor<'de> for RequestSeed {
                     r.texts = map.next_value_seed(TextsSeed {
                         field: self.field,
                         max: self.max,
+                        objects: false,
                     })?;
                     seen = true;
                 }
@@ -647,10 +696,12 @@ impl<'de> serde::de::Visitor<'de> for RequestSeed {
     }
 }
 
-/// `input`: a string, or a list of strings of at most `max`.
+/// `input`: a string, or a list of strings of at most `max` (with `objects`, a list item may
+/// also be `{"text": STRING}`, the Cohere/Jina documents' shape).
 struct TextsSeed {
     field: &'static str,
     max: usize,
+    objects: bool,
 }
 
 impl<'de> serde::de::DeserializeSeed<'de> for TextsSeed {
@@ -682,6 +733,7 @@ impl<'de> serde::de::Visitor<'de> for TextsSeed {
         while let Some(text) = seq.next_element_seed(TextSeed {
             field: self.field,
             index: i,
+            objects: self.objects,
         })? {
             if texts.len() == self.max {
                 return Err(A::Error::custom(format!(
@@ -725,10 +777,11 @@ impl TextsSeed {
     }
 }
 
-/// One input of the list: a string.
+/// One input of the list: a string (or, with `objects`, `{"text": STRING}`).
 struct TextSeed {
     field: &'static str,
     index: usize,
+    objects: bool,
 }
 
 impl<'de> serde::de::DeserializeSeed<'de> for TextSeed {
@@ -773,12 +826,31 @@ impl<'de> serde::de::Visitor<'de> for TextSeed {
     fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<String, E> {
         Err(self.wrong("a number"))
     }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<String, A::Error> {
-        use serde::de::Error;
-        Err(A::Error::custom(format!(
-            "`{}[{}]` must be a string, not an object",
-            self.field, self.index
-        )))
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<String, A::Error> {
+        use serde::de::{Error, IgnoredAny};
+        if !self.objects {
+            return Err(A::Error::custom(format!(
+                "`{}[{}]` must be a string, not an object",
+                self.field, self.index
+            )));
+        }
+        let mut text = None;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if key == "text" {
+                text = Some(map.next_value_seed(TextSeed {
+                    objects: false,
+                    ..self
+                })?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        text.ok_or_else(|| {
+            A::Error::custom(format!(
+                "`{}[{}]` has no `text`: give a string or {{\"text\": STRING}}",
+                self.field, self.index
+            ))
+        })
     }
 }
 
@@ -1186,14 +1258,25 @@ mod tests {
     #[test]
     fn the_key_is_a_bearer_token_and_bodies_are_json() {
         let key = Secret::new("k3y");
+        let sessions = auth::Sessions::default();
         let mut h = axum::http::HeaderMap::new();
-        assert!(!authorized(&h, &key));
+        assert!(!authorized(&sessions, &h, &key));
         h.insert(header::AUTHORIZATION, "Bearer k3y".parse().unwrap());
-        assert!(authorized(&h, &key));
+        assert!(authorized(&sessions, &h, &key));
         h.insert(header::AUTHORIZATION, "Bearer k3y ".parse().unwrap());
-        assert!(!authorized(&h, &key));
+        assert!(!authorized(&sessions, &h, &key));
         h.insert(header::AUTHORIZATION, "Basic k3y".parse().unwrap());
-        assert!(!authorized(&h, &key));
+        assert!(!authorized(&sessions, &h, &key));
+        // A browser: a live session's cookie, not any other.
+        let mut h = axum::http::HeaderMap::new();
+        let id = sessions.open();
+        h.insert(
+            header::COOKIE,
+            format!("a=b; ragline_session={id}").parse().unwrap(),
+        );
+        assert!(authorized(&sessions, &h, &key));
+        h.insert(header::COOKIE, "ragline_session=0123".parse().unwrap());
+        assert!(!authorized(&sessions, &h, &key));
         let mut h = axum::http::HeaderMap::new();
         assert!(!is_json(&h));
         for (ct, json) in [

@@ -23,18 +23,19 @@ use crate::indexers::{open_store, IndexReader, IndexUri};
 use crate::lifecycle::StoreError;
 use crate::search::{Hit, Mode, QueryVectors, SearchError, Searcher, Where};
 
-/// The cookie that carries a browser's session when the server has an API key: a keyed hash
-/// of the key, never the key itself.
+/// The cookie that carries a browser's session when the server has an API key: a random id
+/// the server keeps with an expiry ([`super::auth::Sessions`]), never the key or a hash of it.
 pub(super) const SESSION_COOKIE: &str = "ragline_session";
 
-/// The session token of `key` (what the cookie holds).
-pub(super) fn session_token(key: &crate::secret::Secret) -> String {
-    blake3::keyed_hash(
-        blake3::hash(key.expose().as_bytes()).as_bytes(),
-        b"ragline serve session",
-    )
-    .to_hex()
-    .to_string()
+/// The session ids a request's cookies carry.
+pub(super) fn session_ids(headers: &axum::http::HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().strip_prefix(SESSION_COOKIE))
+        .filter_map(|c| c.strip_prefix('='))
 }
 
 /// Whether `path` is one of the pages (a browser is sent to the login form for them).
@@ -61,18 +62,42 @@ pub(super) async fn login_page() -> Response {
     )
 }
 
-/// `POST /login`: the key checked in constant time; the session cookie (HttpOnly,
-/// SameSite=Strict) set for the right one.
-pub(super) async fn login(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Response {
+/// `POST /login`: the key checked in constant time; for the right one a new session's cookie
+/// (HttpOnly, SameSite=Strict, Secure when the login came over TLS, for the session's life).
+/// Wrong keys are throttled per client address and in all (429 with Retry-After).
+pub(super) async fn login(
+    State(app): State<Arc<App>>,
+    connection: Option<axum::Extension<super::auth::Connection>>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
     use subtle::ConstantTimeEq;
     let Some(key) = &app.options.api_key else {
         return to_home();
     };
+    let client = connection.map(|c| c.remote);
+    if let Some(wait) = app.logins.wait(client) {
+        app.metrics.error("throttled");
+        let mut r = html(
+            "ragline: sign in",
+            &format!(
+                "<p class=error role=alert>Too many wrong keys: try again in {wait} s.</p>\
+                 <p><a href=/login>Sign in</a></p>"
+            ),
+            None,
+        );
+        *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        if let Ok(v) = HeaderValue::from_str(&wait.to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return r;
+    }
     let given = url::form_urlencoded::parse(&body)
         .find(|(k, _)| k == "key")
         .map(|(_, v)| v.into_owned())
         .unwrap_or_default();
     if !bool::from(given.as_bytes().ct_eq(key.expose().as_bytes())) {
+        app.logins.failed(client);
         app.metrics.error("unauthorized");
         let mut r = html(
             "ragline: sign in",
@@ -85,12 +110,34 @@ pub(super) async fn login(State(app): State<Arc<App>>, body: axum::body::Bytes) 
     }
     let mut r = to_home();
     let cookie = format!(
-        "{SESSION_COOKIE}={}; HttpOnly; SameSite=Strict; Path=/",
-        session_token(key)
+        "{SESSION_COOKIE}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{}",
+        app.sessions.open(),
+        super::auth::SESSION_TTL.as_secs(),
+        if super::auth::over_tls(&headers) {
+            "; Secure"
+        } else {
+            ""
+        }
     );
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
+    r
+}
+
+/// `POST /logout`: the session ends here and in the browser.
+pub(super) async fn logout(
+    State(app): State<Arc<App>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    for id in session_ids(&headers) {
+        app.sessions.close(id);
+    }
+    let mut r = to_login();
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static("ragline_session=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
+    );
     r
 }
 
@@ -170,27 +217,32 @@ impl SearchService {
     }
 }
 
-/// 32 bytes no one else knows, drawn once per process: from the OS (/dev/urandom), else from
-/// the standard library's randomly keyed hashers.
-fn process_secret() -> [u8; 32] {
+/// `out` filled from the OS's generator (/dev/urandom), else from the standard library's
+/// randomly keyed hashers.
+pub(super) fn fill_random(out: &mut [u8]) {
     use std::io::Read;
-    let mut key = [0u8; 32];
     if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut key))
+        .and_then(|mut f| f.read_exact(out))
         .is_ok()
     {
-        return key;
+        return;
     }
     use std::hash::{BuildHasher, Hasher};
-    for chunk in key.chunks_mut(8) {
+    for chunk in out.chunks_mut(8) {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u128(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos()),
         );
-        chunk.copy_from_slice(&h.finish().to_le_bytes());
+        chunk.copy_from_slice(&h.finish().to_le_bytes()[..chunk.len()]);
     }
+}
+
+/// 32 bytes no one else knows, drawn once per process.
+fn process_secret() -> [u8; 32] {
+    let mut key = [0u8; 32];
+    fill_random(&mut key);
     key
 }
 

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::batcher::{panic_message, Admission, Batcher, Queued};
@@ -244,46 +243,96 @@ fn not_served(what: &str, flag: &str) -> ApiError {
     }
 }
 
-/// A document of the Cohere/Jina shape: a string or {"text": ...}.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Document {
-    Text(String),
-    Object { text: String },
+/// Which rerank API a body is for: TEI's (`texts`, `raw_scores`, `return_text`, `truncate`) or
+/// Cohere's and Jina's (`documents` as strings or `{"text"}`, `model`, `top_n`,
+/// `return_documents`).
+#[derive(Clone, Copy, PartialEq)]
+enum RerankApi {
+    Tei,
+    Cohere,
 }
 
-impl Document {
-    fn text(&self) -> &str {
-        match self {
-            Document::Text(t) | Document::Object { text: t } => t,
-        }
+/// A rerank body, parsed as it streams by: the texts are counted as they are read, so a body of
+/// millions of texts stops at the first one past `--max-inputs` instead of being held whole;
+/// fields this server does not use are skipped unread.
+#[derive(Default)]
+struct RerankBody {
+    query: Option<String>,
+    texts: Vec<String>,
+    raw_scores: bool,
+    return_text: bool,
+    truncate: Option<bool>,
+    model: Option<String>,
+    top_n: Option<usize>,
+}
+
+/// Parse a rerank body of `api`, at most `max` texts.
+fn parse_rerank(body: &[u8], api: RerankApi, max: usize) -> Result<RerankBody, ApiError> {
+    use serde::de::DeserializeSeed;
+    let mut d = serde_json::Deserializer::from_slice(body);
+    RerankSeed { api, max }
+        .deserialize(&mut d)
+        .and_then(|r| d.end().map(|()| r))
+        .map_err(|e| ApiError::bad(format!("the body is not valid: {e}")))
+}
+
+struct RerankSeed {
+    api: RerankApi,
+    max: usize,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for RerankSeed {
+    type Value = RerankBody;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<RerankBody, D::Error> {
+        d.deserialize_map(self)
     }
 }
 
-/// TEI's `/rerank` body.
-#[derive(Deserialize)]
-struct TeiRerank {
-    query: String,
-    texts: Vec<String>,
-    #[serde(default)]
-    raw_scores: bool,
-    #[serde(default)]
-    return_text: bool,
-    #[serde(default)]
-    truncate: Option<bool>,
-}
+impl<'de> serde::de::Visitor<'de> for RerankSeed {
+    type Value = RerankBody;
 
-/// The Cohere/Jina `/v1/rerank` body.
-#[derive(Deserialize)]
-struct CohereRerank {
-    #[serde(default)]
-    model: Option<String>,
-    query: String,
-    documents: Vec<Document>,
-    #[serde(default)]
-    top_n: Option<usize>,
-    #[serde(default)]
-    return_documents: bool,
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object with `query` and the texts to rerank")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RerankBody, A::Error> {
+        use serde::de::{Error, IgnoredAny};
+        let texts = match self.api {
+            RerankApi::Tei => "texts",
+            RerankApi::Cohere => "documents",
+        };
+        let mut r = RerankBody::default();
+        let mut seen = false;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match (key.as_ref(), self.api) {
+                (k, _) if k == texts => {
+                    r.texts = map.next_value_seed(super::TextsSeed {
+                        field: texts,
+                        max: self.max,
+                        objects: self.api == RerankApi::Cohere,
+                    })?;
+                    seen = true;
+                }
+                ("query", _) => r.query = Some(map.next_value()?),
+                ("raw_scores", RerankApi::Tei) => r.raw_scores = map.next_value()?,
+                ("return_text", RerankApi::Tei) => r.return_text = map.next_value()?,
+                ("truncate", RerankApi::Tei) => r.truncate = map.next_value()?,
+                ("model", RerankApi::Cohere) => r.model = map.next_value()?,
+                ("top_n", RerankApi::Cohere) => r.top_n = map.next_value()?,
+                ("return_documents", RerankApi::Cohere) => r.return_text = map.next_value()?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if r.query.is_none() {
+            return Err(A::Error::custom("`query` is missing"));
+        }
+        if !seen {
+            return Err(A::Error::custom(format!("`{texts}` is missing")));
+        }
+        Ok(r)
+    }
 }
 
 /// Tokenize the pairs (on the server's pool), queue them, wait for their scores.
@@ -356,19 +405,17 @@ fn order(scores: &[PairScore]) -> Vec<usize> {
     order
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("the body is not valid: {e}")))
-}
-
 /// TEI's `POST /rerank`: `[{"index", "score", "text"?}]`, best first.
 pub(super) async fn tei_rerank(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Response {
     let app2 = Arc::clone(&app);
     observed(&app, "/rerank", async move {
-        let req: TeiRerank = parse(&body)?;
+        let req = parse_rerank(&body, RerankApi::Tei, app2.options.max_inputs)?;
+        drop(body);
         let truncate = req
             .truncate
             .unwrap_or(app2.options.long_inputs == LongInputs::Truncate);
-        let (scores, _) = rerank(&app2, "/rerank", req.query, req.texts.clone(), truncate).await?;
+        let query = req.query.clone().unwrap_or_default();
+        let (scores, _) = rerank(&app2, "/rerank", query, req.texts.clone(), truncate).await?;
         let rows: Vec<Value> = order(&scores)
             .into_iter()
             .map(|i| {
@@ -397,18 +444,19 @@ pub(super) async fn cohere_rerank(
 ) -> Response {
     let app2 = Arc::clone(&app);
     observed(&app, "/v1/rerank", async move {
-        let req: CohereRerank = parse(&body)?;
-        let texts: Vec<String> = req.documents.iter().map(|d| d.text().to_string()).collect();
+        let req = parse_rerank(&body, RerankApi::Cohere, app2.options.max_inputs)?;
+        drop(body);
+        let texts = req.texts;
         let truncate = app2.options.long_inputs == LongInputs::Truncate;
-        let (scores, tokens) =
-            rerank(&app2, "/v1/rerank", req.query, texts.clone(), truncate).await?;
+        let query = req.query.unwrap_or_default();
+        let (scores, tokens) = rerank(&app2, "/v1/rerank", query, texts.clone(), truncate).await?;
         let top = req.top_n.unwrap_or(scores.len()).min(scores.len());
         let results: Vec<Value> = order(&scores)
             .into_iter()
             .take(top)
             .map(|i| {
                 let mut row = json!({"index": i, "relevance_score": scores[i].score});
-                if req.return_documents {
+                if req.return_text {
                     row["document"] = json!({"text": texts[i]});
                 }
                 row

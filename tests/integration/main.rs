@@ -1,6 +1,7 @@
 //! Integration tests: one binary, one module per area (ripgrep's and qdrant's layout).
 
 mod ann;
+mod attacks;
 mod backend;
 mod chunking;
 mod distributed;

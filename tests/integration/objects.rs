@@ -308,3 +308,70 @@ fn bad_objects_fail_or_drop_alone_and_a_missing_bucket_stops_the_run() {
     assert_ne!(o.status.code(), Some(0), "{err}");
     assert!(err.contains("listing s3://no-such-bucket-"), "{err}");
 }
+
+/// PUT `body` at `key` exactly as written (no `..` resolved: a raw request; moto takes it
+/// unsigned).
+fn put_raw_key(endpoint: &str, bucket: &str, key: &str, body: &[u8]) {
+    use std::io::{Read, Write};
+    let addr = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "PUT /{bucket}/{key} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\
+         Content-Type: text/markdown\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "PUT {key}: {answer}");
+}
+
+/// Anyone who may write to the bucket can name an object `docs/../x.md`: that object fails
+/// alone, with the reason, and the listing goes on past it (it once stopped the source).
+#[test]
+fn an_object_key_the_client_cannot_address_fails_alone() {
+    let Some(endpoint) = s3_endpoint() else {
+        return;
+    };
+    let bucket = Bucket::create(&endpoint, "keys");
+    bucket.put("docs/a.md", b"# A\n\nThe first document.\n");
+    put_raw_key(
+        &endpoint,
+        &bucket.name,
+        "docs/../evil.md",
+        b"# Evil\n\ntext\n",
+    );
+    put_raw_key(
+        &endpoint,
+        &bucket.name,
+        "docs//double.md",
+        b"# Double\n\ntext\n",
+    );
+    bucket.put("docs/z.md", b"# Z\n\nThe last document.\n");
+    let dir = tempfile::tempdir().unwrap();
+    let uri = format!("sqlite://{}", dir.path().join("keys.db").display());
+    let (code, r) = bucket.ingest("docs", &uri, &dir.path().join("keys.json"), &[]);
+    assert_eq!(code, Some(1), "{r}");
+    assert_eq!(r["counts"]["indexed"], json!(2), "{r}");
+    assert_eq!(r["counts"]["failed"], json!(2), "{r}");
+    let url = |k: &str| format!("s3://{}/{k}", bucket.name);
+    for bad in ["docs/../evil.md", "docs//double.md"] {
+        let f = r["failures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["id"] == url(bad))
+            .unwrap_or_else(|| panic!("no failure for {bad}: {r}"));
+        assert!(
+            f["reason"].as_str().unwrap().contains("rename the object"),
+            "{f}"
+        );
+    }
+    let ids: Vec<String> = documents(&dir.path().join("keys.db"))
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(ids, [url("docs/a.md"), url("docs/z.md")]);
+}

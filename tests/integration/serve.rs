@@ -1007,7 +1007,7 @@ fn serve_survives_hostile_clients_and_its_own_panics() {
     assert_eq!(status, 415, "{answer}");
 
     // A body that never arrives: 408 once the request's time is up.
-    let slow = "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+    let slow = "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
          Content-Length: 100\r\n\r\n{\"input\":";
     let answer = raw_exchange(&server.url, slow.as_bytes(), Duration::from_secs(20));
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
@@ -1030,7 +1030,7 @@ fn serve_survives_hostile_clients_and_its_own_panics() {
         let mut s = std::net::TcpStream::connect(server.url.trim_start_matches("http://")).unwrap();
         write!(
             s,
-            "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+            "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\n\r\n{request}",
             request.len()
         )
@@ -1110,7 +1110,7 @@ fn serve_with_a_key_and_an_origin() {
         raw_exchange(
             &server.url,
             format!(
-                "OPTIONS /v1/embeddings HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\n\
+                "OPTIONS /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: {origin}\r\n\
                  Access-Control-Request-Method: POST\r\n\
                  Access-Control-Request-Headers: authorization, content-type\r\n\
                  Connection: close\r\n\r\n"
@@ -1132,7 +1132,7 @@ fn serve_with_a_key_and_an_origin() {
     let plain = Server::start(&model, &[], dir.path(), "plain");
     let answer = raw_exchange(
         &plain.url,
-        b"OPTIONS /v1/embeddings HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example.com\r\n\
+        b"OPTIONS /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: https://app.example.com\r\n\
           Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n",
         Duration::from_secs(10),
     );

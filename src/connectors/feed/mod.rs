@@ -19,11 +19,13 @@ use futures::StreamExt;
 use super::filesystem::{document_of, Unusable};
 use super::{known_unchanged, version_key, ConnectorError, KnownIndex};
 use crate::document::Document;
-use crate::http::fetch::{FetchError, Fetcher, Page};
+use crate::http::fetch::{FetchError, Fetcher, Get, Page};
+use crate::http::robots::Robots;
 use crate::publisher::Publisher;
 
 /// Reads one feed (the web connector hands it a page that is not HTML).
 pub struct FeedConnector {
+    /// The feed's URL as ids and metadata show it (secrets redacted).
     url: String,
     follow_links: bool,
     concurrency: usize,
@@ -54,18 +56,23 @@ impl FeedConnector {
     }
 
     /// Publish the entries of the feed `page` (already downloaded and counted).
+    /// With `--follow-links`, an entry's page is read only on the feed's own origin (scheme,
+    /// host and port), when the site's `robots` allow it, redirects included.
     pub async fn publish_feed(
         &self,
         page: Page,
+        robots: &Robots,
         fetcher: &Arc<Fetcher>,
         publisher: &Publisher,
     ) -> Result<(), ConnectorError> {
         let feed = parse(&page)?;
-        let feed_host = url::Url::parse(&page.url)
-            .ok()
-            .and_then(|u| u.host_str().map(str::to_string));
+        let origin = url::Url::parse(&page.url).ok().map(|u| u.origin());
+        let site = Site {
+            origin: origin.as_ref(),
+            robots,
+        };
         let made = futures::stream::iter(feed.entries.iter().enumerate())
-            .map(|(n, entry)| self.entry(&feed, n, entry, feed_host.as_deref(), fetcher, publisher))
+            .map(|(n, entry)| self.entry(&feed, n, entry, site, fetcher, publisher))
             .buffered(self.concurrency);
         futures::pin_mut!(made);
         while let Some(m) = made.next().await {
@@ -91,7 +98,7 @@ impl FeedConnector {
         feed: &Feed,
         n: usize,
         entry: &Entry,
-        feed_host: Option<&str>,
+        site: Site<'_>,
         fetcher: &Arc<Fetcher>,
         publisher: &Publisher,
     ) -> Made {
@@ -118,23 +125,31 @@ impl FeedConnector {
                     reason: "the entry has no link to follow (--follow-links)".into(),
                 };
             };
-            let link_host = url::Url::parse(link)
-                .ok()
-                .and_then(|u| u.host_str().map(str::to_string));
-            if link_host.as_deref() != feed_host {
+            let parsed = url::Url::parse(link).ok();
+            let same_origin = parsed.as_ref().map(|u| u.origin());
+            if site.origin.is_none() || same_origin.as_ref() != site.origin {
                 match feed_document(&id, entry) {
                     Some(doc) => (doc, None),
                     None => {
                         return Made::Dropped {
                             id,
                             reason: format!(
-                                "its link {link} is on another host than the feed's, which \
-                                 --follow-links does not follow, and the entry has no content \
-                                 or summary"
+                                "its link {} is on another site (scheme, host or port) than the \
+                                 feed's, which --follow-links does not follow, and the entry has \
+                                 no content or summary",
+                                crate::secret::redact_url(link)
                             ),
                         }
                     }
                 }
+            } else if parsed.as_ref().is_some_and(|u| !site.robots.allows(u)) {
+                return Made::Dropped {
+                    id,
+                    reason: format!(
+                        "robots.txt disallows its link {} for ragline; not read",
+                        crate::secret::redact_url(link)
+                    ),
+                };
             } else {
                 let key = date.map(|d| version_key(&["feed-entry", &id, link, &d.to_rfc3339()]));
                 if let (Some(key), Some(known)) = (&key, &self.known) {
@@ -145,7 +160,7 @@ impl FeedConnector {
                         };
                     }
                 }
-                match fetch_page(fetcher, link, &id).await {
+                match fetch_page(fetcher, link, &id, site.robots).await {
                     Ok((page, doc)) => {
                         publisher.fetched(page.body.len() as u64);
                         (doc, key)
@@ -173,7 +188,7 @@ impl FeedConnector {
         }
         let m = &mut doc.fields.metadata;
         if let Some(link) = link {
-            m.insert("url".into(), link.into());
+            m.insert("url".into(), crate::secret::redact_url(&link).into());
         }
         m.insert("feed".into(), self.url.clone().into());
         if let Some(t) = &feed.title {
@@ -207,7 +222,7 @@ impl FeedConnector {
         if raw.is_empty() {
             None
         } else if url::Url::parse(raw).is_ok() {
-            Some(raw.to_string())
+            Some(crate::secret::redact_url(raw))
         } else {
             Some(format!("{}#{raw}", self.url))
         }
@@ -258,13 +273,38 @@ fn feed_document(id: &str, entry: &Entry) -> Option<Document> {
     document_of(id.to_string(), body.into_bytes(), format).ok()
 }
 
-/// GET an entry's page and make its document (HTML unless the page says otherwise).
-async fn fetch_page(fetcher: &Fetcher, link: &str, id: &str) -> Result<(Page, Document), Made> {
-    let page = fetcher.get(link).await.map_err(|e| Made::Failed {
-        id: id.to_string(),
-        reason: match e {
-            FetchError::Status { .. } => format!("its page answered {e}"),
-            e => e.to_string(),
+/// The site a feed is read from: its origin, its robots.txt.
+#[derive(Clone, Copy)]
+struct Site<'a> {
+    origin: Option<&'a url::Origin>,
+    robots: &'a Robots,
+}
+
+/// GET an entry's page under the site's `robots` and make its document (HTML unless the page
+/// says otherwise).
+async fn fetch_page(
+    fetcher: &Fetcher,
+    link: &str,
+    id: &str,
+    robots: &Robots,
+) -> Result<(Page, Document), Made> {
+    let how = Get {
+        known: None,
+        robots: Some(robots),
+        max_bytes: None,
+    };
+    let page = fetcher.get_with(link, how).await.map_err(|e| match e {
+        FetchError::Disallowed { .. } | FetchError::OtherHost { .. } => Made::Dropped {
+            id: id.to_string(),
+            reason: e.to_string(),
+        },
+        FetchError::Status { .. } => Made::Failed {
+            id: id.to_string(),
+            reason: format!("its page answered {e}"),
+        },
+        e => Made::Failed {
+            id: id.to_string(),
+            reason: e.to_string(),
         },
     })?;
     let format = super::web::format_of_page(&page);

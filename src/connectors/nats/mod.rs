@@ -37,7 +37,7 @@ use serde_json::Value;
 
 use super::{version_key, Connector, ConnectorError, KnownIndex, Settlement};
 use crate::document::Document;
-use crate::http::fetch::{FetchError, Fetcher};
+use crate::http::fetch::{Addresses, FetchError, Fetcher};
 use crate::publisher::Publisher;
 use crate::queue::jetstream::{connect_client, BrokerConfig};
 use message::{Body, Malformed};
@@ -324,9 +324,10 @@ impl Connector for NatsConnector {
         } else {
             publisher.count_fetches();
             Some(
-                Fetcher::new(self.fetch.max_bytes, self.fetch.timeout).map_err(|e| {
-                    ConnectorError::Source(format!("cannot start the HTTP client: {e}"))
-                })?,
+                // The operator names the hosts a message may point at (`fetch_hosts`).
+                Fetcher::new(self.fetch.max_bytes, self.fetch.timeout, Addresses::Any).map_err(
+                    |e| ConnectorError::Source(format!("cannot start the HTTP client: {e}")),
+                )?,
             )
         };
         let consume = Consume {

@@ -20,6 +20,7 @@
 //! metadata service; Azure from `AZURE_*` variables (the account in
 //! `AZURE_STORAGE_ACCOUNT_NAME`). A URL never carries a credential.
 
+mod keys;
 mod profile;
 
 use std::io::Cursor;
@@ -141,12 +142,20 @@ impl ObjectSpec {
                 if let Some(r) = &self.region {
                     b = b.with_region(r);
                 }
-                Arc::new(b.build().map_err(failed)?)
+                Arc::new(
+                    b.with_http_connector(keys::GuardedKeys)
+                        .build()
+                        .map_err(failed)?,
+                )
             }
             Cloud::Gcs => {
                 use object_store::gcp::GoogleCloudStorageBuilder;
                 let b = GoogleCloudStorageBuilder::from_env().with_bucket_name(&self.bucket);
-                Arc::new(b.build().map_err(failed)?)
+                Arc::new(
+                    b.with_http_connector(keys::GuardedKeys)
+                        .build()
+                        .map_err(failed)?,
+                )
             }
             Cloud::Azure => {
                 use object_store::azure::MicrosoftAzureBuilder;
@@ -156,7 +165,11 @@ impl ObjectSpec {
                         .with_endpoint(e.clone())
                         .with_allow_http(e.starts_with("http://"));
                 }
-                Arc::new(b.build().map_err(failed)?)
+                Arc::new(
+                    b.with_http_connector(keys::GuardedKeys)
+                        .build()
+                        .map_err(failed)?,
+                )
             }
         };
         Ok(store)
@@ -245,10 +258,22 @@ impl ObjectConnector {
         let mut fetches = listing
             .filter_map(|meta| {
                 let out = match meta {
-                    Ok(meta) if self.selection.selects(&under(meta.location.as_ref())) => {
-                        Some(self.start(&store, meta, publisher))
-                    }
-                    Ok(_) => None,
+                    // A key the client cannot address fails alone (see `keys`).
+                    Ok(meta) => match keys::unaddressable(meta.location.as_ref()) {
+                        Some(key) if self.selection.selects(&under(&key)) => {
+                            let unusable = Fetched::Unusable {
+                                id: self.spec.url_of(&key),
+                                why: Unusable::Failed(keys::reason(&key)),
+                            };
+                            Some(Box::pin(std::future::ready(unusable))
+                                as futures::future::BoxFuture<'static, Fetched>)
+                        }
+                        Some(_) => None,
+                        None if self.selection.selects(&under(meta.location.as_ref())) => {
+                            Some(self.start(&store, meta, publisher))
+                        }
+                        None => None,
+                    },
                     Err(e) => {
                         listing_error.get_or_insert(e);
                         None

@@ -95,8 +95,13 @@ pub fn page_links(html: &str, url: &Url) -> PageLinks {
     }
 }
 
-/// A sitemap's entries: (`<loc>`, `<lastmod>`), and whether it is a sitemap index (its locs
-/// are other sitemaps).
+/// URLs one sitemap may list (the sitemaps.org protocol's limit): more are not read.
+pub const MAX_SITEMAP_URLS: usize = 50_000;
+/// Bytes of one sitemap, uncompressed, at most (the protocol's limit).
+pub const MAX_SITEMAP_BYTES: usize = 50 << 20;
+
+/// A sitemap's entries: (`<loc>`, `<lastmod>`), at most [`MAX_SITEMAP_URLS`], and whether it
+/// is a sitemap index (its locs are other sitemaps).
 #[derive(Debug, Default, PartialEq)]
 pub struct Sitemap {
     pub entries: Vec<(String, Option<String>)>,
@@ -147,7 +152,9 @@ impl TokenSink for MapSink {
                     (TagKind::EndTag, "url" | "sitemap") => {
                         if let Some(loc) = s.loc.take().filter(|l| !l.is_empty()) {
                             let lastmod = s.lastmod.take();
-                            s.map.entries.push((loc, lastmod));
+                            if s.map.entries.len() < MAX_SITEMAP_URLS {
+                                s.map.entries.push((loc, lastmod));
+                            }
                         }
                         s.lastmod = None;
                     }
@@ -223,5 +230,11 @@ mod tests {
         );
         assert!(index.index);
         assert_eq!(index.entries.len(), 1);
+        // Past the protocol's limit, entries are not kept.
+        let big = format!(
+            "<urlset>{}</urlset>",
+            "<url><loc>https://s.example/x</loc></url>".repeat(MAX_SITEMAP_URLS + 10)
+        );
+        assert_eq!(sitemap(&big).entries.len(), MAX_SITEMAP_URLS);
     }
 }

@@ -31,17 +31,16 @@ use std::time::Duration;
 use futures::StreamExt;
 use url::Url;
 
-use self::links::{normalize, page_links, sitemap};
+use self::links::{normalize, page_links, sitemap, MAX_SITEMAP_BYTES};
 use super::feed::FeedConnector;
 use super::filesystem::{document_of, Unusable};
 use super::{known_unchanged, version_key, Connector, ConnectorError, KnownIndex};
 use crate::document::Document;
-use crate::http::fetch::{FetchError, Fetched, Fetcher, Page, Validators};
+use crate::http::fetch::{Addresses, FetchError, Fetched, Fetcher, Get, Page, Validators};
+use crate::http::robots::Robots;
 use crate::lifecycle::KnownPage;
 use crate::publisher::Publisher;
 
-/// robots.txt is read no further than this (Google's limit is 500 KiB).
-const MAX_ROBOTS_BYTES: usize = 500 << 10;
 /// A crawl keeps at most this many requests to its site in flight (fewer with a lower
 /// `--fetch-concurrency`): a polite crawler's share of a server. Measured against Python's
 /// http.server, whose listen backlog is 5: 16 in flight lost connections to SYN retries (146 s
@@ -72,10 +71,16 @@ pub struct WebSettings {
     pub crawl_rps: f64,
     /// How long one GET may take.
     pub timeout: Duration,
+    /// Connect to private, loopback and link-local addresses even when the source's URL does
+    /// not name one (`--allow-private-addresses`).
+    pub allow_private: bool,
 }
 
 pub struct WebConnector {
     url: String,
+    /// The URL as ids, metadata and reports show it: its secret-looking query parameters
+    /// (`token=`, `key=`, `sig=`, `X-Amz-*`...) as `***`.
+    shown: String,
     settings: WebSettings,
     known: Option<KnownIndex>,
 }
@@ -163,56 +168,6 @@ fn looks_like_sitemap(page: &Page) -> bool {
     head.contains("<urlset") || head.contains("<sitemapindex")
 }
 
-/// The rules of a site's robots.txt for ragline.
-struct Robots {
-    body: String,
-    delay: Option<Duration>,
-}
-
-impl Robots {
-    fn allows(&self, url: &Url) -> bool {
-        self.body.is_empty()
-            || robotstxt::DefaultMatcher::default().one_agent_allowed_by_robots(
-                &self.body,
-                "ragline",
-                url.as_str(),
-            )
-    }
-}
-
-/// The largest `Crawl-delay` of the groups for `*` or `ragline` (Google's matcher ignores it).
-fn crawl_delay(body: &str) -> Option<Duration> {
-    let mut agents_apply = false;
-    let mut in_agents = false;
-    let mut delay: Option<f64> = None;
-    for line in body.lines() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        let Some((key, value)) = line.split_once(':') else {
-            continue;
-        };
-        let (key, value) = (key.trim().to_ascii_lowercase(), value.trim());
-        if key == "user-agent" {
-            let applies = value == "*" || value.eq_ignore_ascii_case("ragline");
-            agents_apply = if in_agents {
-                agents_apply || applies
-            } else {
-                applies
-            };
-            in_agents = true;
-            continue;
-        }
-        in_agents = false;
-        if key == "crawl-delay" && agents_apply {
-            if let Ok(d) = value.parse::<f64>() {
-                if d.is_finite() && d > 0.0 {
-                    delay = Some(delay.map_or(d, |x: f64| x.max(d)).min(60.0));
-                }
-            }
-        }
-    }
-    delay.map(Duration::from_secs_f64)
-}
-
 impl WebConnector {
     pub fn new(url: &str, settings: WebSettings) -> Result<Self, ConnectorError> {
         let parsed = Url::parse(url).map_err(|e| {
@@ -234,72 +189,86 @@ impl WebConnector {
         }
         Ok(WebConnector {
             url: url.to_string(),
+            shown: shown_url(url),
             settings,
             known: None,
         })
     }
 
     /// Read the source; `known`: the pages earlier crawls from here read, as the index holds
-    /// them.
+    /// them. The site's robots.txt is read first: the start URL too must be allowed.
     async fn publish_all(
         &self,
         publisher: &Publisher,
         known: HashMap<Url, KnownPage>,
     ) -> Result<(), ConnectorError> {
         let s = &self.settings;
+        let addresses = Addresses::for_source(&self.url, s.allow_private);
         let fetcher = Arc::new(
-            Fetcher::new(s.max_bytes, s.timeout)
+            Fetcher::new(s.max_bytes, s.timeout, addresses)
                 .map_err(|e| ConnectorError::Source(format!("cannot start HTTP: {e}")))?,
         );
+        let start_url = Url::parse(&self.url)
+            .map_err(|e| ConnectorError::Config(format!("{}: {e}", self.shown)))?;
+        let robots = self.robots(&start_url, &fetcher).await?;
+        if !robots.allows(&start_url) {
+            return Err(ConnectorError::Source(format!(
+                "robots.txt of {} disallows {}: nothing to read",
+                start_url.origin().ascii_serialization(),
+                self.shown
+            )));
+        }
         // The start, when a crawl from here read it before, is asked for conditionally (a
         // 304: the start page of a crawl, unchanged).
-        let start_known = Url::parse(&self.url)
-            .ok()
-            .map(normalize)
-            .and_then(|u| known.get(&u))
-            .filter(|p| p.links.is_some());
+        let start_known = known_page(&known, &normalize(start_url.clone()))
+            .filter(|p| p.links.is_some())
+            .map(validators);
+        let how = Get {
+            known: start_known.as_ref(),
+            robots: Some(&robots),
+            max_bytes: None,
+        };
         let start = fetcher
-            .get_if_changed(&self.url, start_known.map(validators).as_ref())
+            .fetch(&self.url, how)
             .await
             .map_err(|e| ConnectorError::Source(format!("the start of the source: {e}")))?;
         let start = match start {
-            Fetched::NotModified => return self.crawl(None, known, &fetcher, publisher).await,
+            Fetched::NotModified => {
+                return self.crawl(None, known, &robots, &fetcher, publisher).await
+            }
             Fetched::Page(page) => page,
         };
         publisher.fetched(start.body.len() as u64);
         if looks_like_html(&start) {
-            return self.crawl(Some(start), known, &fetcher, publisher).await;
+            return self
+                .crawl(Some(start), known, &robots, &fetcher, publisher)
+                .await;
         }
         if looks_like_sitemap(&start) {
-            return self.sitemap(start, &fetcher, publisher).await;
+            return self.sitemap(start, &robots, &fetcher, publisher).await;
         }
-        FeedConnector::new(&self.url, s.follow_links, s.concurrency, self.known.clone())
-            .publish_feed(start, &fetcher, publisher)
-            .await
+        FeedConnector::new(
+            &self.shown,
+            s.follow_links,
+            s.concurrency,
+            self.known.clone(),
+        )
+        .publish_feed(start, &robots, &fetcher, publisher)
+        .await
     }
 
-    /// The robots.txt of `url`'s site (empty: everything allowed).
+    /// The robots.txt of `url`'s site (empty: everything allowed). A robots.txt that cannot
+    /// be read for a server error stops the source, as RFC 9309 says.
     async fn robots(&self, url: &Url, fetcher: &Fetcher) -> Result<Robots, ConnectorError> {
         let Ok(at) = url.join("/robots.txt") else {
-            return Ok(Robots {
-                body: String::new(),
-                delay: None,
-            });
+            return Ok(Robots::default());
         };
         match fetcher.get(at.as_str()).await {
-            Ok(page) => {
-                let body = &page.body[..page.body.len().min(MAX_ROBOTS_BYTES)];
-                let body = String::from_utf8_lossy(body).into_owned();
-                Ok(Robots {
-                    delay: crawl_delay(&body),
-                    body,
-                })
-            }
+            Ok(page) => Ok(Robots::parse(&page.body)),
             // No robots.txt (4xx): no rules.
-            Err(FetchError::Status { status, .. }) if (400..500).contains(&status) => Ok(Robots {
-                body: String::new(),
-                delay: None,
-            }),
+            Err(FetchError::Status { status, .. }) if (400..500).contains(&status) => {
+                Ok(Robots::default())
+            }
             Err(e) => Err(ConnectorError::Source(format!(
                 "robots.txt cannot be read ({e}); RFC 9309 has a crawler take that as \"crawl \
                  nothing\": try again when the site answers"
@@ -322,21 +291,14 @@ impl WebConnector {
         &self,
         start: Option<Page>,
         known: HashMap<Url, KnownPage>,
+        robots: &Robots,
         fetcher: &Fetcher,
         publisher: &Publisher,
     ) -> Result<(), ConnectorError> {
         let s = &self.settings;
         let start_url = Url::parse(&self.url)
-            .map_err(|e| ConnectorError::Config(format!("{}: {e}", self.url)))?;
-        let robots = self.robots(&start_url, fetcher).await?;
-        if !robots.allows(&start_url) {
-            return Err(ConnectorError::Source(format!(
-                "robots.txt of {} disallows {}: nothing to crawl",
-                start_url.origin().ascii_serialization(),
-                self.url
-            )));
-        }
-        let mut pace = self.pace(&robots);
+            .map_err(|e| ConnectorError::Config(format!("{}: {e}", self.shown)))?;
+        let mut pace = self.pace(robots);
         let start_url = normalize(start_url);
         let mut crawl = CrawlState {
             scope: Scope::of(&start_url),
@@ -363,8 +325,8 @@ impl WebConnector {
                     wave.push((url, depth, pace.slot()));
                 } else {
                     publisher.publish_dropped(
-                        url.as_str(),
-                        Some(&self.url),
+                        &shown_url(url.as_str()),
+                        Some(&self.shown),
                         "read",
                         "robots.txt disallows it for ragline; not read",
                     );
@@ -374,8 +336,15 @@ impl WebConnector {
             let known = &crawl.known;
             let got: Vec<_> = futures::stream::iter(wave.iter().map(|(url, _, slot)| async move {
                 Pace::sleep_until(*slot).await;
-                let held = known.get(url).filter(|p| p.links.is_some()).map(validators);
-                fetcher.get_if_changed(url.as_str(), held.as_ref()).await
+                let held = known_page(known, url)
+                    .filter(|p| p.links.is_some())
+                    .map(validators);
+                let how = Get {
+                    known: held.as_ref(),
+                    robots: Some(robots),
+                    max_bytes: None,
+                };
+                fetcher.fetch(url.as_str(), how).await
             }))
             .buffered(in_flight)
             .collect()
@@ -406,7 +375,7 @@ impl WebConnector {
         depth: u32,
         publisher: &Publisher,
     ) -> Result<(), ConnectorError> {
-        let Some(page) = crawl.known.get(url) else {
+        let Some(page) = known_page(&crawl.known, url) else {
             return Ok(());
         };
         let (id, links) = (page.id.clone(), page.links.clone().unwrap_or_default());
@@ -415,7 +384,7 @@ impl WebConnector {
         let version = self.known.as_ref().and_then(|k| k.version_of(&id));
         if let Some(version) = version {
             if crawl.ids.insert(id.clone()) {
-                publisher.publish(known_unchanged(id, self.url.clone(), version.to_string()))?;
+                publisher.publish(known_unchanged(id, self.shown.clone(), version.to_string()))?;
             }
         }
         Ok(())
@@ -452,12 +421,13 @@ impl WebConnector {
         let read_from = Url::parse(&page.url).map(normalize).unwrap_or(url.clone());
         if !crawl.scope.holds(&read_from) {
             publisher.publish_dropped(
-                url.as_str(),
-                Some(&self.url),
+                &shown_url(url.as_str()),
+                Some(&self.shown),
                 "read",
                 &format!(
-                    "redirected to {read_from}, outside the crawl's prefix {}; not read",
-                    crawl.scope.prefix
+                    "redirected to {}, outside the crawl's prefix {}; not read",
+                    shown_url(read_from.as_str()),
+                    shown_url(&crawl.scope.prefix)
                 ),
             );
             return Ok(());
@@ -469,14 +439,15 @@ impl WebConnector {
             .and_then(|f| f.canonical.clone())
             .filter(|c| crawl.scope.holds(c))
             .unwrap_or_else(|| read_from.clone());
+        let id = shown_url(id.as_str());
         if let Some(f) = &found {
             self.follow(crawl, &f.links, depth);
         }
-        if !crawl.ids.insert(id.to_string()) {
+        if !crawl.ids.insert(id.clone()) {
             // The same page under another URL (its canonical one was indexed).
             return Ok(());
         }
-        match page_document(id.as_str(), &page) {
+        match page_document(&id, &page) {
             Ok(mut doc) => {
                 let m = &mut doc.fields.metadata;
                 m.insert("depth".into(), depth.into());
@@ -490,97 +461,148 @@ impl WebConnector {
                     .collect();
                 kept.sort_unstable();
                 kept.dedup();
-                if kept.len() <= MAX_KEPT_LINKS {
+                // A link that carries a secret is not stored: such a page is read whole
+                // every time instead of asked for conditionally.
+                let secret = kept.iter().any(|l| shown_url(l) != *l);
+                if kept.len() <= MAX_KEPT_LINKS && !secret {
                     m.insert("links".into(), kept.into());
                 }
                 if read_from != url {
-                    m.insert("redirected_from".into(), url.as_str().into());
+                    m.insert("redirected_from".into(), shown_url(url.as_str()).into());
                 }
-                doc.fields.source = Some(self.url.clone());
+                doc.fields.source = Some(self.shown.clone());
                 publisher.publish(doc)?;
             }
-            Err(why) => why.publish(publisher, id.as_str(), Some(&self.url), "read"),
+            Err(why) => why.publish(publisher, &id, Some(&self.shown), "read"),
         }
         Ok(())
     }
 
-    /// The pages a sitemap (or a sitemap index's sitemaps) lists, on the sitemap's host.
+    /// The pages a sitemap (or a sitemap index's sitemaps) lists, on the sitemap's origin, at
+    /// most `--crawl-max-pages`: a sitemap index's sitemaps are read (each within the
+    /// protocol's 50 MB and 50,000 URLs, each allowed by robots.txt) only until that many
+    /// pages are known.
     async fn sitemap(
         &self,
         first: Page,
+        robots: &Robots,
         fetcher: &Fetcher,
         publisher: &Publisher,
     ) -> Result<(), ConnectorError> {
         let s = &self.settings;
         let map_url = Url::parse(&first.url)
-            .map_err(|e| ConnectorError::Config(format!("{}: {e}", self.url)))?;
-        let robots = self.robots(&map_url, fetcher).await?;
-        let mut pace = self.pace(&robots);
-        let same_host = |u: &Url| u.host_str() == map_url.host_str() && u.port() == map_url.port();
-        let mut map = sitemap(&String::from_utf8_lossy(&first.body));
+            .map_err(|e| ConnectorError::Config(format!("{}: {e}", self.shown)))?;
+        let mut pace = self.pace(robots);
+        let same_origin = |u: &Url| u.origin() == map_url.origin();
+        let map = sitemap(&String::from_utf8_lossy(
+            &first.body[..first.body.len().min(MAX_SITEMAP_BYTES)],
+        ));
+        drop(first);
+        // The pages to read, in the order listed: distinct URLs on the sitemap's origin.
+        let mut seen = HashSet::new();
+        type Listed = (Result<Url, String>, Option<String>);
+        let mut entries: Vec<Listed> = Vec::new();
+        let mut take = |entries: &mut Vec<Listed>, list: Vec<(String, Option<String>)>| {
+            for (loc, lastmod) in list {
+                if entries.len() >= s.crawl_max_pages {
+                    break;
+                }
+                match Url::parse(&loc).ok().map(normalize) {
+                    Some(url) if !same_origin(&url) => {}
+                    Some(url) => {
+                        if seen.insert(url.clone()) {
+                            entries.push((Ok(url), lastmod));
+                        }
+                    }
+                    None => entries.push((Err(loc), lastmod)),
+                }
+            }
+        };
         if map.index {
-            let mut entries = Vec::new();
-            for (loc, _) in map.entries.iter().take(MAX_SITEMAPS) {
-                let Some(child) = Url::parse(loc).ok().filter(same_host) else {
+            for (loc, _) in map.entries.into_iter().take(MAX_SITEMAPS) {
+                if entries.len() >= s.crawl_max_pages {
+                    break;
+                }
+                let Some(child) = Url::parse(&loc).ok().filter(same_origin) else {
                     continue;
                 };
+                if !robots.allows(&child) {
+                    tracing::info!(
+                        "{}: robots.txt disallows the sitemap {}; not read",
+                        self.shown,
+                        shown_url(child.as_str())
+                    );
+                    continue;
+                }
                 pace.wait().await;
+                let how = Get {
+                    known: None,
+                    robots: Some(robots),
+                    max_bytes: Some(MAX_SITEMAP_BYTES),
+                };
                 let page = fetcher
-                    .get(child.as_str())
+                    .get_with(child.as_str(), how)
                     .await
                     .map_err(|e| ConnectorError::Source(format!("a sitemap of the index: {e}")))?;
                 publisher.fetched(page.body.len() as u64);
-                entries.extend(sitemap(&String::from_utf8_lossy(&page.body)).entries);
+                let listed = sitemap(&String::from_utf8_lossy(&page.body)).entries;
+                drop(page);
+                take(&mut entries, listed);
             }
-            map.entries = entries;
+        } else {
+            take(&mut entries, map.entries);
         }
-        let mut seen = HashSet::new();
-        let mut pages = 0usize;
-        for (loc, lastmod) in map.entries {
-            if pages >= s.crawl_max_pages {
-                break;
-            }
-            let Some(url) = Url::parse(&loc).ok().map(normalize) else {
-                publisher.publish_failed(&loc, Some(&self.url), "read", "not a URL");
-                continue;
+        for (url, lastmod) in entries {
+            let url = match url {
+                Ok(url) => url,
+                Err(loc) => {
+                    publisher.publish_failed(
+                        &shown_url(&loc),
+                        Some(&self.shown),
+                        "read",
+                        "not a URL",
+                    );
+                    continue;
+                }
             };
-            if !same_host(&url) || !seen.insert(url.clone()) {
-                continue;
-            }
-            pages += 1;
-            let id = url.as_str();
+            let id = shown_url(url.as_str());
             if !robots.allows(&url) {
                 publisher.publish_dropped(
-                    id,
-                    Some(&self.url),
+                    &id,
+                    Some(&self.shown),
                     "read",
                     "robots.txt disallows it for ragline; not read",
                 );
                 continue;
             }
-            let key = lastmod.map(|m| version_key(&["sitemap-page", id, &m]));
+            let key = lastmod.map(|m| version_key(&["sitemap-page", &id, &m]));
             if let (Some(key), Some(known)) = (&key, &self.known) {
-                if known.holds(id, key) {
-                    publisher.publish(known_unchanged(id.into(), self.url.clone(), key.clone()))?;
+                if known.holds(&id, key) {
+                    publisher.publish(known_unchanged(id, self.shown.clone(), key.clone()))?;
                     continue;
                 }
             }
             pace.wait().await;
-            let page = match fetcher.get(id).await {
+            let how = Get {
+                known: None,
+                robots: Some(robots),
+                max_bytes: None,
+            };
+            let page = match fetcher.get_with(url.as_str(), how).await {
                 Ok(page) => page,
                 Err(e) => {
-                    self.unusable(publisher, id, e);
+                    self.unusable(publisher, &id, e);
                     continue;
                 }
             };
             publisher.fetched(page.body.len() as u64);
-            match page_document(id, &page) {
+            match page_document(&id, &page) {
                 Ok(mut doc) => {
                     doc.content_hash = key;
-                    doc.fields.source = Some(self.url.clone());
+                    doc.fields.source = Some(self.shown.clone());
                     publisher.publish(doc)?;
                 }
-                Err(why) => why.publish(publisher, id, Some(&self.url), "read"),
+                Err(why) => why.publish(publisher, &id, Some(&self.shown), "read"),
             }
         }
         Ok(())
@@ -588,19 +610,20 @@ impl WebConnector {
 
     /// A page that could not be read: gone (404, 410), or failed.
     fn unusable(&self, publisher: &Publisher, id: &str, e: FetchError) {
+        let id = &shown_url(id);
         match e {
             FetchError::Status {
                 status: 404 | 410, ..
             } => publisher.publish_gone(
                 id,
-                Some(&self.url),
+                Some(&self.shown),
                 "read",
                 &format!("gone: {e} (a broken link, or a page removed)"),
             ),
-            FetchError::OtherHost { .. } => {
-                publisher.publish_dropped(id, Some(&self.url), "read", &e.to_string())
+            FetchError::OtherHost { .. } | FetchError::Disallowed { .. } => {
+                publisher.publish_dropped(id, Some(&self.shown), "read", &e.to_string())
             }
-            e => publisher.publish_failed(id, Some(&self.url), "read", &e.to_string()),
+            e => publisher.publish_failed(id, Some(&self.shown), "read", &e.to_string()),
         }
     }
 }
@@ -627,6 +650,25 @@ fn known_by_url(pages: Vec<KnownPage>) -> HashMap<Url, KnownPage> {
     out
 }
 
+/// The page the index holds under `url` (the map's keys are URLs as the index shows them,
+/// secrets redacted).
+fn known_page<'a>(known: &'a HashMap<Url, KnownPage>, url: &Url) -> Option<&'a KnownPage> {
+    known.get(url).or_else(|| {
+        let shown = shown_url(url.as_str());
+        (shown != url.as_str())
+            .then(|| Url::parse(&shown).ok())
+            .flatten()
+            .and_then(|u| known.get(&normalize(u)))
+    })
+}
+
+/// `url` as an id, metadata or a report may show it: the values of its secret-looking query
+/// parameters (`token`, `key`, `sig`, `signature`, `password`, `access_token`, `X-Amz-*`...)
+/// replaced by `***`, and any password in it.
+pub fn shown_url(url: &str) -> String {
+    crate::secret::redact_url(url)
+}
+
 /// What a conditional GET of a page the index holds sends.
 fn validators(page: &KnownPage) -> Validators<'_> {
     Validators {
@@ -639,7 +681,7 @@ fn validators(page: &KnownPage) -> Validators<'_> {
 pub(crate) fn page_document(id: &str, page: &Page) -> Result<Document, Unusable> {
     let mut doc = document_of(id.to_string(), page.body.clone(), format_of_page(page))?;
     let m = &mut doc.fields.metadata;
-    m.insert("url".into(), page.url.clone().into());
+    m.insert("url".into(), shown_url(&page.url).into());
     for (key, value) in [
         ("etag", &page.etag),
         ("last_modified", &page.last_modified),
@@ -688,7 +730,7 @@ impl Connector for WebConnector {
         let known = known_by_url(
             self.known
                 .as_ref()
-                .map(|k| k.pages(&self.url))
+                .map(|k| k.pages(&self.shown))
                 .unwrap_or_default(),
         );
         super::block_on_io("ragline-web", self.publish_all(publisher, known))
@@ -709,27 +751,5 @@ mod tests {
         assert!(!holds("http://site.example/docs/a.html"));
         assert!(!holds("https://site.example:8443/docs/a.html"));
         assert!(!holds("https://evil.example/docs/a.html"));
-    }
-
-    #[test]
-    fn crawl_delay_is_read_from_the_groups_that_apply() {
-        let body = "User-agent: googlebot\nCrawl-delay: 30\n\nUser-agent: *\nUser-agent: other\n\
-                    Disallow: /private/\nCrawl-delay: 2 # seconds\n";
-        assert_eq!(crawl_delay(body), Some(Duration::from_secs(2)));
-        assert_eq!(crawl_delay("User-agent: bingbot\nCrawl-delay: 5\n"), None);
-        assert_eq!(
-            crawl_delay("User-agent: ragline\nCrawl-delay: 9999\n"),
-            Some(Duration::from_secs(60))
-        );
-    }
-
-    #[test]
-    fn robots_rules_apply_to_ragline() {
-        let r = Robots {
-            body: "User-agent: *\nDisallow: /docs/private/\n".into(),
-            delay: None,
-        };
-        assert!(r.allows(&Url::parse("https://s.example/docs/a.html").unwrap()));
-        assert!(!r.allows(&Url::parse("https://s.example/docs/private/b.html").unwrap()));
     }
 }

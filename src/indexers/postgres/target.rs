@@ -268,6 +268,27 @@ impl PgTarget {
     }
 }
 
+/// Connection parameters whose values an error message may show: none of them carries a
+/// secret (libpq's names).
+const SHOWN_PARAMS: &[&str] = &[
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "application_name",
+    "connect_timeout",
+    "sslmode",
+    "target_session_attrs",
+    "load_balance_hosts",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "channel_binding",
+    "sslnegotiation",
+];
+
 impl fmt::Display for PgTarget {
     /// The URI without its password.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -279,12 +300,22 @@ impl fmt::Display for PgTarget {
             }
             _ => self.conn.clone(),
         };
-        // `?password=` (libpq takes it there too) goes the same way.
+        // `?password=` (libpq takes it there too) goes the same way; every other parameter's
+        // value is shown only when it is known to be harmless (`sslpassword=`, a typo'd
+        // `pasword=`, whatever libpq learns next: `***`).
         let redacted = match redacted.split_once('?') {
             Some((base, query)) => {
-                let kept: Vec<&str> = query
+                let kept: Vec<String> = query
                     .split('&')
                     .filter(|p| !p.to_ascii_lowercase().starts_with("password="))
+                    .map(|p| match p.split_once('=') {
+                        Some((k, _))
+                            if !SHOWN_PARAMS.contains(&k.to_ascii_lowercase().as_str()) =>
+                        {
+                            format!("{k}=***")
+                        }
+                        _ => p.to_string(),
+                    })
                     .collect();
                 if kept.is_empty() {
                     base.to_string()

@@ -170,6 +170,9 @@ fn expansion_search() -> usize {
 /// graph's nearest by its own quantized distances, which order f16 vectors almost exactly,
 /// int8 ones closely and binary ones coarsely. Each costs a vec0 point lookup (~35 us), the
 /// largest part of a search's time.
+/// Results asked of the graph, at most, whatever k a caller passes.
+const MAX_CANDIDATES: usize = 1 << 20;
+
 fn rescored(dtype: AnnDtype, k: usize) -> usize {
     match dtype {
         AnnDtype::F16 => 2 * k.max(10),
@@ -718,15 +721,17 @@ fn save(
         path: dir.clone(),
         message: e.to_string(),
     })?;
-    let name = format!("set-{set}-{seq}.usearch");
-    let path = dir.join(&name);
-    let tmp = dir.join(format!("{name}.tmp"));
     let io = |p: &Path, e: std::io::Error| file_error(p, e.to_string());
+    let tmp = dir.join(format!("set-{set}-{seq}.usearch.tmp"));
     let tmp_str = utf8(&tmp)?;
     index.save(tmp_str).map_err(graph)?;
     std::fs::File::open(&tmp)
         .and_then(|f| f.sync_all())
         .map_err(|e| io(&tmp, e))?;
+    // The file's checksum goes into its name, which the record keeps: a file altered after
+    // this point is found out when it is loaded.
+    let name = format!("set-{set}-{seq}-{}.usearch", checksum(&tmp)?);
+    let path = dir.join(&name);
     std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
     if let Ok(d) = std::fs::File::open(&dir) {
         let _ = d.sync_all();
@@ -835,7 +840,68 @@ fn load(db: &Path, row: &AnnRow, dimension: usize, view: bool) -> Result<Index, 
     Ok(index)
 }
 
-/// A set's ANN file, if its header agrees with the record: its path and length.
+/// Hex digits of the checksum an ANN file's name carries (128 bits of BLAKE3).
+const CHECKSUM_HEX: usize = 32;
+
+/// The checksum of the file at `path`, as its name carries it.
+fn checksum(path: &Path) -> Result<String, AnnError> {
+    let mut hasher = blake3::Hasher::new();
+    hasher
+        .update_mmap_rayon(path)
+        .map_err(|e| file_error(path, e.to_string()))?;
+    Ok(hasher.finalize().to_hex()[..CHECKSUM_HEX].to_string())
+}
+
+/// The checksum in a file's name (`set-S-Q-CHECKSUM.usearch`); None for a name from before
+/// names carried one.
+fn named_checksum(name: &str) -> Option<&str> {
+    let stem = name.strip_suffix(".usearch")?;
+    let (_, sum) = stem.rsplit_once('-')?;
+    (sum.len() == CHECKSUM_HEX && sum.bytes().all(|b| b.is_ascii_hexdigit())).then_some(sum)
+}
+
+/// Whether the file at `path` (of `len` bytes) has the checksum its name gives. A file this
+/// process has checked is not read again while its length and time stay the same.
+fn verify_checksum(path: &Path, len: u64) -> Result<(), AnnError> {
+    use std::sync::Mutex;
+    static CHECKED: Mutex<Vec<(PathBuf, u64, Option<std::time::SystemTime>)>> =
+        Mutex::new(Vec::new());
+    let Some(want) = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(named_checksum)
+    else {
+        return Ok(());
+    };
+    let modified = std::fs::metadata(path).ok().and_then(|m| m.modified().ok());
+    let stamp = (path.to_path_buf(), len, modified);
+    if CHECKED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&stamp)
+    {
+        return Ok(());
+    }
+    let got = checksum(path)?;
+    if got != want {
+        return Err(file_error(
+            path,
+            format!(
+                "its checksum is {got}, not the {want} it was saved with: the file was altered \
+                 or damaged since"
+            ),
+        ));
+    }
+    let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
+    if checked.len() >= 64 {
+        checked.remove(0);
+    }
+    checked.push(stamp);
+    Ok(())
+}
+
+/// A set's ANN file, if its header agrees with the record and its bytes with the checksum its
+/// name carries: its path and length.
 fn check_file(db: &Path, row: &AnnRow, dimension: usize) -> Result<(PathBuf, u64), AnnError> {
     let path = file_path(db, row).ok_or_else(|| {
         AnnError::Graph(format!(
@@ -845,10 +911,13 @@ fn check_file(db: &Path, row: &AnnRow, dimension: usize) -> Result<(PathBuf, u64
     })?;
     let bad = |message: String| file_error(&path, message);
     let p = utf8(&path)?;
-    let meta = Index::metadata(p).map_err(|e| bad(e.to_string()))?;
     let len = std::fs::metadata(&path)
         .map_err(|e| bad(e.to_string()))?
         .len();
+    // The bytes first: a file altered anywhere, its header included, is told apart from one
+    // that is whole but does not fit the record.
+    verify_checksum(&path, len)?;
+    let meta = Index::metadata(p).map_err(|e| bad(e.to_string()))?;
     if meta.dimensions != dimension as u64
         || meta.quantization != row.dtype.scalar()
         || meta.count_present as i64 != row.size
@@ -940,7 +1009,8 @@ pub fn search(
         dirty: dirty.len(),
         ..AnnSearch::default()
     };
-    let rescore = rescored(view.dtype, k);
+    // Never more candidates than the graph holds (a huge k would size usearch's buffers).
+    let rescore = rescored(view.dtype, k.min(MAX_CANDIDATES)).min(view.index.size().max(1));
     // Candidates from the graph: every chunk whose vector changed since the file was cut is
     // masked out (it is scored from SQLite below).
     let mut candidates: Vec<u64> = match allowed {

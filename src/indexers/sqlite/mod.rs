@@ -42,6 +42,15 @@ use write::SqliteBackend;
 
 /// How long a writer waits for another writer's lock.
 pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long opening an index goes on trying while other processes hold it.
+const BUSY_RETRY_FOR: Duration = Duration::from_secs(300);
+
+/// Why one try at opening an index failed: the file was busy (try again), or anything else.
+enum OpenError {
+    Busy(rusqlite::Error),
+    Failed(BackendError),
+}
+use OpenError::{Busy, Failed};
 
 /// Register sqlite-vec with every connection this process opens.
 pub fn register_sqlite_vec() {
@@ -67,15 +76,50 @@ impl SqliteFactory {
     /// Open or create the index at `path` for a run with `identity`. Everything that can be
     /// wrong with the file (not SQLite, not a ragline index, a newer schema, another model or
     /// dimension) is found by reading only, so the file is untouched when the run is refused.
+    ///
+    /// Another process holding the file (a role starting beside others, an `enrich` at its
+    /// commit) is waited for: each statement waits [`BUSY_TIMEOUT`] for a lock, and a set-up
+    /// that still finds the file busy is tried again with backoff for [`BUSY_RETRY_FOR`].
     pub fn open(path: &Path, identity: IndexIdentity) -> Result<Self, BackendError> {
-        register_sqlite_vec();
-        if path.exists() {
-            let meta = SqliteReader::open(path)?.meta().clone();
-            check_model(path, &meta, identity.model.as_ref())?;
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match Self::open_once(path, &identity) {
+                Err(Busy(e)) if started.elapsed() < BUSY_RETRY_FOR => {
+                    tracing::warn!(
+                        "{}: another process holds the index ({e}); trying again in {} ms",
+                        path.display(),
+                        pause.as_millis()
+                    );
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+                Err(Busy(e)) => return Err(index_error(path, e)),
+                Err(Failed(e)) => return Err(e),
+                Ok(()) => {
+                    return Ok(SqliteFactory {
+                        path: path.to_path_buf(),
+                        identity,
+                    })
+                }
+            }
         }
-        let conn = Connection::open(path).map_err(|e| BackendError::Unwritable {
-            path: path.to_path_buf(),
-            source: std::io::Error::other(e.to_string()),
+    }
+
+    fn open_once(path: &Path, identity: &IndexIdentity) -> Result<(), OpenError> {
+        register_sqlite_vec();
+        // A file another process has just created and not yet written (SQLite writes a new
+        // file at its first commit) is a new index, not a foreign file.
+        let written = std::fs::metadata(path).is_ok_and(|m| m.len() > 0);
+        if written {
+            let meta = SqliteReader::open(path).map_err(Failed)?.meta().clone();
+            check_model(path, &meta, identity.model.as_ref()).map_err(Failed)?;
+        }
+        let conn = Connection::open(path).map_err(|e| {
+            Failed(BackendError::Unwritable {
+                path: path.to_path_buf(),
+                source: std::io::Error::other(e.to_string()),
+            })
         })?;
         let setup = || -> rusqlite::Result<()> {
             conn.busy_timeout(BUSY_TIMEOUT)?;
@@ -84,7 +128,13 @@ impl SqliteFactory {
             conn.pragma_update(None, "page_size", 16384)?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.pragma_update(None, "synchronous", SYNCHRONOUS)?;
-            let tx = conn.unchecked_transaction()?;
+            // IMMEDIATE: the write lock taken (waiting for it) before the first read, so the
+            // upgrade never has to turn a read into a write under another writer (SQLite's
+            // SQLITE_BUSY without waiting).
+            let tx = rusqlite::Transaction::new_unchecked(
+                &conn,
+                rusqlite::TransactionBehavior::Immediate,
+            )?;
             upgrade(&tx)?;
             if let Some(model) = &identity.model {
                 match sets::active(&tx)? {
@@ -114,16 +164,15 @@ impl SqliteFactory {
         };
         setup().map_err(|e| match e.sqlite_error_code() {
             Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen) => {
-                BackendError::Unwritable {
+                Failed(BackendError::Unwritable {
                     path: path.to_path_buf(),
                     source: std::io::Error::other(e.to_string()),
-                }
+                })
             }
-            _ => index_error(path, e),
-        })?;
-        Ok(SqliteFactory {
-            path: path.to_path_buf(),
-            identity,
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                Busy(e)
+            }
+            _ => Failed(index_error(path, e)),
         })
     }
 
@@ -299,6 +348,7 @@ impl BackendFactory for SqliteFactory {
             return Ok(None);
         }
         let conn = Connection::open_with_flags(&self.path, read_only_flags())
+            .and_then(|c| c.busy_timeout(BUSY_TIMEOUT).map(|()| c))
             .map_err(|e| index_error(&self.path, e))?;
         let active = sets::active(&conn).map_err(|e| index_error(&self.path, e))?;
         Ok(active.map(|set| {

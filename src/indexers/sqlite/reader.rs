@@ -103,6 +103,9 @@ impl SqliteReader {
         }
         let conn = Connection::open_with_flags(path, read_only_flags())
             .map_err(|e| not_index(e.to_string()))?;
+        // A writer's lock (another process's commit, its first set-up) is waited for.
+        conn.busy_timeout(super::BUSY_TIMEOUT)
+            .map_err(|e| not_index(e.to_string()))?;
         let has_meta = has_table(&conn, "meta").map_err(|e| match e.sqlite_error_code() {
             Some(rusqlite::ErrorCode::NotADatabase) => {
                 not_index("not an SQLite database, or a corrupted one".into())

@@ -12,6 +12,7 @@ pub mod budget;
 pub mod docx;
 mod front_matter;
 pub mod html;
+pub mod isolate;
 pub mod markdown;
 #[cfg(feature = "pdf")]
 pub mod pdf;
@@ -31,8 +32,9 @@ pub const DEFAULT_MAX_FILE_SECONDS: u64 = 60;
 /// MiB one file's extraction may hold (`--max-extract-mb`).
 pub const DEFAULT_MAX_EXTRACT_MB: u64 = 1024;
 
-/// What an extractor yields.
-#[derive(Debug, Default)]
+/// What an extractor yields (serialized between a `--isolate-extraction` child and its
+/// parent).
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Extracted {
     pub text: String,
     pub blocks: Vec<Block>,
@@ -47,12 +49,15 @@ pub struct Extracted {
 }
 
 /// The extract stage's settings.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ExtractConfig {
     /// How long one file may take to parse.
     pub max_file_time: Duration,
     /// Bytes one file's parser may hold.
     pub max_memory: u64,
+    /// `--isolate-extraction`: parse in a child process of this program (the ragline
+    /// binary), so a crash no thread can contain fails the file alone ([`isolate`]).
+    pub isolate: Option<std::path::PathBuf>,
 }
 
 impl Default for ExtractConfig {
@@ -60,6 +65,7 @@ impl Default for ExtractConfig {
         ExtractConfig {
             max_file_time: Duration::from_secs(DEFAULT_MAX_FILE_SECONDS),
             max_memory: DEFAULT_MAX_EXTRACT_MB << 20,
+            isolate: None,
         }
     }
 }
@@ -69,51 +75,28 @@ pub struct Extract {
     config: ExtractConfig,
     /// The thread this stage's parses run on (kept from one file to the next).
     runner: budget::Runner,
+    /// The child process the parses run in, with `--isolate-extraction`.
+    isolated: Option<isolate::Isolated>,
 }
 
 impl Extract {
     pub fn new(config: ExtractConfig) -> Self {
         Extract {
+            isolated: config.isolate.clone().map(isolate::Isolated::new),
             config,
             runner: budget::Runner::default(),
         }
     }
 
-    /// Parse `content` as `format` under the budget.
+    /// Parse `content` as `format` under the budget (in the child process when isolated).
     fn parse(&mut self, format: &str, content: Content) -> Result<Extracted, StageError> {
         let limits = budget::Limits {
             time: self.config.max_file_time,
             memory: self.config.max_memory,
         };
-        let result: Result<Extracted, Guarded> = match (format, content) {
-            #[cfg(feature = "pdf")]
-            ("pdf", Content::Bytes(raw)) => self.runner.run(limits, move |b| pdf::extract(&raw, b)),
-            #[cfg(feature = "docx")]
-            ("docx" | "doc", Content::Bytes(raw)) => {
-                self.runner.run(limits, move |b| docx::extract(&raw, b))
-            }
-            (_, Content::Bytes(_)) => {
-                let feature = if format == "doc" { "docx" } else { format };
-                Err(Guarded::Failed(format!(
-                    "this ragline was built without the `{feature}` feature; rebuild it with \
-                     default features (or `--features {feature}`) to read .{format} files"
-                )))
-            }
-            ("markdown", Content::Text(raw)) => self
-                .runner
-                .run(limits, move |_| Ok(markdown::extract(&raw))),
-            ("html", Content::Text(raw)) => {
-                self.runner.run(limits, move |b| html::extract(&raw, b))
-            }
-            ("rst", Content::Text(raw)) => self
-                .runner
-                .run(limits, move |_| Ok(text::extract_rst(&raw))),
-            ("text", Content::Text(raw)) => self
-                .runner
-                .run(limits, move |_| Ok(text::extract_text(&raw))),
-            (_, Content::Text(raw)) => self
-                .runner
-                .run(limits, move |_| Ok(text::extract_plain(&raw))),
+        let result = match &mut self.isolated {
+            Some(child) => child.run(format, content, limits),
+            None => self.parse_here(format, content, limits),
         };
         result.map_err(|why| {
             StageError::BadDocument(match why {
@@ -143,6 +126,45 @@ impl Extract {
                 ),
             })
         })
+    }
+
+    /// Parse `content` as `format` in this process, on the stage's budgeted thread.
+    fn parse_here(
+        &mut self,
+        format: &str,
+        content: Content,
+        limits: budget::Limits,
+    ) -> Result<Extracted, Guarded> {
+        match (format, content) {
+            #[cfg(feature = "pdf")]
+            ("pdf", Content::Bytes(raw)) => self.runner.run(limits, move |b| pdf::extract(&raw, b)),
+            #[cfg(feature = "docx")]
+            ("docx" | "doc", Content::Bytes(raw)) => {
+                self.runner.run(limits, move |b| docx::extract(&raw, b))
+            }
+            (_, Content::Bytes(_)) => {
+                let feature = if format == "doc" { "docx" } else { format };
+                Err(Guarded::Failed(format!(
+                    "this ragline was built without the `{feature}` feature; rebuild it with \
+                     default features (or `--features {feature}`) to read .{format} files"
+                )))
+            }
+            ("markdown", Content::Text(raw)) => self
+                .runner
+                .run(limits, move |_| Ok(markdown::extract(&raw))),
+            ("html", Content::Text(raw)) => {
+                self.runner.run(limits, move |b| html::extract(&raw, b))
+            }
+            ("rst", Content::Text(raw)) => self
+                .runner
+                .run(limits, move |_| Ok(text::extract_rst(&raw))),
+            ("text", Content::Text(raw)) => self
+                .runner
+                .run(limits, move |_| Ok(text::extract_text(&raw))),
+            (_, Content::Text(raw)) => self
+                .runner
+                .run(limits, move |_| Ok(text::extract_plain(&raw))),
+        }
     }
 }
 
