@@ -70,9 +70,7 @@ impl HostPolicy {
                     .any(|a| a.parse::<IpAddr>().ok().map(canonical) == Some(ip))
                 || (self.bound.is_unspecified() && local.map(canonical) == Some(ip));
         }
-        name == "localhost"
-            || name.ends_with(".localhost")
-            || self.allowed.contains(&name)
+        name == "localhost" || name.ends_with(".localhost") || self.allowed.contains(&name)
     }
 }
 

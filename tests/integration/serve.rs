@@ -1007,7 +1007,8 @@ fn serve_survives_hostile_clients_and_its_own_panics() {
     assert_eq!(status, 415, "{answer}");
 
     // A body that never arrives: 408 once the request's time is up.
-    let slow = "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+    let slow =
+        "POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
          Content-Length: 100\r\n\r\n{\"input\":";
     let answer = raw_exchange(&server.url, slow.as_bytes(), Duration::from_secs(20));
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
