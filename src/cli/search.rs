@@ -201,13 +201,17 @@ fn promote_matches(searcher: &Searcher, uri: &IndexUri, query: &str) -> anyhow::
     Ok(())
 }
 
+/// A count of results that is not one: not a number, or outside 1..=[`ragline::search::MAX_K`].
+#[derive(Debug, thiserror::Error)]
+#[error("`{0}` is not a number of results from 1 to {max}", max = ragline::search::MAX_K)]
+struct BadCount(String);
+
 /// A count of results: 1 to [`ragline::search::MAX_K`].
-fn k_in_range(s: &str) -> Result<usize, String> {
-    let max = ragline::search::MAX_K;
+fn k_in_range(s: &str) -> Result<usize, BadCount> {
     s.parse::<usize>()
         .ok()
-        .filter(|k| (1..=max).contains(k))
-        .ok_or_else(|| format!("`{s}` is not a number of results from 1 to {max}"))
+        .filter(|k| (1..=ragline::search::MAX_K).contains(k))
+        .ok_or_else(|| BadCount(s.to_string()))
 }
 
 /// Keyword hits looked at for promotion.

@@ -154,12 +154,9 @@ fn index_setup(
     )))
 }
 
-pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
-    let mut config = super::load_config(config_file)?;
-    super::apply_index(&mut config, &args.index)?;
-    let mut model_config = args.model.resolve(&config);
-    let index = index_setup(&args, &config, &mut model_config)?;
-    let (files, devices, first) = load_first(&model_config)?;
+/// The limits, the API key (from the variable --api-key-env names) and the access flags,
+/// checked: an error names the flag and the fix.
+fn checked_access(args: &ServeArgs) -> anyhow::Result<Option<ragline::secret::Secret>> {
     if args.max_inputs == 0 {
         bail!("--max-inputs must be at least 1");
     }
@@ -194,8 +191,19 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             args.host
         );
     }
-    let batch_tokens = ragline::jobs::batch_tokens(&model_config, &devices[0]);
-    let prompt: Vec<u32> = match (args.prompt, &first.files.default_prompt_name) {
+    Ok(api_key)
+}
+
+/// Prompts' token ids by name.
+type Prompts = std::collections::BTreeMap<String, Vec<u32>>;
+
+/// The prompt put before every input (the model's default unless --prompt says), and the
+/// model's prompts by name with the sentence-transformers aliases of the two roles.
+fn prompts_of(
+    first: &ragline::embed::EmbeddingModel,
+    asked: Option<ServePrompt>,
+) -> anyhow::Result<(Vec<u32>, Prompts)> {
+    let prompt: Vec<u32> = match (asked, &first.files.default_prompt_name) {
         (None, Some(name)) => first.tokenizer.prompt_ids(first.files.prompt(name)?)?,
         (None | Some(ServePrompt::None), _) => Vec::new(),
         (Some(ServePrompt::Query), _) => first.tokenizer.query_prompt_ids().to_vec(),
@@ -210,6 +218,19 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     for name in ["document", "passage"] {
         prompts.insert(name.into(), first.tokenizer.passage_prompt_ids().to_vec());
     }
+    Ok((prompt, prompts))
+}
+
+pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Result<ExitCode> {
+    let mut config = super::load_config(config_file)?;
+    super::apply_index(&mut config, &args.index)?;
+    let mut model_config = args.model.resolve(&config);
+    let index = index_setup(&args, &config, &mut model_config)?;
+    // Refused before the model loads.
+    let api_key = checked_access(&args)?;
+    let (files, devices, first) = load_first(&model_config)?;
+    let batch_tokens = ragline::jobs::batch_tokens(&model_config, &devices[0]);
+    let (prompt, prompts) = prompts_of(&first, args.prompt)?;
     let tokenizer = first.tokenizer.clone();
     let dimension = first.dimension();
     let normalized = files.normalize;

@@ -902,15 +902,7 @@ impl Broker {
     pub fn role_notes(&self, run: &str) -> Result<Vec<RoleNote>, BrokerError> {
         let kv = self.roles()?;
         let prefix = format!("{run}.");
-        let keys: Vec<String> = self.retrying("listing the roles' notes", || {
-            let kv = kv.clone();
-            async move {
-                match kv.keys().await {
-                    Ok(keys) => Ok(keys.filter_map(|k| async { k.ok() }).collect().await),
-                    Err(e) => Err(e),
-                }
-            }
-        })?;
+        let keys = self.keys(&kv, "listing the roles' notes")?;
         let mut notes = Vec::new();
         for key in keys.into_iter().filter(|k| k.starts_with(&prefix)) {
             let got = self.retrying("reading a role's note", || {
@@ -960,10 +952,9 @@ impl Broker {
             .transpose()
     }
 
-    /// The runs recorded, oldest first.
-    pub fn list_runs(&self) -> Result<Vec<RunRecord>, BrokerError> {
-        let kv = self.runs()?;
-        let keys: Vec<String> = self.retrying("listing runs", || {
+    /// Every key of the bucket `kv` (`what`: for the error).
+    fn keys(&self, kv: &jetstream::kv::Store, what: &str) -> Result<Vec<String>, BrokerError> {
+        self.retrying(what, || {
             let kv = kv.clone();
             async move {
                 match kv.keys().await {
@@ -971,7 +962,12 @@ impl Broker {
                     Err(e) => Err(e),
                 }
             }
-        })?;
+        })
+    }
+
+    /// The runs recorded, oldest first.
+    pub fn list_runs(&self) -> Result<Vec<RunRecord>, BrokerError> {
+        let keys = self.keys(&self.runs()?, "listing runs")?;
         let mut runs = Vec::new();
         for key in keys {
             if let Some(r) = self.get_run(&key)? {

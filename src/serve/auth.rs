@@ -223,8 +223,30 @@ impl LoginThrottle {
 /// 32 bytes from the OS's generator, as hex.
 fn random_hex() -> String {
     let mut bytes = [0u8; 32];
-    super::pages::fill_random(&mut bytes);
+    fill_random(&mut bytes);
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `out` filled from the OS's generator (/dev/urandom), else from the standard library's
+/// randomly keyed hashers.
+pub(super) fn fill_random(out: &mut [u8]) {
+    use std::io::Read;
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(out))
+        .is_ok()
+    {
+        return;
+    }
+    use std::hash::{BuildHasher, Hasher};
+    for chunk in out.chunks_mut(8) {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        chunk.copy_from_slice(&h.finish().to_le_bytes()[..chunk.len()]);
+    }
 }
 
 /// Whether a request came over TLS to the proxy in front of the server.

@@ -251,34 +251,7 @@ pub fn serve(
                 })
                 .map_err(|e| format!("cannot start the sparse model's thread: {e}"))?;
         }
-        let mut router = Router::new()
-            .route("/v1/embeddings", post(openai_embeddings))
-            .route("/rerank", post(tasks::tei_rerank))
-            .route("/v1/rerank", post(tasks::cohere_rerank))
-            .route("/embed_sparse", post(tasks::tei_embed_sparse))
-            .route("/embed", post(tei_embed))
-            .route("/health", get(health))
-            .route("/metrics", get(metrics_text));
-        if app.search.is_some() {
-            router = router
-                .route("/", get(pages::search_page))
-                .route("/status", get(pages::status_page))
-                .route("/v1/search", get(pages::search_json))
-                .route("/v1/status", get(pages::status_json))
-                .route("/login", get(pages::login_page).post(pages::login))
-                .route("/logout", post(pages::logout))
-                .route("/admin/{action}", post(pages::admin));
-        }
-        let mut router = router
-            .layer(DefaultBodyLimit::max(options.max_body_bytes))
-            .layer(axum::middleware::from_fn_with_state(
-                Arc::clone(&app),
-                guard,
-            ))
-            .with_state(Arc::clone(&app));
-        if let Some(cors) = cors {
-            router = router.layer(cors);
-        }
+        let router = routes(&app, cors);
         ready(bound);
         let app2 = Arc::clone(&app);
         rt.block_on(accept(listener, router, &options, async move {
@@ -291,6 +264,37 @@ pub fn serve(
         app.tasks.close();
         Ok(())
     })
+}
+
+/// The server's routes (the pages and `/v1/search` with an index), every request through
+/// [`guard`], the body limit, and CORS for one origin when asked.
+fn routes(app: &Arc<App>, cors: Option<tower_http::cors::CorsLayer>) -> Router {
+    let mut router = Router::new()
+        .route("/v1/embeddings", post(openai_embeddings))
+        .route("/rerank", post(tasks::tei_rerank))
+        .route("/v1/rerank", post(tasks::cohere_rerank))
+        .route("/embed_sparse", post(tasks::tei_embed_sparse))
+        .route("/embed", post(tei_embed))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text));
+    if app.search.is_some() {
+        router = router
+            .route("/", get(pages::search_page))
+            .route("/status", get(pages::status_page))
+            .route("/v1/search", get(pages::search_json))
+            .route("/v1/status", get(pages::status_json))
+            .route("/login", get(pages::login_page).post(pages::login))
+            .route("/logout", post(pages::logout))
+            .route("/admin/{action}", post(pages::admin));
+    }
+    let mut router = router
+        .layer(DefaultBodyLimit::max(app.options.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(app), guard))
+        .with_state(Arc::clone(app));
+    if let Some(cors) = cors {
+        router = router.layer(cors);
+    }
+    router
 }
 
 /// Serve connections until `stop` resolves, then let every connection finish the request it
@@ -392,27 +396,8 @@ async fn guard(
 ) -> Response {
     let path = request.uri().path().to_string();
     if path != "/health" {
-        let host = request
-            .headers()
-            .get(header::HOST)
-            .map(|h| h.to_str().unwrap_or("\u{0}"))
-            .or_else(|| request.uri().authority().map(|a| a.as_str()));
-        let local = request
-            .extensions()
-            .get::<auth::Connection>()
-            .map(|c| c.local);
-        if !app.hosts.allows(host, local) {
-            app.metrics.error("misdirected");
-            return ApiError {
-                status: StatusCode::MISDIRECTED_REQUEST,
-                kind: "misdirected",
-                message: "this server does not answer to that Host name (a page reaching it \
-                          through DNS rebinding?): use its address, or start it with \
-                          --allowed-host NAME"
-                    .into(),
-                retry_after: None,
-            }
-            .into_response();
+        if let Some(refused) = misdirected(&app, &request) {
+            return refused;
         }
     }
     if let Some(key) = &app.options.api_key {
@@ -492,6 +477,32 @@ async fn guard(
             .into_response()
         }
     }
+}
+
+/// 421 for a request whose Host (or HTTP/2 authority) this server does not answer to.
+fn misdirected(app: &App, request: &axum::extract::Request) -> Option<Response> {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .map(|h| h.to_str().unwrap_or("\u{0}"))
+        .or_else(|| request.uri().authority().map(|a| a.as_str()));
+    let local = request
+        .extensions()
+        .get::<auth::Connection>()
+        .map(|c| c.local);
+    if app.hosts.allows(host, local) {
+        return None;
+    }
+    app.metrics.error("misdirected");
+    let refused = ApiError {
+        status: StatusCode::MISDIRECTED_REQUEST,
+        kind: "misdirected",
+        message: "this server does not answer to that Host name (a page reaching it through \
+                  DNS rebinding?): use its address, or start it with --allowed-host NAME"
+            .into(),
+        retry_after: None,
+    };
+    Some(refused.into_response())
 }
 
 /// `Authorization: Bearer KEY` with the server's key (compared in constant time), or the

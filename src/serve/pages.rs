@@ -217,32 +217,10 @@ impl SearchService {
     }
 }
 
-/// `out` filled from the OS's generator (/dev/urandom), else from the standard library's
-/// randomly keyed hashers.
-pub(super) fn fill_random(out: &mut [u8]) {
-    use std::io::Read;
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(out))
-        .is_ok()
-    {
-        return;
-    }
-    use std::hash::{BuildHasher, Hasher};
-    for chunk in out.chunks_mut(8) {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        chunk.copy_from_slice(&h.finish().to_le_bytes()[..chunk.len()]);
-    }
-}
-
 /// 32 bytes no one else knows, drawn once per process.
 fn process_secret() -> [u8; 32] {
     let mut key = [0u8; 32];
-    fill_random(&mut key);
+    super::auth::fill_random(&mut key);
     key
 }
 

@@ -117,56 +117,13 @@ impl FeedConnector {
                 ),
             };
         };
-        let date = entry.updated.or(entry.published);
         let (mut doc, content_hash) = if self.follow_links {
-            let Some(link) = &link else {
-                return Made::Failed {
-                    id,
-                    reason: "the entry has no link to follow (--follow-links)".into(),
-                };
-            };
-            let parsed = url::Url::parse(link).ok();
-            let same_origin = parsed.as_ref().map(|u| u.origin());
-            if site.origin.is_none() || same_origin.as_ref() != site.origin {
-                match feed_document(&id, entry) {
-                    Some(doc) => (doc, None),
-                    None => {
-                        return Made::Dropped {
-                            id,
-                            reason: format!(
-                                "its link {} is on another site (scheme, host or port) than the \
-                                 feed's, which --follow-links does not follow, and the entry has \
-                                 no content or summary",
-                                crate::secret::redact_url(link)
-                            ),
-                        }
-                    }
-                }
-            } else if parsed.as_ref().is_some_and(|u| !site.robots.allows(u)) {
-                return Made::Dropped {
-                    id,
-                    reason: format!(
-                        "robots.txt disallows its link {} for ragline; not read",
-                        crate::secret::redact_url(link)
-                    ),
-                };
-            } else {
-                let key = date.map(|d| version_key(&["feed-entry", &id, link, &d.to_rfc3339()]));
-                if let (Some(key), Some(known)) = (&key, &self.known) {
-                    if known.holds(&id, key) {
-                        return Made::Unchanged {
-                            id,
-                            key: key.clone(),
-                        };
-                    }
-                }
-                match fetch_page(fetcher, link, &id, site.robots).await {
-                    Ok((page, doc)) => {
-                        publisher.fetched(page.body.len() as u64);
-                        (doc, key)
-                    }
-                    Err(made) => return made,
-                }
+            let followed = self
+                .followed(&id, link.as_deref(), entry, site, fetcher, publisher)
+                .await;
+            match followed {
+                Ok(found) => found,
+                Err(made) => return made,
             }
         } else {
             match feed_document(&id, entry) {
@@ -213,6 +170,64 @@ impl FeedConnector {
             m.insert("categories".into(), categories.join(", ").into());
         }
         Made::Doc(Box::new(doc))
+    }
+
+    /// With `--follow-links`: the document of the page entry `id` links to, with its version
+    /// key; or the entry's own content when the link leaves the feed's origin; or what became
+    /// of the entry instead (unchanged, dropped, failed).
+    async fn followed(
+        &self,
+        id: &str,
+        link: Option<&str>,
+        entry: &Entry,
+        site: Site<'_>,
+        fetcher: &Arc<Fetcher>,
+        publisher: &Publisher,
+    ) -> Result<(Document, Option<String>), Made> {
+        let Some(link) = link else {
+            return Err(Made::Failed {
+                id: id.to_string(),
+                reason: "the entry has no link to follow (--follow-links)".into(),
+            });
+        };
+        let parsed = url::Url::parse(link).ok();
+        let same_origin = parsed.as_ref().map(|u| u.origin());
+        if site.origin.is_none() || same_origin.as_ref() != site.origin {
+            match feed_document(id, entry) {
+                Some(doc) => Ok((doc, None)),
+                None => Err(Made::Dropped {
+                    id: id.to_string(),
+                    reason: format!(
+                        "its link {} is on another site (scheme, host or port) than the \
+                         feed's, which --follow-links does not follow, and the entry has no \
+                         content or summary",
+                        crate::secret::redact_url(link)
+                    ),
+                }),
+            }
+        } else if parsed.as_ref().is_some_and(|u| !site.robots.allows(u)) {
+            Err(Made::Dropped {
+                id: id.to_string(),
+                reason: format!(
+                    "robots.txt disallows its link {} for ragline; not read",
+                    crate::secret::redact_url(link)
+                ),
+            })
+        } else {
+            let date = entry.updated.or(entry.published);
+            let key = date.map(|d| version_key(&["feed-entry", id, link, &d.to_rfc3339()]));
+            if let (Some(key), Some(known)) = (&key, &self.known) {
+                if known.holds(id, key) {
+                    return Err(Made::Unchanged {
+                        id: id.to_string(),
+                        key: key.clone(),
+                    });
+                }
+            }
+            let (page, doc) = fetch_page(fetcher, link, id, site.robots).await?;
+            publisher.fetched(page.body.len() as u64);
+            Ok((doc, key))
+        }
     }
 
     /// The document id of an entry whose id (or link) is `raw`: itself when it is a URL or URN

@@ -479,9 +479,8 @@ impl WebConnector {
     }
 
     /// The pages a sitemap (or a sitemap index's sitemaps) lists, on the sitemap's origin, at
-    /// most `--crawl-max-pages`: a sitemap index's sitemaps are read (each within the
-    /// protocol's 50 MB and 50,000 URLs, each allowed by robots.txt) only until that many
-    /// pages are known.
+    /// most `--crawl-max-pages`, each read unless robots.txt disallows it or the index holds
+    /// its `<lastmod>`.
     async fn sitemap(
         &self,
         first: Page,
@@ -489,73 +488,14 @@ impl WebConnector {
         fetcher: &Fetcher,
         publisher: &Publisher,
     ) -> Result<(), ConnectorError> {
-        let s = &self.settings;
-        let map_url = Url::parse(&first.url)
-            .map_err(|e| ConnectorError::Config(format!("{}: {e}", self.shown)))?;
         let mut pace = self.pace(robots);
-        let same_origin = |u: &Url| u.origin() == map_url.origin();
-        let map = sitemap(&String::from_utf8_lossy(
-            &first.body[..first.body.len().min(MAX_SITEMAP_BYTES)],
-        ));
-        drop(first);
-        // The pages to read, in the order listed: distinct URLs on the sitemap's origin.
-        let mut seen = HashSet::new();
-        type Listed = (Result<Url, String>, Option<String>);
-        let mut entries: Vec<Listed> = Vec::new();
-        let mut take = |entries: &mut Vec<Listed>, list: Vec<(String, Option<String>)>| {
-            for (loc, lastmod) in list {
-                if entries.len() >= s.crawl_max_pages {
-                    break;
-                }
-                match Url::parse(&loc).ok().map(normalize) {
-                    Some(url) if !same_origin(&url) => {}
-                    Some(url) => {
-                        if seen.insert(url.clone()) {
-                            entries.push((Ok(url), lastmod));
-                        }
-                    }
-                    None => entries.push((Err(loc), lastmod)),
-                }
-            }
-        };
-        if map.index {
-            for (loc, _) in map.entries.into_iter().take(MAX_SITEMAPS) {
-                if entries.len() >= s.crawl_max_pages {
-                    break;
-                }
-                let Some(child) = Url::parse(&loc).ok().filter(same_origin) else {
-                    continue;
-                };
-                if !robots.allows(&child) {
-                    tracing::info!(
-                        "{}: robots.txt disallows the sitemap {}; not read",
-                        self.shown,
-                        shown_url(child.as_str())
-                    );
-                    continue;
-                }
-                pace.wait().await;
-                let how = Get {
-                    known: None,
-                    robots: Some(robots),
-                    max_bytes: Some(MAX_SITEMAP_BYTES),
-                };
-                let page = fetcher
-                    .get_with(child.as_str(), how)
-                    .await
-                    .map_err(|e| ConnectorError::Source(format!("a sitemap of the index: {e}")))?;
-                publisher.fetched(page.body.len() as u64);
-                let listed = sitemap(&String::from_utf8_lossy(&page.body)).entries;
-                drop(page);
-                take(&mut entries, listed);
-            }
-        } else {
-            take(&mut entries, map.entries);
-        }
-        for (url, lastmod) in entries {
-            let url = match url {
-                Ok(url) => url,
-                Err(loc) => {
+        let entries = self
+            .sitemap_pages(first, robots, fetcher, publisher, &mut pace)
+            .await?;
+        for entry in entries {
+            let (url, lastmod) = match entry {
+                Listed::Page(url, lastmod) => (url, lastmod),
+                Listed::NotUrl(loc) => {
                     publisher.publish_failed(
                         &shown_url(&loc),
                         Some(&self.shown),
@@ -606,6 +546,62 @@ impl WebConnector {
             }
         }
         Ok(())
+    }
+
+    /// The pages to read from the sitemap `first`: a sitemap index's sitemaps are read (each
+    /// within the protocol's 50 MB and 50,000 URLs, each allowed by robots.txt) only until
+    /// `--crawl-max-pages` pages are known.
+    async fn sitemap_pages(
+        &self,
+        first: Page,
+        robots: &Robots,
+        fetcher: &Fetcher,
+        publisher: &Publisher,
+        pace: &mut Pace,
+    ) -> Result<Vec<Listed>, ConnectorError> {
+        let map_url = Url::parse(&first.url)
+            .map_err(|e| ConnectorError::Config(format!("{}: {e}", self.shown)))?;
+        let map = sitemap(&String::from_utf8_lossy(
+            &first.body[..first.body.len().min(MAX_SITEMAP_BYTES)],
+        ));
+        drop(first);
+        let mut listing = Listing::new(map_url.origin(), self.settings.crawl_max_pages);
+        if !map.index {
+            listing.take(map.entries);
+            return Ok(listing.entries);
+        }
+        for (loc, _) in map.entries.into_iter().take(MAX_SITEMAPS) {
+            if listing.is_full() {
+                break;
+            }
+            let Some(child) = Url::parse(&loc)
+                .ok()
+                .filter(|u| u.origin() == listing.origin)
+            else {
+                continue;
+            };
+            if !robots.allows(&child) {
+                tracing::info!(
+                    "{}: robots.txt disallows the sitemap {}; not read",
+                    self.shown,
+                    shown_url(child.as_str())
+                );
+                continue;
+            }
+            pace.wait().await;
+            let how = Get {
+                known: None,
+                robots: Some(robots),
+                max_bytes: Some(MAX_SITEMAP_BYTES),
+            };
+            let page = fetcher
+                .get_with(child.as_str(), how)
+                .await
+                .map_err(|e| ConnectorError::Source(format!("a sitemap of the index: {e}")))?;
+            publisher.fetched(page.body.len() as u64);
+            listing.take(sitemap(&String::from_utf8_lossy(&page.body)).entries);
+        }
+        Ok(listing.entries)
     }
 
     /// A page that could not be read: gone (404, 410), or failed.
@@ -692,6 +688,53 @@ pub(crate) fn page_document(id: &str, page: &Page) -> Result<Document, Unusable>
         }
     }
     Ok(doc)
+}
+
+/// A sitemap entry to read: its URL and `<lastmod>`, or a `<loc>` that is not a URL.
+enum Listed {
+    Page(Url, Option<String>),
+    NotUrl(String),
+}
+
+/// The pages sitemaps list, in the order listed: distinct URLs on one origin, at most `max`.
+struct Listing {
+    origin: url::Origin,
+    max: usize,
+    seen: HashSet<Url>,
+    entries: Vec<Listed>,
+}
+
+impl Listing {
+    fn new(origin: url::Origin, max: usize) -> Listing {
+        Listing {
+            origin,
+            max,
+            seen: HashSet::new(),
+            entries: Vec::new(),
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        self.entries.len() >= self.max
+    }
+
+    /// Take a sitemap's `(loc, lastmod)` entries until full.
+    fn take(&mut self, list: Vec<(String, Option<String>)>) {
+        for (loc, lastmod) in list {
+            if self.is_full() {
+                break;
+            }
+            match Url::parse(&loc).ok().map(normalize) {
+                Some(url) if url.origin() != self.origin => {}
+                Some(url) => {
+                    if self.seen.insert(url.clone()) {
+                        self.entries.push(Listed::Page(url, lastmod));
+                    }
+                }
+                None => self.entries.push(Listed::NotUrl(loc)),
+            }
+        }
+    }
 }
 
 /// What a crawl may read: the start URL's scheme, host and port, under its folder.

@@ -72,6 +72,8 @@ struct Worker {
     stdin: BufWriter<ChildStdin>,
     answers: crossbeam_channel::Receiver<std::io::Result<Vec<u8>>>,
     stderr: Arc<Mutex<Vec<u8>>>,
+    /// Reads the child's stderr into `stderr` until the pipe closes.
+    stderr_reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Worker {
@@ -139,8 +141,10 @@ impl Isolated {
             Ok(Err(_)) | Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
                 let mut worker = self.child.take().expect("started above");
                 let status = worker.child.wait().ok();
-                // The stderr reader has what the child said last once its pipe closed.
-                std::thread::sleep(Duration::from_millis(20));
+                // The child is gone, its stderr closed: the reader ends with its last words.
+                if let Some(reader) = worker.stderr_reader.take() {
+                    let _ = reader.join();
+                }
                 let said = String::from_utf8_lossy(
                     &worker.stderr.lock().unwrap_or_else(|e| e.into_inner()),
                 )
@@ -189,7 +193,7 @@ impl Isolated {
             .map_err(|e| Guarded::Failed(format!("cannot start a thread: {e}")))?;
         let stderr = Arc::new(Mutex::new(Vec::new()));
         let tail = Arc::clone(&stderr);
-        std::thread::Builder::new()
+        let stderr_reader = std::thread::Builder::new()
             .name("ragline-isolated-err".into())
             .spawn(move || {
                 let mut buf = [0u8; 1024];
@@ -209,6 +213,7 @@ impl Isolated {
             stdin,
             answers,
             stderr,
+            stderr_reader: Some(stderr_reader),
         })
     }
 }
