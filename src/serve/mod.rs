@@ -209,19 +209,7 @@ pub fn serve(
             std::thread::Builder::new()
                 .name(format!("model-{}", m.label))
                 .spawn_scoped(scope, move || {
-                    let report = |r: &WindowReport| {
-                        for w in &r.queue_waits {
-                            metrics.queue_seconds.observe(w.as_secs_f64());
-                        }
-                        metrics.compute_seconds.observe(r.compute.as_secs_f64());
-                        metrics.window_requests.observe(r.requests as f64);
-                        metrics.batch_tokens.observe(r.tokens as f64);
-                        if r.batches > 0 {
-                            metrics
-                                .batch_inputs
-                                .observe(r.inputs as f64 / r.batches as f64);
-                        }
-                    };
+                    let report = |r: &WindowReport| observe_window(&metrics, r);
                     batcher.run_model(
                         m.encoder.as_ref(),
                         &m.label,
@@ -264,6 +252,21 @@ pub fn serve(
         app.tasks.close();
         Ok(())
     })
+}
+
+/// A model thread's window in the metrics: its requests' waits, the compute, its size.
+fn observe_window(metrics: &ServeMetrics, r: &WindowReport) {
+    for w in &r.queue_waits {
+        metrics.queue_seconds.observe(w.as_secs_f64());
+    }
+    metrics.compute_seconds.observe(r.compute.as_secs_f64());
+    metrics.window_requests.observe(r.requests as f64);
+    metrics.batch_tokens.observe(r.tokens as f64);
+    if r.batches > 0 {
+        metrics
+            .batch_inputs
+            .observe(r.inputs as f64 / r.batches as f64);
+    }
 }
 
 /// The server's routes (the pages and `/v1/search` with an index), every request through
