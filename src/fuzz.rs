@@ -136,6 +136,7 @@ pub fn docx(data: &[u8]) {
 
 pub fn serve_request(data: &[u8]) {
     crate::serve::fuzz_request(data);
+    crate::serve::fuzz_classifier_bodies(data);
 }
 
 pub fn broker_message(data: &[u8]) {

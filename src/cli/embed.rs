@@ -444,7 +444,11 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     Ok(ExitCode::from(EXIT_OK))
 }
 
-fn parse(line: usize, raw: &str, field: &str) -> (usize, Option<Value>, Result<String, String>) {
+pub(super) fn parse(
+    line: usize,
+    raw: &str,
+    field: &str,
+) -> (usize, Option<Value>, Result<String, String>) {
     let value: Value = match serde_json::from_str(raw) {
         Ok(v) => v,
         Err(e) => {

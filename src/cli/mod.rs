@@ -10,6 +10,7 @@ mod enrich;
 mod eval;
 mod extract;
 pub mod ingest;
+mod labels;
 mod model_args;
 mod pause;
 mod promote;
@@ -85,6 +86,12 @@ enum Command {
     Search(search::SearchArgs),
     /// Score passages against a query with a cross-encoder (a reranker), best first.
     Rerank(rerank::RerankArgs),
+    /// Named entities of the texts of a JSONL file (a token-classification model), as
+    /// transformers' token-classification pipeline finds them.
+    Ner(labels::NerArgs),
+    /// Labels of the texts of a JSONL file (a sequence-classification model), as
+    /// transformers' text-classification pipeline scores them.
+    Classify(labels::ClassifyArgs),
     /// Measure retrieval quality on a BEIR dataset (nDCG@10, recall, MRR per mode).
     Eval(eval::EvalArgs),
     /// Measure embedding throughput on this host (tokens/s, padding, memory, chunker MB/s).
@@ -161,6 +168,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Extract(args) => extract::run(args),
         Command::Search(args) => search::run(args, config),
         Command::Rerank(args) => rerank::run(args),
+        Command::Ner(args) => labels::run_ner(args),
+        Command::Classify(args) => labels::run_classify(args),
         Command::Eval(args) => eval::run(args, config),
         #[cfg(feature = "nats")]
         Command::Worker(args) => {

@@ -8,7 +8,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 use ragline::embed::random::{save_random_family_with, RandomOptions};
-use ragline::embed::random_heads::{save_random_reranker, save_random_splade};
+use ragline::embed::random_heads::{
+    save_random_classifier, save_random_reranker, save_random_splade, ClassifierTask,
+    RandomClassifier,
+};
 
 #[derive(Args, Debug)]
 pub struct RandomModelArgs {
@@ -41,10 +44,16 @@ pub struct RandomModelArgs {
     #[arg(long)]
     real_shape: bool,
     /// What the model does: embed (a sentence-transformers embedding model), rerank (a
-    /// one-label cross-encoder: bert, xlm-roberta or modernbert) or sparse (a SPLADE model:
-    /// BERT with its masked-language-model head).
-    #[arg(long, default_value = "embed", value_parser = ["embed", "rerank", "sparse"])]
+    /// one-label cross-encoder: bert, xlm-roberta or modernbert), sparse (a SPLADE model:
+    /// BERT with its masked-language-model head), ner (token classification, CoNLL's tags),
+    /// classify (sequence classification, four labels) or classify-multi (multi-label).
+    #[arg(long, default_value = "embed",
+          value_parser = ["embed", "rerank", "sparse", "ner", "classify", "classify-multi"])]
     task: String,
+    /// The tokenizer's model_max_length for ner and classify models (their windows and
+    /// truncation).
+    #[arg(long, default_value_t = 128)]
+    max_len: usize,
 }
 
 pub fn run(args: RandomModelArgs) -> anyhow::Result<ExitCode> {
@@ -58,6 +67,23 @@ pub fn run(args: RandomModelArgs) -> anyhow::Result<ExitCode> {
             args.seed,
         ),
         "sparse" => save_random_splade(&args.base, &args.out, args.hidden, args.layers, args.seed),
+        "ner" | "classify" | "classify-multi" => save_random_classifier(
+            &args.base,
+            &args.out,
+            &RandomClassifier {
+                family: &args.family,
+                task: match args.task.as_str() {
+                    "ner" => ClassifierTask::Token,
+                    "classify" => ClassifierTask::Sequence,
+                    _ => ClassifierTask::MultiLabel,
+                },
+                hidden: args.hidden,
+                layers: args.layers,
+                seed: args.seed,
+                max_len: args.max_len,
+                real_shape: args.real_shape,
+            },
+        ),
         _ => save_random_family_with(
             &args.base,
             &args.out,

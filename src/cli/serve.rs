@@ -120,6 +120,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MODEL")]
     sparse_model: Option<String>,
 
+    /// Also classify with this sequence classifier (`*ForSequenceClassification`): POST
+    /// /predict (TEI's shape), batched across requests on the first device.
+    #[arg(long, value_name = "MODEL")]
+    classifier_model: Option<String>,
+
+    /// Also find named entities with this token classifier (`*ForTokenClassification`):
+    /// POST /ner (the `ner` command's JSON), batched across requests on the first device.
+    #[arg(long, value_name = "MODEL")]
+    ner_model: Option<String>,
+
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -307,8 +317,29 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         eprintln!("sparse model: {spec} ({})", m.encoder_kind());
         tasks.sparse = Some(m);
     }
+    if let Some(spec) = &args.classifier_model {
+        let m = ragline::embed::classify::SequenceClassifier::load(
+            spec,
+            &devices[0].device,
+            model_config.dtype.value,
+        )
+        .with_context(|| format!("cannot load the classifier `{spec}`"))?;
+        eprintln!("classifier: {spec} ({})", m.encoder_kind());
+        tasks.classifier = Some(m);
+    }
+    if let Some(spec) = &args.ner_model {
+        let m = ragline::embed::ner::TokenClassifier::load(
+            spec,
+            &devices[0].device,
+            model_config.dtype.value,
+            None,
+        )
+        .with_context(|| format!("cannot load the token classifier `{spec}`"))?;
+        eprintln!("token classifier: {spec} ({})", m.encoder_kind());
+        tasks.ner = Some(m);
+    }
     let extra_routes = format!(
-        "{}{}",
+        "{}{}{}{}",
         if tasks.reranker.is_some() {
             ", POST /rerank (TEI), POST /v1/rerank (Cohere/Jina)"
         } else {
@@ -316,6 +347,16 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         },
         if tasks.sparse.is_some() {
             ", POST /embed_sparse (TEI)"
+        } else {
+            ""
+        },
+        if tasks.classifier.is_some() {
+            ", POST /predict (TEI)"
+        } else {
+            ""
+        },
+        if tasks.ner.is_some() {
+            ", POST /ner"
         } else {
             ""
         }

@@ -10,19 +10,14 @@
 //! run on the CPU in f32. One label: the raw score is the logit, the score its activation
 //! (sigmoid unless the model's config names another, as sentence-transformers decides).
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
+use candle_core::{DType, Device};
 use serde::Deserialize;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
-use super::bert::{Bert, BertConfig, Family};
-use super::cpu::kernels::{KernelPath, Precision};
-use super::cpu::{CpuBert, Rows};
+use super::classify::task_dtype;
 use super::device::DTypeChoice;
 use super::files::ModelFiles;
-use super::gelu;
-use super::profile::Parts;
-use super::rotary::{Arch, RotaryConfig, RotaryModel};
+use super::head::{pad_id, Encoder, HeadConfig, SequenceHead};
 use super::EmbedError;
 
 /// Tokens a batch of pairs may hold (padding included where the encoder pads).
@@ -84,198 +79,29 @@ impl ScoreActivation {
     }
 }
 
-/// The parts of config.json a cross-encoder adds to its encoder's.
-#[derive(Deserialize)]
-struct HeadConfig {
-    #[serde(default)]
-    architectures: Vec<String>,
-    model_type: Option<String>,
-    hidden_size: Option<usize>,
-    dim: Option<usize>,
-    #[serde(default)]
-    num_labels: Option<usize>,
-    #[serde(default)]
-    id2label: Option<serde_json::Map<String, serde_json::Value>>,
-    #[serde(default)]
-    sentence_transformers: Option<StSection>,
-    #[serde(default)]
-    sbert_ce_default_activation_function: Option<String>,
-    max_position_embeddings: Option<usize>,
-    // ModernBERT's head.
-    #[serde(default)]
-    classifier_pooling: Option<String>,
-    #[serde(default)]
-    classifier_activation: Option<String>,
-    #[serde(default)]
-    classifier_bias: bool,
-    #[serde(default)]
-    norm_bias: bool,
-    #[serde(default)]
-    norm_eps: Option<f64>,
-}
-
 #[derive(Deserialize)]
 struct StSection {
     #[serde(default)]
     activation_fn: Option<String>,
 }
 
-/// A dense layer of a head, [out, in] row-major.
-struct Dense {
-    weight: Vec<f32>,
-    bias: Option<Vec<f32>>,
-    inputs: usize,
-    outputs: usize,
-}
-
-impl Dense {
-    fn load(
-        vb: &VarBuilder,
-        inputs: usize,
-        outputs: usize,
-        bias: bool,
-    ) -> Result<Self, candle_core::Error> {
-        let weight = vb.get((outputs, inputs), "weight")?;
-        let bias = if bias {
-            Some(vb.get(outputs, "bias")?.to_dtype(DType::F32)?.to_vec1()?)
-        } else {
-            None
-        };
-        Ok(Dense {
-            weight: weight.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?,
-            bias,
-            inputs,
-            outputs,
-        })
-    }
-
-    fn forward(&self, x: &[f32]) -> Vec<f32> {
-        (0..self.outputs)
-            .map(|o| {
-                let row = &self.weight[o * self.inputs..(o + 1) * self.inputs];
-                let dot: f32 = row.iter().zip(x).map(|(w, v)| w * v).sum();
-                dot + self.bias.as_ref().map_or(0.0, |b| b[o])
-            })
-            .collect()
-    }
-}
-
-/// The classifier on top of the encoder.
-enum Head {
-    /// BERT: the pooler (dense + tanh on the first token), then the classifier.
-    Bert { pooler: Dense, classifier: Dense },
-    /// XLM-RoBERTa: dense + tanh on the first token, then `out_proj`.
-    Roberta { dense: Dense, out_proj: Dense },
-    /// ModernBERT: CLS or mean pooling, dense, activation, LayerNorm, classifier.
-    ModernBert {
-        mean: bool,
-        dense: Dense,
-        activation: HeadActivation,
-        norm_weight: Vec<f32>,
-        norm_bias: Option<Vec<f32>>,
-        eps: f32,
-        classifier: Dense,
-    },
-}
-
-#[derive(Clone, Copy, Debug)]
-enum HeadActivation {
-    GeluErf,
-    GeluTanh,
-    Relu,
-    Silu,
-    Tanh,
-}
-
-impl HeadActivation {
-    fn from_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "gelu" => Self::GeluErf,
-            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Self::GeluTanh,
-            "relu" => Self::Relu,
-            "silu" | "swish" => Self::Silu,
-            "tanh" => Self::Tanh,
-            _ => return None,
-        })
-    }
-
-    fn apply(self, x: f32) -> f32 {
-        match self {
-            Self::GeluErf => gelu::gelu(x),
-            Self::GeluTanh => {
-                let c = (2.0f32 / std::f32::consts::PI).sqrt();
-                0.5 * x * (1.0 + (c * (x + 0.044_715 * x * x * x)).tanh())
-            }
-            Self::Relu => x.max(0.0),
-            Self::Silu => x / (1.0 + (-x).exp()),
-            Self::Tanh => x.tanh(),
-        }
-    }
-}
-
-impl Head {
-    /// Whether the head pools every token (mean) rather than reading the first.
-    fn pools_mean(&self) -> bool {
-        matches!(self, Head::ModernBert { mean: true, .. })
-    }
-
-    /// The logit of one pooled vector (the first token's state, or the mean).
-    fn logit(&self, pooled: &[f32]) -> f32 {
-        let tanh = |v: Vec<f32>| v.into_iter().map(f32::tanh).collect::<Vec<_>>();
-        match self {
-            Head::Bert { pooler, classifier } => {
-                classifier.forward(&tanh(pooler.forward(pooled)))[0]
-            }
-            Head::Roberta { dense, out_proj } => out_proj.forward(&tanh(dense.forward(pooled)))[0],
-            Head::ModernBert {
-                dense,
-                activation,
-                norm_weight,
-                norm_bias,
-                eps,
-                classifier,
-                ..
-            } => {
-                let x: Vec<f32> = dense
-                    .forward(pooled)
-                    .into_iter()
-                    .map(|v| activation.apply(v))
-                    .collect();
-                let n = x.len() as f32;
-                let mean = x.iter().sum::<f32>() / n;
-                let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
-                let inv = 1.0 / (var + eps).sqrt();
-                let normed: Vec<f32> = x
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| {
-                        (v - mean) * inv * norm_weight[i] + norm_bias.as_ref().map_or(0.0, |b| b[i])
-                    })
-                    .collect();
-                classifier.forward(&normed)[0]
-            }
-        }
-    }
-}
-
-/// The encoder under the head.
-enum Body {
-    Cpu(Box<CpuBert>),
-    Candle(Bert),
-    Rotary(Box<RotaryModel>),
+/// Where sentence-transformers records a cross-encoder's activation in config.json.
+#[derive(Deserialize)]
+struct StKeys {
+    #[serde(default)]
+    sentence_transformers: Option<StSection>,
+    #[serde(default)]
+    sbert_ce_default_activation_function: Option<String>,
 }
 
 pub struct CrossEncoder {
     pub files: ModelFiles,
     tokenizer: Tokenizer,
-    body: Body,
-    head: Head,
+    encoder: Encoder,
+    head: SequenceHead,
     activation: ScoreActivation,
-    hidden: usize,
     max_len: usize,
-    pad_id: u32,
     architecture: String,
-    device: Device,
 }
 
 impl CrossEncoder {
@@ -302,12 +128,7 @@ impl CrossEncoder {
         device: &Device,
         dtype: DType,
     ) -> Result<Self, EmbedError> {
-        let choice = match dtype {
-            DType::F16 => DTypeChoice::F16,
-            DType::BF16 => DTypeChoice::BF16,
-            _ => DTypeChoice::F32,
-        };
-        Self::load_with(files, device, choice, false)
+        Self::load_with(files, device, DTypeChoice::of(dtype), false)
     }
 
     fn load_with(
@@ -316,40 +137,20 @@ impl CrossEncoder {
         choice: DTypeChoice,
         fused: bool,
     ) -> Result<Self, EmbedError> {
-        let dtype = match (device.is_cpu(), choice) {
-            // The candle path on the CPU (tests): any float dtype.
-            (true, DTypeChoice::BF16 | DTypeChoice::F16) if !fused => choice.resolve(device),
-            _ => choice.f32_on_cpu(device, "a reranker")?,
-        };
-        let bad_config = |reason: String| files.bad_config(reason);
-        let raw = files.read_config()?;
-        let config: HeadConfig = serde_json::from_slice(&raw)
-            .map_err(|e| bad_config(format!("not the expected JSON: {e}")))?;
-        let architecture = config
-            .architectures
-            .iter()
-            .find(|a| CROSS_ENCODER_ARCHITECTURES.contains(&a.as_str()))
-            .cloned()
-            .ok_or_else(|| {
-                EmbedError::Unsupported(format!(
-                    "model `{}` is not a cross-encoder ragline runs: config.json's architectures \
-                     are {:?}; rerankers must be one of {}",
-                    files.name,
-                    config.architectures,
-                    CROSS_ENCODER_ARCHITECTURES.join(", ")
-                ))
-            })?;
-        let labels = config
-            .num_labels
-            .or_else(|| config.id2label.as_ref().map(|m| m.len()))
-            .unwrap_or(2);
+        let dtype = task_dtype(device, choice, fused, "a reranker")?;
+        let (config, raw) = HeadConfig::read(&files)?;
+        let architecture =
+            config.architecture(&files, CROSS_ENCODER_ARCHITECTURES, "a cross-encoder")?;
+        let labels = config.labels(&files)?.len();
         if labels != 1 {
             return Err(EmbedError::Unsupported(format!(
                 "model `{}` gives {labels} labels; ragline reranks with one-label cross-encoders \
-                 (a relevance score)",
+                 (a relevance score); `ragline classify` reads models of several labels",
                 files.name
             )));
         }
+        let keys: StKeys = serde_json::from_slice(&raw)
+            .map_err(|e| files.bad_config(format!("not the expected JSON: {e}")))?;
         // Where sentence-transformers looks, in its order: config_sentence_transformers.json
         // (version 6), config.json's `sentence_transformers` (4-5), the key before 4.
         let st6 = std::fs::read(files.dir.join("config_sentence_transformers.json"))
@@ -358,12 +159,11 @@ impl CrossEncoder {
             .and_then(|s| s.activation_fn);
         let activation = match st6
             .or_else(|| {
-                config
-                    .sentence_transformers
+                keys.sentence_transformers
                     .as_ref()
                     .and_then(|s| s.activation_fn.clone())
             })
-            .or_else(|| config.sbert_ce_default_activation_function.clone())
+            .or_else(|| keys.sbert_ce_default_activation_function.clone())
         {
             // sentence-transformers trusts only torch's own activations; others fall back.
             Some(path) if path.starts_with("torch.") => ScoreActivation::from_path(&path)
@@ -377,48 +177,26 @@ impl CrossEncoder {
             _ => ScoreActivation::Sigmoid,
         };
         let vb = files.var_builder(dtype, device)?;
-        let misfit = |e: candle_core::Error| files.misfit(e);
-        let model_type = config.model_type.clone().unwrap_or_default();
-        let (body, hidden, positions) = if architecture.starts_with("ModernBert") {
-            let rc = RotaryConfig::from_json(&raw, Arch::ModernBert)
-                .map_err(|e| bad_config(e.to_string()))?;
-            let r = RotaryModel::load(vb.clone(), rc).map_err(misfit)?;
-            let (h, p) = (r.hidden_size(), r.max_positions());
-            (Body::Rotary(Box::new(r)), h, p)
-        } else {
-            let bc: BertConfig = serde_json::from_slice(&raw)
-                .map_err(|e| bad_config(format!("not a BERT config: {e}")))?;
-            let family = Family::from_model_type(&model_type).unwrap_or(Family::Bert);
-            let bert = Bert::load_family(vb.clone(), &bc, family).map_err(misfit)?;
-            let (h, p) = (bert.hidden_size(), bert.max_positions());
-            let body = if fused && device.is_cpu() && dtype == DType::F32 {
-                Body::Cpu(Box::new(
-                    bert.to_cpu(KernelPath::from_env()?, Precision::F32)?,
-                ))
-            } else {
-                Body::Candle(bert)
-            };
-            (body, h, p)
-        };
-        let hidden_in_config = config.hidden_size.or(config.dim).unwrap_or(hidden);
-        let head = load_head(&architecture, &config, &vb, hidden_in_config).map_err(misfit)?;
-        let max_len = max_length(&files, config.max_position_embeddings, positions)?;
+        let mut encoder = Encoder::load(&files, &architecture, &config, &raw, &vb, device, fused)?;
+        let head = SequenceHead::load(
+            &architecture,
+            &config,
+            &vb,
+            config.hidden(encoder.hidden),
+            1,
+        )
+        .map_err(|e| files.misfit(e))?;
+        let max_len = max_length(&files, config.max_position_embeddings, encoder.positions)?;
         let tokenizer = pair_tokenizer(&files, max_len)?;
-        let pad_id = tokenizer
-            .token_to_id("[PAD]")
-            .or_else(|| tokenizer.token_to_id("<pad>"))
-            .unwrap_or(0);
+        encoder.pad_id = pad_id(&tokenizer);
         Ok(CrossEncoder {
             files,
             tokenizer,
-            body,
+            encoder,
             head,
             activation,
-            hidden,
             max_len,
-            pad_id,
             architecture,
-            device: device.clone(),
         })
     }
 
@@ -444,15 +222,11 @@ impl CrossEncoder {
 
     /// Which encoder runs, in words.
     pub fn encoder_kind(&self) -> String {
-        match &self.body {
-            Body::Cpu(c) => c.describe(),
-            Body::Candle(b) => format!("candle encoder, {:?}", b.dtype()).to_lowercase(),
-            Body::Rotary(r) => r.describe(),
-        }
+        self.encoder.describe()
     }
 
     pub fn device(&self) -> &Device {
-        &self.device
+        &self.encoder.device
     }
 
     /// The model's ids of a (query, passage) pair, truncated to [`CrossEncoder::max_len`].
@@ -462,9 +236,10 @@ impl CrossEncoder {
             .encode((query, passage), true)
             .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
         let ids = e.get_ids().to_vec();
-        let types = match &self.body {
-            Body::Rotary(_) => vec![0; ids.len()],
-            _ => e.get_type_ids().to_vec(),
+        let types = if self.encoder.reads_types() {
+            e.get_type_ids().to_vec()
+        } else {
+            vec![0; ids.len()]
         };
         Ok(PairIds {
             ids,
@@ -495,9 +270,10 @@ impl CrossEncoder {
         budget: usize,
     ) -> Result<Vec<PairScore>, EmbedError> {
         let lengths: Vec<usize> = pairs.iter().map(|p| p.ids.len()).collect();
-        let batches = match self.body {
-            Body::Cpu(_) => super::batch::plan_unpadded(&lengths, budget),
-            _ => super::batch::plan(&lengths, budget),
+        let batches = if self.encoder.pads() {
+            super::batch::plan(&lengths, budget)
+        } else {
+            super::batch::plan_unpadded(&lengths, budget)
         };
         let mut out = vec![
             PairScore {
@@ -534,119 +310,13 @@ impl CrossEncoder {
                 self.max_len
             )));
         }
-        let h = self.hidden;
-        let pooled: Vec<Vec<f32>> = match &self.body {
-            Body::Cpu(cpu) => {
-                let seqs: Vec<&[u32]> = pairs.iter().map(|p| p.ids.as_slice()).collect();
-                let types: Vec<&[u32]> = pairs.iter().map(|p| p.types.as_slice()).collect();
-                // The heads read each pair's first token: the last layer computes only it.
-                let first = cpu.forward_rows(&seqs, Some(&types), Rows::First)?;
-                first.chunks_exact(h).map(<[f32]>::to_vec).collect()
-            }
-            Body::Candle(bert) => {
-                let (ids, types, mask, _) = self.padded(pairs);
-                let b = pairs.len();
-                let len = ids.len() / b;
-                let ids = Tensor::from_vec(ids, (b, len), &self.device)?;
-                let types = Tensor::from_vec(types, (b, len), &self.device)?;
-                let mask = Tensor::from_vec(mask, (b, len), &self.device)?
-                    .to_dtype(bert.activation_dtype())?;
-                let mut parts = Parts::start(&self.device)?;
-                let hidden = bert.forward_typed(&ids, Some(&types), &mask, &mut parts)?;
-                hidden
-                    .narrow(1, 0, 1)?
-                    .squeeze(1)?
-                    .to_dtype(DType::F32)?
-                    .to_vec2::<f32>()?
-            }
-            Body::Rotary(r) => {
-                let (ids, _, _, lengths) = self.padded(pairs);
-                let hidden = r.forward(ids, &lengths)?.to_dtype(DType::F32)?;
-                let mut pooled = Vec::with_capacity(pairs.len());
-                for (i, &n) in lengths.iter().enumerate() {
-                    let rows = hidden.get(i)?;
-                    let v = if self.head.pools_mean() {
-                        (rows.narrow(0, 0, n)?.sum(0)? / n as f64)?
-                    } else {
-                        rows.get(0)?
-                    };
-                    pooled.push(v.to_vec1::<f32>()?);
-                }
-                pooled
-            }
-        };
-        Ok(pooled.iter().map(|v| self.head.logit(v)).collect())
+        let seqs: Vec<&[u32]> = pairs.iter().map(|p| p.ids.as_slice()).collect();
+        let types: Vec<&[u32]> = pairs.iter().map(|p| p.types.as_slice()).collect();
+        let pooled = self
+            .encoder
+            .pooled(&seqs, Some(&types), self.head.pools_mean())?;
+        Ok(pooled.iter().map(|v| self.head.logits(v)[0]).collect())
     }
-
-    /// Right-padded ids, types and mask of a batch, and each pair's length.
-    fn padded(&self, pairs: &[&PairIds]) -> (Vec<u32>, Vec<u32>, Vec<f32>, Vec<usize>) {
-        let len = pairs.iter().map(|p| p.ids.len()).max().unwrap_or(0);
-        let b = pairs.len();
-        let mut ids = vec![self.pad_id; b * len];
-        let mut types = vec![0u32; b * len];
-        let mut mask = vec![0f32; b * len];
-        for (row, p) in pairs.iter().enumerate() {
-            let n = p.ids.len();
-            ids[row * len..row * len + n].copy_from_slice(&p.ids);
-            types[row * len..row * len + n].copy_from_slice(&p.types);
-            mask[row * len..row * len + n].fill(1.0);
-        }
-        (
-            ids,
-            types,
-            mask,
-            pairs.iter().map(|p| p.ids.len()).collect(),
-        )
-    }
-}
-
-/// The head of `architecture` from the weights (under their names in transformers'
-/// checkpoints).
-fn load_head(
-    architecture: &str,
-    config: &HeadConfig,
-    vb: &VarBuilder,
-    h: usize,
-) -> Result<Head, candle_core::Error> {
-    Ok(match architecture {
-        "BertForSequenceClassification" => Head::Bert {
-            pooler: Dense::load(&vb.pp("bert.pooler.dense"), h, h, true)?,
-            classifier: Dense::load(&vb.pp("classifier"), h, 1, true)?,
-        },
-        "XLMRobertaForSequenceClassification" => Head::Roberta {
-            dense: Dense::load(&vb.pp("classifier.dense"), h, h, true)?,
-            out_proj: Dense::load(&vb.pp("classifier.out_proj"), h, 1, true)?,
-        },
-        _ => {
-            let pooling = config.classifier_pooling.as_deref().unwrap_or("cls");
-            let act = config.classifier_activation.as_deref().unwrap_or("gelu");
-            let norm = vb.pp("head.norm");
-            Head::ModernBert {
-                mean: match pooling {
-                    "mean" => true,
-                    "cls" => false,
-                    other => candle_core::bail!(
-                        "classifier_pooling `{other}` is not supported; supported: cls, mean"
-                    ),
-                },
-                dense: Dense::load(&vb.pp("head.dense"), h, h, config.classifier_bias)?,
-                activation: HeadActivation::from_name(act).ok_or_else(|| {
-                    candle_core::Error::Msg(format!(
-                        "classifier_activation `{act}` is not supported; supported: gelu, \
-                         gelu_new, gelu_pytorch_tanh, relu, silu, tanh"
-                    ))
-                })?,
-                norm_weight: norm.get(h, "weight")?.to_dtype(DType::F32)?.to_vec1()?,
-                norm_bias: if config.norm_bias {
-                    Some(norm.get(h, "bias")?.to_dtype(DType::F32)?.to_vec1()?)
-                } else {
-                    None
-                },
-                eps: config.norm_eps.unwrap_or(1e-5) as f32,
-                classifier: Dense::load(&vb.pp("classifier"), h, 1, true)?,
-            }
-        }
-    })
 }
 
 /// The longest pair, as sentence-transformers sets it: sentence_bert_config.json's

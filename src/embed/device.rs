@@ -72,6 +72,15 @@ impl FromStr for DTypeChoice {
 }
 
 impl DTypeChoice {
+    /// The choice that names `dtype` (f32 for any other).
+    pub fn of(dtype: candle_core::DType) -> Self {
+        match dtype {
+            candle_core::DType::F16 => DTypeChoice::F16,
+            candle_core::DType::BF16 => DTypeChoice::BF16,
+            _ => DTypeChoice::F32,
+        }
+    }
+
     /// The dtype a model that runs in f32 on the CPU (a reranker, a SPLADE model: `what`)
     /// takes for this choice: f32 there (bf16 and int8 are the embedders' fused engine's,
     /// refused); f16 or bf16 on a GPU (int8 refused).

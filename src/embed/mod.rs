@@ -3,15 +3,18 @@
 
 pub mod batch;
 pub mod bert;
+pub mod classify;
 pub mod cpu;
 pub mod cross_encoder;
 pub mod device;
 pub mod encoder;
 pub mod files;
 pub mod gelu;
+pub mod head;
 #[cfg(feature = "cuda")]
 pub mod lt;
 pub mod model;
+pub mod ner;
 pub mod npy;
 pub mod pool;
 pub mod profile;

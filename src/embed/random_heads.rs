@@ -306,3 +306,187 @@ pub fn save_random_splade(
     )?;
     Ok(())
 }
+
+/// The families a random sequence or token classifier may have.
+pub const CLASSIFIER_FAMILIES: &[&str] =
+    &["bert", "xlm-roberta", "distilbert", "mpnet", "modernbert"];
+
+/// The tags of a random token classifier (CoNLL-2003's).
+pub const NER_LABELS: &[&str] = &[
+    "O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC",
+];
+
+/// The labels of a random sequence classifier.
+pub const TOPIC_LABELS: &[&str] = &["world", "sports", "business", "science"];
+
+/// Which head a random classifier gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassifierTask {
+    /// `*ForTokenClassification` with [`NER_LABELS`].
+    Token,
+    /// `*ForSequenceClassification` with [`TOPIC_LABELS`], single-label (softmax).
+    Sequence,
+    /// The same, `problem_type: multi_label_classification` (a sigmoid per label).
+    MultiLabel,
+}
+
+/// The shape of a random classifier.
+#[derive(Clone, Copy, Debug)]
+pub struct RandomClassifier<'a> {
+    /// One of [`CLASSIFIER_FAMILIES`].
+    pub family: &'a str,
+    pub task: ClassifierTask,
+    pub hidden: usize,
+    pub layers: usize,
+    pub seed: u64,
+    /// The tokenizer's `model_max_length`.
+    pub max_len: usize,
+    /// BERT-base's shape (ModernBERT-base's), not `hidden` and `layers`.
+    pub real_shape: bool,
+}
+
+/// Write a random-weight classifier of `family` (one of [`CLASSIFIER_FAMILIES`]) in the
+/// Hugging Face layout transformers' pipelines read: the family's random encoder
+/// ([`save_random_family`]) under the head's prefix, the head's weights, config.json's
+/// `architectures`, `id2label` and `label2id`, and the tokenizer with a `model_max_length` of
+/// `max_len` (short, so that windows and truncation are exercised). The token classifier's
+/// bias leans to `O`, as trained ones do, so that some texts have no entity.
+pub fn save_random_classifier(
+    base: &Path,
+    out: &Path,
+    model: &RandomClassifier<'_>,
+) -> Result<(), EmbedError> {
+    let RandomClassifier {
+        family,
+        task,
+        hidden,
+        layers,
+        seed,
+        max_len,
+        real_shape,
+    } = *model;
+    if !CLASSIFIER_FAMILIES.contains(&family) {
+        return Err(EmbedError::Unsupported(format!(
+            "no random classifier of family `{family}`; families: {}",
+            CLASSIFIER_FAMILIES.join(", ")
+        )));
+    }
+    super::random::save_random_family_with(
+        base,
+        out,
+        family,
+        hidden,
+        layers,
+        seed,
+        super::random::RandomOptions {
+            max_seq_length: None,
+            real_shape,
+        },
+    )?;
+    for leftover in [
+        "modules.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+    ] {
+        let _ = std::fs::remove_file(out.join(leftover));
+    }
+    for dir in ["1_Pooling", "2_Dense", "2_Normalize", "3_Dense", "4_Dense"] {
+        let _ = std::fs::remove_dir_all(out.join(dir));
+    }
+    let config_path = out.join("config.json");
+    let mut config: serde_json::Value = std::fs::read(&config_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| io_error(&config_path, std::io::Error::other("unreadable")))?;
+    let weights_path = out.join("model.safetensors");
+    let encoder = candle_core::safetensors::load(&weights_path, &candle_core::Device::Cpu)?;
+    let (prefix, arch) = match family {
+        "bert" => ("bert", "Bert"),
+        "xlm-roberta" => ("roberta", "XLMRoberta"),
+        "distilbert" => ("distilbert", "DistilBert"),
+        "mpnet" => ("mpnet", "MPNet"),
+        _ => ("model", "ModernBert"),
+    };
+    let mut w = prefixed(encoder, prefix);
+    let h = config
+        .get("hidden_size")
+        .or_else(|| config.get("dim"))
+        .and_then(|v| v.as_u64())
+        .map_or(hidden, |v| v as usize);
+    let shape = bert_shape(base, h, layers, 512, seed);
+    let labels: &[&str] = match task {
+        ClassifierTask::Token => NER_LABELS,
+        _ => TOPIC_LABELS,
+    };
+    let n = labels.len();
+    let insert = |w: &mut HashMap<String, Tensor>, name: &str, (weight, bias): (Tensor, Tensor)| {
+        w.insert(format!("{name}.weight"), weight);
+        w.insert(format!("{name}.bias"), bias);
+    };
+    if family == "modernbert" {
+        let (dw, _) = layer(&shape, 0xDE45E, h, h);
+        w.insert("head.dense.weight".into(), dw);
+        let (nw, _) = layer(&shape, 0x4042, 1, h);
+        w.insert(
+            "head.norm.weight".into(),
+            nw.flatten_all()
+                .expect("a row")
+                .affine(0.1, 1.0)
+                .expect("a scalar sum"),
+        );
+        config["classifier_pooling"] = "mean".into();
+        config["classifier_activation"] = "gelu".into();
+    } else if task != ClassifierTask::Token {
+        match family {
+            "bert" => insert(&mut w, "bert.pooler.dense", layer(&shape, 0x9001, h, h)),
+            "distilbert" => insert(&mut w, "pre_classifier", layer(&shape, 0x9001, h, h)),
+            _ => insert(&mut w, "classifier.dense", layer(&shape, 0x9001, h, h)),
+        }
+    }
+    let (cw, cb) = layer(&shape, 0xC1A5, n, h);
+    let classifier = if task != ClassifierTask::Token && matches!(family, "xlm-roberta" | "mpnet") {
+        "classifier.out_proj"
+    } else {
+        "classifier"
+    };
+    let (cw, cb) = if task == ClassifierTask::Token {
+        // Decisive tags, `O` ahead by 3.5: most tokens are outside any entity.
+        let lean: Vec<f32> = (0..n).map(|i| if i == 0 { 3.5 } else { 0.0 }).collect();
+        (
+            (cw * 4.0)?,
+            (cb + Tensor::new(lean.as_slice(), &candle_core::Device::Cpu)?)?,
+        )
+    } else {
+        (cw, cb)
+    };
+    insert(&mut w, classifier, (cw, cb));
+    let kind = match task {
+        ClassifierTask::Token => "TokenClassification",
+        _ => "SequenceClassification",
+    };
+    config["architectures"] = serde_json::json!([format!("{arch}For{kind}")]);
+    config["id2label"] = labels
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (i.to_string(), serde_json::Value::from(*l)))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    config["label2id"] = labels
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.to_string(), serde_json::Value::from(i)))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    if task == ClassifierTask::MultiLabel {
+        config["problem_type"] = "multi_label_classification".into();
+    }
+    write_json(&config_path, &config)?;
+    candle_core::safetensors::save(&w, &weights_path)?;
+    let tc_path = out.join("tokenizer_config.json");
+    let mut tc: serde_json::Value = std::fs::read(&tc_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| serde_json::json!({}));
+    tc["model_max_length"] = max_len.into();
+    write_json(&tc_path, &tc)
+}

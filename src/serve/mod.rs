@@ -25,6 +25,7 @@ pub mod auth;
 pub mod batcher;
 pub mod metrics;
 pub mod pages;
+mod predict;
 pub mod tasks;
 
 use std::net::SocketAddr;
@@ -45,6 +46,7 @@ use crate::embed::tokenizer::TextTokenizer;
 use crate::secret::Secret;
 use batcher::{Admission, Batcher, Job, WindowReport};
 use metrics::{EndpointLabels, ServeMetrics};
+pub use predict::fuzz_bodies as fuzz_classifier_bodies;
 pub use tasks::TaskModels;
 
 /// What to do with an input longer than the model's limit.
@@ -125,10 +127,10 @@ struct App {
     tokenize_pool: rayon::ThreadPool,
     /// The index, when the server searches one.
     search: Option<Arc<pages::SearchService>>,
-    /// The reranker's and the sparse model's queues, when the server runs them.
+    /// The task models' queues (reranker, sparse model, classifiers), when the server runs
+    /// them, and the models.
     tasks: tasks::TaskQueues,
-    reranker: Option<Arc<crate::embed::cross_encoder::CrossEncoder>>,
-    sparse: Option<Arc<crate::embed::splade::SparseModel>>,
+    models: tasks::SharedModels,
     /// The Host names and addresses answered.
     hosts: auth::HostPolicy,
     /// Browser sessions opened by the login page.
@@ -147,19 +149,8 @@ pub fn serve(
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), String> {
     let batcher = Batcher::new(options.max_queued_tokens);
-    let reranker = task_models.reranker.map(Arc::new);
-    let sparse = task_models.sparse.map(Arc::new);
-    let task_queues = tasks::TaskQueues {
-        rerank: reranker.as_ref().map(|m| {
-            (
-                Batcher::new(options.max_queued_tokens),
-                m.name().to_string(),
-            )
-        }),
-        sparse: sparse
-            .as_ref()
-            .map(|m| (Batcher::new(options.max_queued_tokens), m.dimension())),
-    };
+    let shared_models = tasks::SharedModels::from(task_models);
+    let task_queues = tasks::TaskQueues::for_models(&shared_models, options.max_queued_tokens);
     let metrics = ServeMetrics::new();
     let tokenize_pool = rayon::ThreadPoolBuilder::new()
         .thread_name(|i| format!("serve-tokenize-{i}"))
@@ -181,8 +172,7 @@ pub fn serve(
             .clone()
             .map(|setup| Arc::new(pages::SearchService::new(setup))),
         tasks: task_queues,
-        reranker: reranker.clone(),
-        sparse: sparse.clone(),
+        models: shared_models,
         hosts: auth::HostPolicy::new(options.addr.ip(), &options.allowed_hosts),
         sessions: auth::Sessions::default(),
         logins: auth::LoginThrottle::default(),
@@ -221,24 +211,8 @@ pub fn serve(
                 })
                 .map_err(|e| format!("cannot start a model thread: {e}"))?;
         }
-        if let (Some(model), Some((queue, _))) = (&reranker, &app.tasks.rerank) {
-            let (model, queue, options) = (Arc::clone(model), Arc::clone(queue), &options);
-            std::thread::Builder::new()
-                .name("model-reranker".into())
-                .spawn_scoped(scope, move || {
-                    tasks::run_reranker(&queue, &model, options.batch_tokens, options.max_wait)
-                })
-                .map_err(|e| format!("cannot start the reranker's thread: {e}"))?;
-        }
-        if let (Some(model), Some((queue, _))) = (&sparse, &app.tasks.sparse) {
-            let (model, queue, options) = (Arc::clone(model), Arc::clone(queue), &options);
-            std::thread::Builder::new()
-                .name("model-sparse".into())
-                .spawn_scoped(scope, move || {
-                    tasks::run_sparse(&queue, &model, options.batch_tokens, options.max_wait)
-                })
-                .map_err(|e| format!("cannot start the sparse model's thread: {e}"))?;
-        }
+        app.tasks
+            .spawn(scope, &app.models, options.batch_tokens, options.max_wait)?;
         let router = routes(&app, cors);
         ready(bound);
         let app2 = Arc::clone(&app);
@@ -277,6 +251,8 @@ fn routes(app: &Arc<App>, cors: Option<tower_http::cors::CorsLayer>) -> Router {
         .route("/rerank", post(tasks::tei_rerank))
         .route("/v1/rerank", post(tasks::cohere_rerank))
         .route("/embed_sparse", post(tasks::tei_embed_sparse))
+        .route("/predict", post(predict::tei_predict))
+        .route("/ner", post(predict::ner))
         .route("/embed", post(tei_embed))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text));

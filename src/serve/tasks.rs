@@ -1,7 +1,9 @@
 //! The server's other models: a cross-encoder (`--rerank-model`: TEI's `POST /rerank`, the
 //! Cohere/Jina `POST /v1/rerank`) and a SPLADE model (`--sparse-model`: TEI's
-//! `POST /embed_sparse`). Each has its own bounded queue and model thread, and batches the
-//! requests that wait together, as embeddings are batched ([`super::batcher`]).
+//! `POST /embed_sparse`), a sequence classifier (`--classifier-model`: TEI's `POST /predict`)
+//! and a token classifier (`--ner-model`: ragline's `POST /ner`). Each has its own bounded
+//! queue and model thread, and batches the requests that wait together, as embeddings are
+//! batched ([`super::batcher`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,7 +16,10 @@ use serde_json::{json, Value};
 
 use super::batcher::{panic_message, Admission, Batcher, Queued};
 use super::{observed, parse_request, ApiError, App, LongInputs};
+use crate::embed::classify::{SequenceClassifier, TextIds};
 use crate::embed::cross_encoder::{CrossEncoder, PairIds, PairScore};
+use crate::embed::ner::aggregate::Entity;
+use crate::embed::ner::{NerOptions, TokenClassifier};
 use crate::embed::splade::{SparseModel, SparseVector};
 
 /// The models beside the embedding model, each optional.
@@ -22,6 +27,28 @@ use crate::embed::splade::{SparseModel, SparseVector};
 pub struct TaskModels {
     pub reranker: Option<CrossEncoder>,
     pub sparse: Option<SparseModel>,
+    pub classifier: Option<SequenceClassifier>,
+    pub ner: Option<TokenClassifier>,
+}
+
+/// The task models a server runs, shared with their threads.
+#[derive(Default)]
+pub struct SharedModels {
+    pub reranker: Option<Arc<CrossEncoder>>,
+    pub sparse: Option<Arc<SparseModel>>,
+    pub classifier: Option<Arc<SequenceClassifier>>,
+    pub ner: Option<Arc<TokenClassifier>>,
+}
+
+impl From<TaskModels> for SharedModels {
+    fn from(m: TaskModels) -> Self {
+        SharedModels {
+            reranker: m.reranker.map(Arc::new),
+            sparse: m.sparse.map(Arc::new),
+            classifier: m.classifier.map(Arc::new),
+            ner: m.ner.map(Arc::new),
+        }
+    }
 }
 
 /// One request's inputs (a reranker's pairs, a sparse model's token ids), waiting for its
@@ -36,6 +63,29 @@ pub struct TaskJob<I, O> {
 pub type RerankJob = TaskJob<PairIds, PairScore>;
 /// One request's inputs (content ids), waiting for the sparse model.
 pub type SparseJob = TaskJob<Vec<u32>, SparseVector>;
+/// One request's texts, waiting for the classifier: their logits.
+pub type ClassifyJob = TaskJob<TextIds, Vec<f32>>;
+/// One request's texts in windows, waiting for the token classifier: their entities.
+pub type NerJob = TaskJob<NerText, Vec<Entity>>;
+
+/// A text for the token classifier: its windows and how its entities are made.
+pub struct NerText {
+    pub(super) text: String,
+    pub(super) windows: Vec<tokenizers::Encoding>,
+    pub(super) options: Arc<NerOptions>,
+}
+
+impl TaskInput for NerText {
+    fn tokens(&self) -> usize {
+        self.windows.iter().map(|w| w.len()).sum()
+    }
+}
+
+impl TaskInput for TextIds {
+    fn tokens(&self) -> usize {
+        self.ids.len()
+    }
+}
 
 /// An input of a task model, and the tokens it costs the model.
 pub trait TaskInput: Send {
@@ -72,9 +122,27 @@ impl<I: TaskInput, O: Send> Queued for TaskJob<I, O> {
 pub struct TaskQueues {
     pub rerank: Option<(Arc<Batcher<RerankJob>>, String)>,
     pub sparse: Option<(Arc<Batcher<SparseJob>>, usize)>,
+    pub classify: Option<Arc<Batcher<ClassifyJob>>>,
+    pub ner: Option<Arc<Batcher<NerJob>>>,
 }
 
 impl TaskQueues {
+    /// A queue of `max_tokens` for each model `models` holds.
+    pub fn for_models(models: &SharedModels, max_tokens: usize) -> Self {
+        TaskQueues {
+            rerank: models
+                .reranker
+                .as_ref()
+                .map(|m| (Batcher::new(max_tokens), m.name().to_string())),
+            sparse: models
+                .sparse
+                .as_ref()
+                .map(|m| (Batcher::new(max_tokens), m.dimension())),
+            classify: models.classifier.as_ref().map(|_| Batcher::new(max_tokens)),
+            ner: models.ner.as_ref().map(|_| Batcher::new(max_tokens)),
+        }
+    }
+
     pub fn close(&self) {
         if let Some((b, _)) = &self.rerank {
             b.close();
@@ -82,6 +150,68 @@ impl TaskQueues {
         if let Some((b, _)) = &self.sparse {
             b.close();
         }
+        if let Some(b) = &self.classify {
+            b.close();
+        }
+        if let Some(b) = &self.ner {
+            b.close();
+        }
+    }
+
+    /// Start a thread per task model, each serving its queue until it closes.
+    pub fn spawn<'scope>(
+        &'scope self,
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        models: &'scope SharedModels,
+        batch_tokens: usize,
+        max_wait: Duration,
+    ) -> Result<(), String> {
+        let start = |name: &str, f: Box<dyn FnOnce() + Send + 'scope>| {
+            std::thread::Builder::new()
+                .name(format!("model-{name}"))
+                .spawn_scoped(scope, f)
+                .map(|_| ())
+                .map_err(|e| format!("cannot start the {name}'s thread: {e}"))
+        };
+        if let (Some(model), Some((queue, _))) = (&models.reranker, &self.rerank) {
+            start(
+                "reranker",
+                Box::new(move || run_reranker(queue, model, batch_tokens, max_wait)),
+            )?;
+        }
+        if let (Some(model), Some((queue, _))) = (&models.sparse, &self.sparse) {
+            start(
+                "sparse",
+                Box::new(move || run_sparse(queue, model, batch_tokens, max_wait)),
+            )?;
+        }
+        if let (Some(model), Some(queue)) = (&models.classifier, &self.classify) {
+            start(
+                "classifier",
+                Box::new(move || {
+                    queue.run_windows("classifier", batch_tokens * 4, max_wait, |jobs| {
+                        answer_window(jobs, |texts| model.logits(texts, batch_tokens))
+                    })
+                }),
+            )?;
+        }
+        if let (Some(model), Some(queue)) = (&models.ner, &self.ner) {
+            start(
+                "ner",
+                Box::new(move || {
+                    queue.run_windows("ner", batch_tokens * 4, max_wait, |jobs| {
+                        answer_window(jobs, |texts| {
+                            let items: Vec<_> = texts
+                                .iter()
+                                .map(|t| (t.text.as_str(), t.windows.as_slice(), &*t.options))
+                                .collect();
+                            model.entities_of(&items, batch_tokens)
+                        })
+                    })
+                }),
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -152,7 +282,7 @@ fn answer_window<I, O: Clone, E: std::fmt::Display>(
 /// A task model's request: refused while the server stops or while the queue is full, its
 /// inputs made by `prepare` on the tokenizing pool (a panic there answers as the
 /// tokenizer's), queued, and its outputs awaited, with the tokens they took.
-async fn through_queue<I, O>(
+pub(super) async fn through_queue<I, O>(
     app: &Arc<App>,
     batcher: &Batcher<TaskJob<I, O>>,
     prepare: impl FnOnce() -> Result<Vec<I>, ApiError> + Send + 'static,
@@ -234,7 +364,7 @@ fn model_error(app: &App, e: Option<String>) -> ApiError {
     }
 }
 
-fn not_served(what: &str, flag: &str) -> ApiError {
+pub(super) fn not_served(what: &str, flag: &str) -> ApiError {
     ApiError {
         status: StatusCode::NOT_FOUND,
         kind: "not_served",
@@ -346,7 +476,7 @@ async fn rerank(
     let Some((batcher, _)) = &app.tasks.rerank else {
         return Err(not_served("reranker", "--rerank-model"));
     };
-    let Some(model) = app.reranker.clone() else {
+    let Some(model) = app.models.reranker.clone() else {
         return Err(not_served("reranker", "--rerank-model"));
     };
     if texts.is_empty() {
@@ -384,7 +514,7 @@ async fn rerank(
     Ok((scores, tokens))
 }
 
-fn count(app: &App, endpoint: &'static str, inputs: usize, tokens: usize) {
+pub(super) fn count(app: &App, endpoint: &'static str, inputs: usize, tokens: usize) {
     let labels = super::metrics::EndpointLabels {
         endpoint: endpoint.to_string(),
     };
@@ -486,7 +616,7 @@ pub(super) async fn sparse_vectors(
     let Some((batcher, _)) = &app.tasks.sparse else {
         return Err(not_served("sparse model", "--sparse-model"));
     };
-    let Some(model) = app.sparse.clone() else {
+    let Some(model) = app.models.sparse.clone() else {
         return Err(not_served("sparse model", "--sparse-model"));
     };
     through_queue(app, batcher, move || {

@@ -4,6 +4,7 @@ mod ann;
 mod attacks;
 mod backend;
 mod chunking;
+mod classifiers;
 mod distributed;
 mod documents;
 mod embedding;
