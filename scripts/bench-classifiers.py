@@ -24,7 +24,7 @@ def main():
     ap.add_argument("--family", default="bert")
     ap.add_argument("--texts", type=int, default=400)
     ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=8)
     args = ap.parse_args()
     import torch
     import transformers

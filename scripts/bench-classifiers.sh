@@ -5,7 +5,7 @@
 # batched, f32 on the CPU. Prints tokens/s of each and the ratio. See
 # scripts/bench-classifiers.py.
 #
-#   scripts/bench-classifiers.sh [TEXTS] [RUNS] [FAMILY]
+#   scripts/bench-classifiers.sh [TEXTS=120] [RUNS=1] [FAMILY=bert]
 #
 # Needs a release build with test-hooks (built when missing), the model
 # (scripts/fetch-model.sh) and the reference virtualenv (scripts/reference-venv.sh).
@@ -27,4 +27,4 @@ for task in ner classify; do
 done
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(date -u +%F)"
 "$PY" scripts/bench-classifiers.py --ragline "$RAGLINE" --models "$OUT" --family "$FAMILY" \
-  --texts "${1:-400}" --runs "${2:-2}"
+  --texts "${1:-120}" --runs "${2:-1}"

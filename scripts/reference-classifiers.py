@@ -35,7 +35,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NER = {"bert": 401, "xlm-roberta": 402, "distilbert": 403, "modernbert": 404}
-CLASSIFY = {"bert": 411, "xlm-roberta": 412, "distilbert": 413, "mpnet": 414, "modernbert": 415}
+CLASSIFY = {"bert": 411, "xlm-roberta": 412, "distilbert": 413, "mpnet": 414, "modernbert": 415, "qwen3": 416}
 MULTI = {"bert": 421}
 HIDDEN, LAYERS, MAX_LEN, STRIDE = 32, 2, 128, 32
 STRATEGIES = ["none", "simple", "first", "average", "max"]
@@ -108,8 +108,10 @@ def main():
                 print(f"ner {family} {strategy}: {sum(len(r) for r in rows)} entities, {sum(1 for r in rows if not r)} texts without one", file=sys.stderr)
             dest = os.path.join(out, "ner-" + family)
             os.makedirs(dest, exist_ok=True)
-            with gzip.open(os.path.join(dest, "entities.json.gz"), "wt", encoding="utf-8", compresslevel=9) as f:
-                json.dump({"stride": STRIDE, "entities": result}, f, ensure_ascii=False)
+            # mtime=0: the same entities make the same bytes.
+            with open(os.path.join(dest, "entities.json.gz"), "wb") as raw:
+                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
+                    f.write(json.dumps({"stride": STRIDE, "entities": result}, ensure_ascii=False).encode("utf-8"))
             json.dump({**meta, "max_len": MAX_LEN, "stride": STRIDE, "texts": len(texts)}, open(os.path.join(dest, "reference.json"), "w"), indent=2)
 
         for task, models in (("classify", CLASSIFY), ("classify-multi", MULTI)):

@@ -233,7 +233,7 @@ impl SequenceClassifier {
             }
             let pooled = self
                 .encoder
-                .pooled(&chosen, Some(&types), self.head.pools_mean())?;
+                .pooled(&chosen, Some(&types), self.head.pooled())?;
             for (&i, v) in batch.iter().zip(&pooled) {
                 out[i] = self.head.logits(v);
             }

@@ -314,7 +314,7 @@ impl CrossEncoder {
         let types: Vec<&[u32]> = pairs.iter().map(|p| p.types.as_slice()).collect();
         let pooled = self
             .encoder
-            .pooled(&seqs, Some(&types), self.head.pools_mean())?;
+            .pooled(&seqs, Some(&types), self.head.pooled())?;
         Ok(pooled.iter().map(|v| self.head.logits(v)[0]).collect())
     }
 }

@@ -239,8 +239,19 @@ impl Prediction {
     }
 }
 
+/// Which state of a sequence a head reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pooled {
+    /// The first token's (`[CLS]`).
+    First,
+    /// The mean of every token's.
+    Mean,
+    /// The last token's (a decoder's: the only one that has read the whole text).
+    Last,
+}
+
 /// A sequence classifier's head (`*ForSequenceClassification`), on the first token's state
-/// (or the mean of all, where ModernBERT's config says so).
+/// (the mean of all where ModernBERT's config says so; the last token's for a decoder).
 pub(crate) enum SequenceHead {
     /// BERT: the pooler (dense + tanh on the first token), then the classifier.
     Bert { pooler: Dense, classifier: Dense },
@@ -257,6 +268,8 @@ pub(crate) enum SequenceHead {
         head: Prediction,
         classifier: Dense,
     },
+    /// A decoder (Qwen3): `score`, without a bias, on the last token.
+    Score(Dense),
 }
 
 /// The sequence-classification architectures, each with its encoder's family.
@@ -267,6 +280,7 @@ pub const SEQUENCE_ARCHITECTURES: &[&str] = &[
     "DistilBertForSequenceClassification",
     "MPNetForSequenceClassification",
     "ModernBertForSequenceClassification",
+    "Qwen3ForSequenceClassification",
 ];
 
 /// The token-classification architectures.
@@ -302,6 +316,9 @@ impl SequenceHead {
                 pre_classifier: Dense::load(&vb.pp("pre_classifier"), h, h, true)?,
                 classifier: Dense::load(&vb.pp("classifier"), h, labels, true)?,
             },
+            "Qwen3ForSequenceClassification" => {
+                SequenceHead::Score(Dense::load(&vb.pp("score"), h, labels, false)?)
+            }
             _ => SequenceHead::ModernBert {
                 mean: match config.classifier_pooling.as_deref().unwrap_or("cls") {
                     "mean" => true,
@@ -316,9 +333,13 @@ impl SequenceHead {
         })
     }
 
-    /// Whether the head pools every token (mean) rather than reading the first.
-    pub fn pools_mean(&self) -> bool {
-        matches!(self, SequenceHead::ModernBert { mean: true, .. })
+    /// Which state the head reads.
+    pub fn pooled(&self) -> Pooled {
+        match self {
+            SequenceHead::ModernBert { mean: true, .. } => Pooled::Mean,
+            SequenceHead::Score(_) => Pooled::Last,
+            _ => Pooled::First,
+        }
     }
 
     /// The logits of one pooled vector (the first token's state, or the mean).
@@ -345,6 +366,7 @@ impl SequenceHead {
             SequenceHead::ModernBert {
                 head, classifier, ..
             } => classifier.forward(&head.forward(pooled)),
+            SequenceHead::Score(score) => score.forward(pooled),
         }
     }
 }
@@ -418,9 +440,15 @@ impl Encoder {
         let bad_config = |reason: String| files.bad_config(reason);
         let misfit = |e: candle_core::Error| files.misfit(e);
         let dtype = vb.dtype();
-        let (body, hidden, positions) = if architecture.starts_with("ModernBert") {
-            let rc = RotaryConfig::from_json(raw, Arch::ModernBert)
-                .map_err(|e| bad_config(e.to_string()))?;
+        let rotary = if architecture.starts_with("ModernBert") {
+            Some(Arch::ModernBert)
+        } else if architecture.starts_with("Qwen3") {
+            Some(Arch::Qwen3)
+        } else {
+            None
+        };
+        let (body, hidden, positions) = if let Some(arch) = rotary {
+            let rc = RotaryConfig::from_json(raw, arch).map_err(|e| bad_config(e.to_string()))?;
             let r = RotaryModel::load(vb.clone(), rc).map_err(misfit)?;
             let (h, p) = (r.hidden_size(), r.max_positions());
             (Body::Rotary(Box::new(r)), h, p)
@@ -468,16 +496,15 @@ impl Encoder {
         !matches!(self.body, Body::Rotary(_))
     }
 
-    /// The pooled state of each sequence: its first token's, or the mean of its tokens'
-    /// (`mean`).
+    /// The pooled state of each sequence, as `pooled` says.
     pub fn pooled(
         &self,
         seqs: &[&[u32]],
         types: Option<&[&[u32]]>,
-        mean: bool,
+        pooled: Pooled,
     ) -> Result<Vec<Vec<f32>>, EmbedError> {
         let h = self.hidden;
-        if let (Body::Cpu(cpu), false) = (&self.body, mean) {
+        if let (Body::Cpu(cpu), Pooled::First) = (&self.body, pooled) {
             // The heads read each sequence's first token: the last layer computes only it.
             let first = cpu.forward_rows(seqs, types, Rows::First)?;
             return Ok(first.chunks_exact(h).map(<[f32]>::to_vec).collect());
@@ -485,8 +512,8 @@ impl Encoder {
         let states = self.states(seqs, types)?;
         Ok(states
             .iter()
-            .map(|s| {
-                if mean {
+            .map(|s| match pooled {
+                Pooled::Mean => {
                     let n = (s.len() / h).max(1) as f32;
                     let mut v = vec![0f32; h];
                     for row in s.chunks_exact(h) {
@@ -494,9 +521,9 @@ impl Encoder {
                     }
                     v.iter_mut().for_each(|a| *a /= n);
                     v
-                } else {
-                    s[..h].to_vec()
                 }
+                Pooled::First => s[..h].to_vec(),
+                Pooled::Last => s[s.len() - h..].to_vec(),
             })
             .collect())
     }

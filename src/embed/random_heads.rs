@@ -308,8 +308,14 @@ pub fn save_random_splade(
 }
 
 /// The families a random sequence or token classifier may have.
-pub const CLASSIFIER_FAMILIES: &[&str] =
-    &["bert", "xlm-roberta", "distilbert", "mpnet", "modernbert"];
+pub const CLASSIFIER_FAMILIES: &[&str] = &[
+    "bert",
+    "xlm-roberta",
+    "distilbert",
+    "mpnet",
+    "modernbert",
+    "qwen3",
+];
 
 /// The tags of a random token classifier (CoNLL-2003's).
 pub const NER_LABELS: &[&str] = &[
@@ -371,6 +377,11 @@ pub fn save_random_classifier(
             CLASSIFIER_FAMILIES.join(", ")
         )));
     }
+    if family == "qwen3" && task == ClassifierTask::Token {
+        return Err(EmbedError::Unsupported(
+            "no random Qwen3 token classifier: Qwen3 classifies sequences".into(),
+        ));
+    }
     super::random::save_random_family_with(
         base,
         out,
@@ -405,6 +416,7 @@ pub fn save_random_classifier(
         "xlm-roberta" => ("roberta", "XLMRoberta"),
         "distilbert" => ("distilbert", "DistilBert"),
         "mpnet" => ("mpnet", "MPNet"),
+        "qwen3" => ("model", "Qwen3"),
         _ => ("model", "ModernBert"),
     };
     let mut w = prefixed(encoder, prefix);
@@ -436,6 +448,8 @@ pub fn save_random_classifier(
         );
         config["classifier_pooling"] = "mean".into();
         config["classifier_activation"] = "gelu".into();
+    } else if family == "qwen3" {
+        // A decoder's head is `score` alone, without a bias, on the last token.
     } else if task != ClassifierTask::Token {
         match family {
             "bert" => insert(&mut w, "bert.pooler.dense", layer(&shape, 0x9001, h, h)),
@@ -459,7 +473,11 @@ pub fn save_random_classifier(
     } else {
         (cw, cb)
     };
-    insert(&mut w, classifier, (cw, cb));
+    if family == "qwen3" {
+        w.insert("score.weight".into(), cw);
+    } else {
+        insert(&mut w, classifier, (cw, cb));
+    }
     let kind = match task {
         ClassifierTask::Token => "TokenClassification",
         _ => "SequenceClassification",

@@ -21,14 +21,20 @@ use crate::rerankers::fixtures;
 use crate::util::{model_dir, ragline, read_jsonl, run};
 
 const NER_FAMILIES: [&str; 4] = ["bert", "xlm-roberta", "distilbert", "modernbert"];
-const CLASSIFY: [&str; 6] = [
+const CLASSIFY: [&str; 7] = [
     "classify-bert",
     "classify-xlm-roberta",
     "classify-distilbert",
     "classify-mpnet",
     "classify-modernbert",
+    "classify-qwen3",
     "classify-multi-bert",
 ];
+
+/// The families on candle ops on every device (one CPU run each is enough).
+fn rotary(fixture: &str) -> bool {
+    fixture.ends_with("modernbert") || fixture.ends_with("qwen3")
+}
 const STRATEGIES: [&str; 5] = ["none", "simple", "first", "average", "max"];
 
 /// The word after `flag` in a recorded `ragline random-model ...` command.
@@ -208,7 +214,8 @@ fn the_candle_ner_path_matches_the_pipeline() {
     }
 }
 
-/// `ragline classify` of every sequence-classification family (and a multi-label model),
+/// `ragline classify` of every sequence-classification family (Qwen3 reading its last
+/// token, and a multi-label model),
 /// on every CPU kernel path, gives every text the text-classification pipeline's labels in
 /// its order, scores within 1e-5; the candle path too.
 #[test]
@@ -250,7 +257,7 @@ fn classify_matches_the_text_classification_pipeline() {
             assert!(worst <= 1e-5, "{what}: a score differs by {worst}");
         };
         let mut paths = kernel_paths();
-        if fixture.ends_with("modernbert") {
+        if rotary(fixture) {
             paths.truncate(1);
         }
         for kernels in paths {
@@ -280,7 +287,7 @@ fn classify_matches_the_text_classification_pipeline() {
                 .collect();
             compare(&format!("{fixture} {kernels}"), &rows);
         }
-        if !fixture.ends_with("modernbert") {
+        if !rotary(fixture) {
             let files = ModelFiles::from_dir(fixture, &model).unwrap();
             let c = SequenceClassifier::load_candle(files, &Device::Cpu, DType::F32).unwrap();
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
@@ -358,4 +365,142 @@ fn classify_keeps_going_past_a_bad_line_and_keeps_what_it_is_asked() {
         .arg(&input));
     assert_ne!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stderr).contains("ForSequenceClassification"));
+}
+
+/// `serve --classifier-model --ner-model`: TEI's `POST /predict` answers a text with the
+/// pipeline's labels and scores (a batch with a list of them, `raw_scores` with the logits,
+/// two strings as one pair), and `POST /ner` answers with the pipeline's entities for the
+/// aggregation asked; clients at once are batched together and each gets its own answer.
+#[test]
+fn serve_predicts_labels_and_entities() {
+    use crate::serve::{post, Server};
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let classifier = model_of("classify-bert", &dir.path().join("c"));
+    let ner = model_of("ner-bert", &dir.path().join("n"));
+    let server = Server::start(
+        &model_dir(),
+        &[
+            "--classifier-model",
+            classifier.to_str().unwrap(),
+            "--ner-model",
+            ner.to_str().unwrap(),
+        ],
+        dir.path(),
+        "classifiers",
+    );
+    let texts = texts();
+    let labels: Value = serde_json::from_slice(
+        &fs::read(fixtures("classifiers/classify-bert/labels.json")).unwrap(),
+    )
+    .unwrap();
+    let entities = reference_entities("bert");
+    // Texts of one window (the server's stride is its default, the reference's 32).
+    let short: Vec<usize> = (0..texts.len())
+        .filter(|&i| !texts[i].is_empty() && texts[i].len() < 200)
+        .take(16)
+        .collect();
+    assert_eq!(short.len(), 16);
+    let close = |ours: &Value, theirs: &Value| {
+        let (a, b) = (ours.as_array().unwrap(), theirs.as_array().unwrap());
+        assert_eq!(a.len(), b.len(), "{ours} vs {theirs}");
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!(x["label"], y["label"]);
+            assert!((x["score"].as_f64().unwrap() - y["score"].as_f64().unwrap()).abs() <= 1e-5);
+        }
+    };
+    type Answer = (u16, Value);
+    let answers: Vec<(usize, Answer, Answer)> = std::thread::scope(|s| {
+        let handles: Vec<_> = short
+            .iter()
+            .map(|&i| {
+                let (url, text) = (&server.url, &texts[i]);
+                s.spawn(move || {
+                    let p = post(&format!("{url}/predict"), &json!({"inputs": text}));
+                    let n = post(
+                        &format!("{url}/ner"),
+                        &json!({"inputs": [text], "aggregation": "first"}),
+                    );
+                    (i, p, n)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (ps, pb), (ns, nb)) in answers {
+        assert_eq!(ps, 200, "{pb}");
+        close(&pb, &labels["labels"][i]);
+        assert_eq!(ns, 200, "{nb}");
+        let ours = nb[0]["entities"].as_array().unwrap();
+        same_entities("serve /ner first", i, ours, &entities["first"][i]);
+    }
+    // A batch: a list per input, in order; raw scores are the logits (their softmax is the
+    // reference's scores).
+    let (status, body) = post(
+        &format!("{}/predict", server.url),
+        &json!({"inputs": [texts[short[0]], texts[short[1]], texts[short[2]]], "raw_scores": true}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let rows = body.as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    for (row, &i) in rows.iter().zip(&short) {
+        let logits: Vec<f64> = row
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["score"].as_f64().unwrap())
+            .collect();
+        let sum: f64 = logits.iter().map(|l| l.exp()).sum();
+        let top = &labels["labels"][i][0];
+        assert_eq!(row[0]["label"], top["label"]);
+        assert!((logits[0].exp() / sum - top["score"].as_f64().unwrap()).abs() <= 1e-5);
+    }
+    // Two strings are one pair (TEI's reading): one answer, its labels' scores summing to 1.
+    let (status, body) = post(
+        &format!("{}/predict", server.url),
+        &json!({"inputs": ["A premise.", "A hypothesis."]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let sum: f64 = body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["score"].as_f64().unwrap())
+        .sum();
+    assert!(
+        body.as_array().unwrap().len() == 4 && (sum - 1.0).abs() < 1e-5,
+        "{body}"
+    );
+    // A long text through /ner is read whole: entities past the first window.
+    let long = (0..texts.len()).max_by_key(|&i| texts[i].len()).unwrap();
+    let (status, body) = post(
+        &format!("{}/ner", server.url),
+        &json!({"inputs": texts[long]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let last = body[0]["entities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["end"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert!(last as usize > texts[long].chars().count() / 2, "{last}");
+    // Bad bodies are refused by name.
+    let (status, body) = post(
+        &format!("{}/ner", server.url),
+        &json!({"inputs": "x", "aggregation": "most"}),
+    );
+    assert_eq!(status, 400);
+    assert!(body.to_string().contains("unknown aggregation"), "{body}");
+    let (status, _) = post(&format!("{}/predict", server.url), &json!({"inputs": []}));
+    assert_eq!(status, 400);
+    drop(server);
+    let plain = Server::start(&model_dir(), &[], dir.path(), "plain");
+    let (status, body) = post(&format!("{}/predict", plain.url), &json!({"inputs": "t"}));
+    assert_eq!(status, 404);
+    assert!(body.to_string().contains("--classifier-model"), "{body}");
+    let (status, body) = post(&format!("{}/ner", plain.url), &json!({"inputs": "t"}));
+    assert_eq!(status, 404);
+    assert!(body.to_string().contains("--ner-model"), "{body}");
 }

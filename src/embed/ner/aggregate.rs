@@ -250,7 +250,7 @@ fn group(tagged: Vec<Entity>, decode: &dyn Fn(&[&str]) -> String) -> Vec<Entity>
         if let Some(last) = current.last() {
             let (b, t) = tag(&e.label);
             let (_, last_t) = tag(&last.label);
-            if !(t == last_t && !b) {
+            if t != last_t || b {
                 groups.push(close(std::mem::take(&mut current), decode));
             }
         }
