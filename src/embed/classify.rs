@@ -10,6 +10,7 @@ use candle_core::{DType, Device};
 use serde::Serialize;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
+use super::cpu::kernels::Precision;
 use super::device::DTypeChoice;
 use super::files::{tokenizer_max_length, ModelFiles};
 use super::head::{pad_id, Encoder, HeadConfig, SequenceHead, SEQUENCE_ARCHITECTURES};
@@ -117,7 +118,7 @@ impl SequenceClassifier {
         choice: DTypeChoice,
         fused: bool,
     ) -> Result<Self, EmbedError> {
-        let dtype = task_dtype(device, choice, fused, "a classifier")?;
+        let (dtype, precision) = task_dtype(device, choice, fused, true, "a classifier")?;
         let (config, raw) = HeadConfig::read(&files)?;
         let architecture =
             config.architecture(&files, SEQUENCE_ARCHITECTURES, "a sequence classifier")?;
@@ -128,7 +129,15 @@ impl SequenceClassifier {
             _ => ScoreFunction::Softmax,
         };
         let vb = files.var_builder(dtype, device)?;
-        let mut encoder = Encoder::load(&files, &architecture, &config, &raw, &vb, device, fused)?;
+        let mut encoder = Encoder::load(
+            &files,
+            &architecture,
+            &config,
+            &raw,
+            &vb,
+            device,
+            fused.then_some(precision),
+        )?;
         let head = SequenceHead::load(
             &architecture,
             &config,
@@ -279,18 +288,25 @@ impl SequenceClassifier {
     }
 }
 
-/// The dtype a task model runs in: f32 on the CPU's fused engine (bf16 and int8 are
-/// refused there), any float on candle's.
+/// The dtype a task model's weights are read in, and the precision of the fused CPU
+/// encoder's dense layers: f32 on the CPU, or bf16 and int8 layers on the fused engine where
+/// `low_precision` allows them (`--dtype bf16|int8`, as embedders take them); any float on
+/// candle's.
 pub(crate) fn task_dtype(
     device: &Device,
     choice: DTypeChoice,
     fused: bool,
+    low_precision: bool,
     what: &str,
-) -> Result<DType, EmbedError> {
+) -> Result<(DType, Precision), EmbedError> {
     match (device.is_cpu(), choice) {
         // The candle path on the CPU (tests): any float dtype.
-        (true, DTypeChoice::BF16 | DTypeChoice::F16) if !fused => Ok(choice.resolve(device)),
-        _ => choice.f32_on_cpu(device, what),
+        (true, DTypeChoice::BF16 | DTypeChoice::F16) if !fused => {
+            Ok((choice.resolve(device), Precision::F32))
+        }
+        (true, DTypeChoice::BF16) if fused && low_precision => Ok((DType::F32, Precision::Bf16)),
+        (true, DTypeChoice::Int8) if fused && low_precision => Ok((DType::F32, Precision::Int8)),
+        _ => Ok((choice.f32_on_cpu(device, what)?, Precision::F32)),
     }
 }
 

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use super::classify::task_dtype;
+use super::cpu::kernels::Precision;
 use super::device::DTypeChoice;
 use super::files::ModelFiles;
 use super::head::{pad_id, Encoder, HeadConfig, SequenceHead};
@@ -137,7 +138,7 @@ impl CrossEncoder {
         choice: DTypeChoice,
         fused: bool,
     ) -> Result<Self, EmbedError> {
-        let dtype = task_dtype(device, choice, fused, "a reranker")?;
+        let (dtype, _) = task_dtype(device, choice, fused, false, "a reranker")?;
         let (config, raw) = HeadConfig::read(&files)?;
         let architecture =
             config.architecture(&files, CROSS_ENCODER_ARCHITECTURES, "a cross-encoder")?;
@@ -177,7 +178,15 @@ impl CrossEncoder {
             _ => ScoreActivation::Sigmoid,
         };
         let vb = files.var_builder(dtype, device)?;
-        let mut encoder = Encoder::load(&files, &architecture, &config, &raw, &vb, device, fused)?;
+        let mut encoder = Encoder::load(
+            &files,
+            &architecture,
+            &config,
+            &raw,
+            &vb,
+            device,
+            fused.then_some(Precision::F32),
+        )?;
         let head = SequenceHead::load(
             &architecture,
             &config,

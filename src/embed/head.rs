@@ -425,9 +425,9 @@ pub(crate) struct Encoder {
 }
 
 impl Encoder {
-    /// The encoder of `architecture` from the weights in `vb`: ModernBERT on the rotary
-    /// engine, the BERT-like families on the fused CPU engine where `fused` and the device
-    /// and dtype allow it, else candle's.
+    /// The encoder of `architecture` from the weights in `vb`: ModernBERT and Qwen3 on the
+    /// rotary engine (f32 on the CPU), the BERT-like families on the fused CPU engine with its
+    /// dense layers in `fused`'s precision where the device and dtype allow it, else candle's.
     pub fn load(
         files: &ModelFiles,
         architecture: &str,
@@ -435,7 +435,7 @@ impl Encoder {
         raw: &[u8],
         vb: &VarBuilder,
         device: &Device,
-        fused: bool,
+        fused: Option<Precision>,
     ) -> Result<Self, EmbedError> {
         let bad_config = |reason: String| files.bad_config(reason);
         let misfit = |e: candle_core::Error| files.misfit(e);
@@ -448,6 +448,13 @@ impl Encoder {
             None
         };
         let (body, hidden, positions) = if let Some(arch) = rotary {
+            if let Some(p) = fused.filter(|&p| p != Precision::F32 && device.is_cpu()) {
+                return Err(EmbedError::Unsupported(format!(
+                    "--dtype {}: {architecture} runs in f32 on the CPU (bf16 and int8 are for \
+                     the BERT-like families); use --dtype f32",
+                    p.name()
+                )));
+            }
             let rc = RotaryConfig::from_json(raw, arch).map_err(|e| bad_config(e.to_string()))?;
             let r = RotaryModel::load(vb.clone(), rc).map_err(misfit)?;
             let (h, p) = (r.hidden_size(), r.max_positions());
@@ -459,10 +466,11 @@ impl Encoder {
             let family = Family::from_model_type(&model_type).unwrap_or(Family::Bert);
             let bert = Bert::load_family(vb.clone(), &bc, family).map_err(misfit)?;
             let (h, p) = (bert.hidden_size(), bert.max_positions());
-            let body = if fused && device.is_cpu() && dtype == DType::F32 {
-                Body::Cpu(Box::new(
-                    bert.to_cpu(KernelPath::from_env()?, Precision::F32)?,
-                ))
+            let body = if let (Some(precision), true, DType::F32) = (fused, device.is_cpu(), dtype)
+            {
+                let path = KernelPath::from_env()?;
+                precision.check(path)?;
+                Body::Cpu(Box::new(bert.to_cpu(path, precision)?))
             } else {
                 Body::Candle(bert)
             };

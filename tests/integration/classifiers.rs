@@ -357,6 +357,29 @@ fn classify_keeps_going_past_a_bad_line_and_keeps_what_it_is_asked() {
         .unwrap()
         .iter()
         .all(|l| l["score"].as_f64().unwrap() >= 0.99));
+    // bf16 dense layers on the fused engine (where the CPU has bf16): the same top labels
+    // as f32 on these texts; where it has not, a clear refusal.
+    let bf16 = run(ragline()
+        .args(["classify", "--device", "cpu", "--dtype", "bf16", "--model"])
+        .arg(&model)
+        .args(["--output", "-", "--input"])
+        .arg(&input));
+    let top = |o: &std::process::Output| -> Vec<Value> {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["labels"][0]["label"].clone())
+            .collect()
+    };
+    if bf16.status.code() == Some(1) {
+        let f32 = run(ragline()
+            .args(["classify", "--device", "cpu", "--model"])
+            .arg(&model)
+            .args(["--output", "-", "--input"])
+            .arg(&input));
+        assert_eq!(top(&bf16), top(&f32));
+    } else {
+        assert!(String::from_utf8_lossy(&bf16.stderr).contains("bf16"));
+    }
     // A reranker is not a multi-label classifier, and a token classifier no sequence one.
     let o = run(ragline()
         .args(["classify", "--device", "cpu", "--model"])

@@ -103,13 +103,21 @@ impl TokenClassifier {
         stride: Option<usize>,
         fused: bool,
     ) -> Result<Self, EmbedError> {
-        let dtype = task_dtype(device, choice, fused, "a token classifier")?;
+        let (dtype, precision) = task_dtype(device, choice, fused, true, "a token classifier")?;
         let (config, raw) = HeadConfig::read(&files)?;
         let architecture =
             config.architecture(&files, TOKEN_ARCHITECTURES, "a token classifier")?;
         let labels = config.labels(&files)?;
         let vb = files.var_builder(dtype, device)?;
-        let mut encoder = Encoder::load(&files, &architecture, &config, &raw, &vb, device, fused)?;
+        let mut encoder = Encoder::load(
+            &files,
+            &architecture,
+            &config,
+            &raw,
+            &vb,
+            device,
+            fused.then_some(precision),
+        )?;
         let head = TokenHead::load(
             &architecture,
             &config,
