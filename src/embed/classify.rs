@@ -10,10 +10,9 @@ use candle_core::{DType, Device};
 use serde::Serialize;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
-use super::cpu::kernels::Precision;
 use super::device::DTypeChoice;
 use super::files::{tokenizer_max_length, ModelFiles};
-use super::head::{pad_id, Encoder, HeadConfig, SequenceHead, SEQUENCE_ARCHITECTURES};
+use super::head::{pad_id, Encoder, OpenAs, Opened, SequenceHead, SEQUENCE_ARCHITECTURES};
 use super::EmbedError;
 
 /// Tokens a batch may hold (padding included where the encoder pads).
@@ -118,34 +117,37 @@ impl SequenceClassifier {
         choice: DTypeChoice,
         fused: bool,
     ) -> Result<Self, EmbedError> {
-        let (dtype, precision) = task_dtype(device, choice, fused, true, "a classifier")?;
-        let (config, raw) = HeadConfig::read(&files)?;
-        let architecture =
-            config.architecture(&files, SEQUENCE_ARCHITECTURES, "a sequence classifier")?;
-        let labels = config.labels(&files)?;
+        let opened = Opened::open(
+            &files,
+            device,
+            choice,
+            fused,
+            OpenAs {
+                known: SEQUENCE_ARCHITECTURES,
+                what: "a sequence classifier",
+                low_precision: true,
+            },
+        )?;
+        let head = SequenceHead::load(
+            &opened.architecture,
+            &opened.config,
+            &opened.vb,
+            opened.head_hidden(),
+            opened.labels.len(),
+        )
+        .map_err(|e| files.misfit(e))?;
+        let Opened {
+            config,
+            architecture,
+            labels,
+            mut encoder,
+            ..
+        } = opened;
         let function = match config.problem_type.as_deref() {
             Some("multi_label_classification") => ScoreFunction::Sigmoid,
             _ if labels.len() == 1 => ScoreFunction::Sigmoid,
             _ => ScoreFunction::Softmax,
         };
-        let vb = files.var_builder(dtype, device)?;
-        let mut encoder = Encoder::load(
-            &files,
-            &architecture,
-            &config,
-            &raw,
-            &vb,
-            device,
-            fused.then_some(precision),
-        )?;
-        let head = SequenceHead::load(
-            &architecture,
-            &config,
-            &vb,
-            config.hidden(encoder.hidden),
-            labels.len(),
-        )
-        .map_err(|e| files.misfit(e))?;
         let max_len = task_max_len(&files, config.max_position_embeddings, encoder.positions)?;
         let tokenizer = task_tokenizer(&files, max_len, 0)?;
         encoder.pad_id = pad_id(&tokenizer);
@@ -285,28 +287,6 @@ impl SequenceClassifier {
                 score: scores[i],
             })
             .collect()
-    }
-}
-
-/// The dtype a task model's weights are read in, and the precision of the fused CPU
-/// encoder's dense layers: f32 on the CPU, or bf16 and int8 layers on the fused engine where
-/// `low_precision` allows them (`--dtype bf16|int8`, as embedders take them); any float on
-/// candle's.
-pub(crate) fn task_dtype(
-    device: &Device,
-    choice: DTypeChoice,
-    fused: bool,
-    low_precision: bool,
-    what: &str,
-) -> Result<(DType, Precision), EmbedError> {
-    match (device.is_cpu(), choice) {
-        // The candle path on the CPU (tests): any float dtype.
-        (true, DTypeChoice::BF16 | DTypeChoice::F16) if !fused => {
-            Ok((choice.resolve(device), Precision::F32))
-        }
-        (true, DTypeChoice::BF16) if fused && low_precision => Ok((DType::F32, Precision::Bf16)),
-        (true, DTypeChoice::Int8) if fused && low_precision => Ok((DType::F32, Precision::Int8)),
-        _ => Ok((choice.f32_on_cpu(device, what)?, Precision::F32)),
     }
 }
 

@@ -14,11 +14,9 @@ use candle_core::{DType, Device};
 use serde::Deserialize;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
-use super::classify::task_dtype;
-use super::cpu::kernels::Precision;
 use super::device::DTypeChoice;
 use super::files::ModelFiles;
-use super::head::{pad_id, Encoder, HeadConfig, SequenceHead};
+use super::head::{pad_id, Encoder, OpenAs, Opened, SequenceHead};
 use super::EmbedError;
 
 /// Tokens a batch of pairs may hold (padding included where the encoder pads).
@@ -138,11 +136,18 @@ impl CrossEncoder {
         choice: DTypeChoice,
         fused: bool,
     ) -> Result<Self, EmbedError> {
-        let (dtype, _) = task_dtype(device, choice, fused, false, "a reranker")?;
-        let (config, raw) = HeadConfig::read(&files)?;
-        let architecture =
-            config.architecture(&files, CROSS_ENCODER_ARCHITECTURES, "a cross-encoder")?;
-        let labels = config.labels(&files)?.len();
+        let opened = Opened::open(
+            &files,
+            device,
+            choice,
+            fused,
+            OpenAs {
+                known: CROSS_ENCODER_ARCHITECTURES,
+                what: "a cross-encoder",
+                low_precision: false,
+            },
+        )?;
+        let labels = opened.labels.len();
         if labels != 1 {
             return Err(EmbedError::Unsupported(format!(
                 "model `{}` gives {labels} labels; ragline reranks with one-label cross-encoders \
@@ -150,7 +155,7 @@ impl CrossEncoder {
                 files.name
             )));
         }
-        let keys: StKeys = serde_json::from_slice(&raw)
+        let keys: StKeys = serde_json::from_slice(&opened.raw)
             .map_err(|e| files.bad_config(format!("not the expected JSON: {e}")))?;
         // Where sentence-transformers looks, in its order: config_sentence_transformers.json
         // (version 6), config.json's `sentence_transformers` (4-5), the key before 4.
@@ -177,24 +182,20 @@ impl CrossEncoder {
                 })?,
             _ => ScoreActivation::Sigmoid,
         };
-        let vb = files.var_builder(dtype, device)?;
-        let mut encoder = Encoder::load(
-            &files,
-            &architecture,
-            &config,
-            &raw,
-            &vb,
-            device,
-            fused.then_some(Precision::F32),
-        )?;
         let head = SequenceHead::load(
-            &architecture,
-            &config,
-            &vb,
-            config.hidden(encoder.hidden),
+            &opened.architecture,
+            &opened.config,
+            &opened.vb,
+            opened.head_hidden(),
             1,
         )
         .map_err(|e| files.misfit(e))?;
+        let Opened {
+            config,
+            architecture,
+            mut encoder,
+            ..
+        } = opened;
         let max_len = max_length(&files, config.max_position_embeddings, encoder.positions)?;
         let tokenizer = pair_tokenizer(&files, max_len)?;
         encoder.pad_id = pad_id(&tokenizer);

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use super::bert::{Bert, BertConfig, Family};
 use super::cpu::kernels::{KernelPath, Precision};
 use super::cpu::{CpuBert, Rows};
+use super::device::DTypeChoice;
 use super::files::ModelFiles;
 use super::gelu;
 use super::profile::Parts;
@@ -615,4 +616,85 @@ pub(crate) fn pad_id(tokenizer: &tokenizers::Tokenizer) -> u32 {
         .token_to_id("[PAD]")
         .or_else(|| tokenizer.token_to_id("<pad>"))
         .unwrap_or(0)
+}
+
+/// How a task model is opened: the architectures it may have, what it is called in errors,
+/// and whether bf16 and int8 dense layers are allowed on the fused CPU engine.
+pub(crate) struct OpenAs<'a> {
+    pub known: &'a [&'a str],
+    pub what: &'a str,
+    pub low_precision: bool,
+}
+
+/// A task model's parts below its head: config.json (parsed and raw), its architecture and
+/// labels, the weights, and the encoder on its device.
+pub(crate) struct Opened {
+    pub config: HeadConfig,
+    pub architecture: String,
+    pub labels: Vec<String>,
+    pub vb: VarBuilder<'static>,
+    pub encoder: Encoder,
+    pub raw: Vec<u8>,
+}
+
+impl Opened {
+    /// Open the model in `files` for `device` and the `--dtype` `choice` (`fused`: the fused
+    /// CPU engine where it applies; else candle's encoder whatever the device).
+    pub fn open(
+        files: &ModelFiles,
+        device: &Device,
+        choice: DTypeChoice,
+        fused: bool,
+        how: OpenAs<'_>,
+    ) -> Result<Self, EmbedError> {
+        let (dtype, precision) = task_dtype(device, choice, fused, how.low_precision, how.what)?;
+        let (config, raw) = HeadConfig::read(files)?;
+        let architecture = config.architecture(files, how.known, how.what)?;
+        let labels = config.labels(files)?;
+        let vb = files.var_builder(dtype, device)?;
+        let encoder = Encoder::load(
+            files,
+            &architecture,
+            &config,
+            &raw,
+            &vb,
+            device,
+            fused.then_some(precision),
+        )?;
+        Ok(Opened {
+            config,
+            architecture,
+            labels,
+            vb,
+            encoder,
+            raw,
+        })
+    }
+
+    /// The hidden size the head reads.
+    pub fn head_hidden(&self) -> usize {
+        self.config.hidden(self.encoder.hidden)
+    }
+}
+
+/// The dtype a task model's weights are read in, and the precision of the fused CPU
+/// encoder's dense layers: f32 on the CPU, or bf16 and int8 layers on the fused engine where
+/// `low_precision` allows them (`--dtype bf16|int8`, as embedders take them); any float on
+/// candle's.
+fn task_dtype(
+    device: &Device,
+    choice: DTypeChoice,
+    fused: bool,
+    low_precision: bool,
+    what: &str,
+) -> Result<(DType, Precision), EmbedError> {
+    match (device.is_cpu(), choice) {
+        // The candle path on the CPU (tests): any float dtype.
+        (true, DTypeChoice::BF16 | DTypeChoice::F16) if !fused => {
+            Ok((choice.resolve(device), Precision::F32))
+        }
+        (true, DTypeChoice::BF16) if fused && low_precision => Ok((DType::F32, Precision::Bf16)),
+        (true, DTypeChoice::Int8) if fused && low_precision => Ok((DType::F32, Precision::Int8)),
+        _ => Ok((choice.f32_on_cpu(device, what)?, Precision::F32)),
+    }
 }

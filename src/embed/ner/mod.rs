@@ -18,10 +18,10 @@ use candle_core::{DType, Device};
 use tokenizers::{Encoding, ModelWrapper, Tokenizer};
 
 use self::aggregate::{merge_windows, window_entities, Aggregation, Entity, Token};
-use super::classify::{softmax, task_dtype, task_max_len, task_tokenizer};
+use super::classify::{softmax, task_max_len, task_tokenizer};
 use super::device::DTypeChoice;
 use super::files::ModelFiles;
-use super::head::{pad_id, Encoder, HeadConfig, TokenHead, TOKEN_ARCHITECTURES};
+use super::head::{pad_id, Encoder, OpenAs, Opened, TokenHead, TOKEN_ARCHITECTURES};
 use super::EmbedError;
 
 /// Tokens a batch of windows may hold (padding included where the encoder pads).
@@ -103,29 +103,32 @@ impl TokenClassifier {
         stride: Option<usize>,
         fused: bool,
     ) -> Result<Self, EmbedError> {
-        let (dtype, precision) = task_dtype(device, choice, fused, true, "a token classifier")?;
-        let (config, raw) = HeadConfig::read(&files)?;
-        let architecture =
-            config.architecture(&files, TOKEN_ARCHITECTURES, "a token classifier")?;
-        let labels = config.labels(&files)?;
-        let vb = files.var_builder(dtype, device)?;
-        let mut encoder = Encoder::load(
+        let opened = Opened::open(
             &files,
-            &architecture,
-            &config,
-            &raw,
-            &vb,
             device,
-            fused.then_some(precision),
+            choice,
+            fused,
+            OpenAs {
+                known: TOKEN_ARCHITECTURES,
+                what: "a token classifier",
+                low_precision: true,
+            },
         )?;
         let head = TokenHead::load(
-            &architecture,
-            &config,
-            &vb,
-            config.hidden(encoder.hidden),
-            labels.len(),
+            &opened.architecture,
+            &opened.config,
+            &opened.vb,
+            opened.head_hidden(),
+            opened.labels.len(),
         )
         .map_err(|e| files.misfit(e))?;
+        let Opened {
+            config,
+            architecture,
+            labels,
+            mut encoder,
+            ..
+        } = opened;
         let max_len = task_max_len(&files, config.max_position_embeddings, encoder.positions)?;
         let plain = task_tokenizer(&files, max_len, 0)?;
         let added = plain
