@@ -296,31 +296,55 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         }
     }
     let searching = options.index.is_some();
-    let mut tasks = serve::TaskModels::default();
-    if let Some(spec) = &args.rerank_model {
-        let m = ragline::jobs::load_reranker(spec, &model_config)?;
-        eprintln!("reranker: {spec} ({})", m.encoder_kind());
-        tasks.reranker = Some(m);
-    }
-    // The index's sparse model encodes `mode=sparse` queries, unless --sparse-model names one.
     let sparse_spec = args
         .sparse_model
         .clone()
         .or_else(|| options.index.as_ref().and_then(|i| i.sparse_model.clone()));
+    let (tasks, extra_routes) = task_models(&args, sparse_spec, &devices[0].device, &model_config)?;
+    serve::serve(models, tokenizer, dimension, tasks, options, |addr| {
+        // The first line on stdout, for scripts that start the server on port 0.
+        println!("listening on http://{addr}");
+        eprintln!(
+            "serving {} on http://{addr}: POST /v1/embeddings (OpenAI), POST /embed (TEI), \
+             GET /health, GET /metrics{extra_routes}{}",
+            model_config.name,
+            if searching {
+                ", GET /v1/search, GET /v1/status; pages: / (search), /status"
+            } else {
+                ""
+            }
+        );
+    })
+    .map_err(anyhow::Error::msg)
+    .context("ragline serve")?;
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// The task models `serve` runs beside the embedder, loaded on `device` (`sparse_spec`:
+/// --sparse-model, or the index's own sparse model, which encodes `mode=sparse` queries), and
+/// the routes they add, in words.
+fn task_models(
+    args: &ServeArgs,
+    sparse_spec: Option<String>,
+    device: &candle_core::Device,
+    model_config: &ragline::jobs::config::ModelConfig,
+) -> anyhow::Result<(serve::TaskModels, String)> {
+    let mut tasks = serve::TaskModels::default();
+    if let Some(spec) = &args.rerank_model {
+        let m = ragline::jobs::load_reranker(spec, model_config)?;
+        eprintln!("reranker: {spec} ({})", m.encoder_kind());
+        tasks.reranker = Some(m);
+    }
     if let Some(spec) = &sparse_spec {
-        let m = ragline::embed::splade::SparseModel::load(
-            spec,
-            &devices[0].device,
-            model_config.dtype.value,
-        )
-        .with_context(|| format!("cannot load the sparse model `{spec}`"))?;
+        let m = ragline::embed::splade::SparseModel::load(spec, device, model_config.dtype.value)
+            .with_context(|| format!("cannot load the sparse model `{spec}`"))?;
         eprintln!("sparse model: {spec} ({})", m.encoder_kind());
         tasks.sparse = Some(m);
     }
     if let Some(spec) = &args.classifier_model {
         let m = ragline::embed::classify::SequenceClassifier::load(
             spec,
-            &devices[0].device,
+            device,
             model_config.dtype.value,
         )
         .with_context(|| format!("cannot load the classifier `{spec}`"))?;
@@ -330,7 +354,7 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     if let Some(spec) = &args.ner_model {
         let m = ragline::embed::ner::TokenClassifier::load(
             spec,
-            &devices[0].device,
+            device,
             model_config.dtype.value,
             None,
         )
@@ -361,21 +385,5 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             ""
         }
     );
-    serve::serve(models, tokenizer, dimension, tasks, options, |addr| {
-        // The first line on stdout, for scripts that start the server on port 0.
-        println!("listening on http://{addr}");
-        eprintln!(
-            "serving {} on http://{addr}: POST /v1/embeddings (OpenAI), POST /embed (TEI), \
-             GET /health, GET /metrics{extra_routes}{}",
-            model_config.name,
-            if searching {
-                ", GET /v1/search, GET /v1/status; pages: / (search), /status"
-            } else {
-                ""
-            }
-        );
-    })
-    .map_err(anyhow::Error::msg)
-    .context("ragline serve")?;
-    Ok(ExitCode::from(EXIT_OK))
+    Ok((tasks, extra_routes))
 }

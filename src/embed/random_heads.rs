@@ -362,48 +362,7 @@ pub fn save_random_classifier(
     out: &Path,
     model: &RandomClassifier<'_>,
 ) -> Result<(), EmbedError> {
-    let RandomClassifier {
-        family,
-        task,
-        hidden,
-        layers,
-        seed,
-        max_len,
-        real_shape,
-    } = *model;
-    if !CLASSIFIER_FAMILIES.contains(&family) {
-        return Err(EmbedError::Unsupported(format!(
-            "no random classifier of family `{family}`; families: {}",
-            CLASSIFIER_FAMILIES.join(", ")
-        )));
-    }
-    if family == "qwen3" && task == ClassifierTask::Token {
-        return Err(EmbedError::Unsupported(
-            "no random Qwen3 token classifier: Qwen3 classifies sequences".into(),
-        ));
-    }
-    super::random::save_random_family_with(
-        base,
-        out,
-        family,
-        hidden,
-        layers,
-        seed,
-        super::random::RandomOptions {
-            max_seq_length: None,
-            real_shape,
-        },
-    )?;
-    for leftover in [
-        "modules.json",
-        "sentence_bert_config.json",
-        "config_sentence_transformers.json",
-    ] {
-        let _ = std::fs::remove_file(out.join(leftover));
-    }
-    for dir in ["1_Pooling", "2_Dense", "2_Normalize", "3_Dense", "4_Dense"] {
-        let _ = std::fs::remove_dir_all(out.join(dir));
-    }
+    random_encoder(base, out, model)?;
     let config_path = out.join("config.json");
     let mut config: serde_json::Value = std::fs::read(&config_path)
         .ok()
@@ -411,7 +370,7 @@ pub fn save_random_classifier(
         .ok_or_else(|| io_error(&config_path, std::io::Error::other("unreadable")))?;
     let weights_path = out.join("model.safetensors");
     let encoder = candle_core::safetensors::load(&weights_path, &candle_core::Device::Cpu)?;
-    let (prefix, arch) = match family {
+    let (prefix, arch) = match model.family {
         "bert" => ("bert", "Bert"),
         "xlm-roberta" => ("roberta", "XLMRoberta"),
         "distilbert" => ("distilbert", "DistilBert"),
@@ -424,21 +383,78 @@ pub fn save_random_classifier(
         .get("hidden_size")
         .or_else(|| config.get("dim"))
         .and_then(|v| v.as_u64())
-        .map_or(hidden, |v| v as usize);
-    let shape = bert_shape(base, h, layers, 512, seed);
-    let labels: &[&str] = match task {
-        ClassifierTask::Token => NER_LABELS,
-        _ => TOPIC_LABELS,
-    };
-    let n = labels.len();
+        .map_or(model.hidden, |v| v as usize);
+    let shape = bert_shape(base, h, model.layers, 512, model.seed);
+    add_classifier_head(model, &shape, &mut w, &mut config)?;
+    label_config(model.task, arch, &mut config);
+    write_json(&config_path, &config)?;
+    candle_core::safetensors::save(&w, &weights_path)?;
+    let tc_path = out.join("tokenizer_config.json");
+    let mut tc: serde_json::Value = std::fs::read(&tc_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_else(|| serde_json::json!({}));
+    tc["model_max_length"] = model.max_len.into();
+    write_json(&tc_path, &tc)
+}
+
+/// The classifier's random encoder ([`save_random_family`]) without the sentence-transformers
+/// files (pipelines do not read them).
+fn random_encoder(base: &Path, out: &Path, model: &RandomClassifier<'_>) -> Result<(), EmbedError> {
+    let family = model.family;
+    if !CLASSIFIER_FAMILIES.contains(&family) {
+        return Err(EmbedError::Unsupported(format!(
+            "no random classifier of family `{family}`; families: {}",
+            CLASSIFIER_FAMILIES.join(", ")
+        )));
+    }
+    if family == "qwen3" && model.task == ClassifierTask::Token {
+        return Err(EmbedError::Unsupported(
+            "no random Qwen3 token classifier: Qwen3 classifies sequences".into(),
+        ));
+    }
+    super::random::save_random_family_with(
+        base,
+        out,
+        family,
+        model.hidden,
+        model.layers,
+        model.seed,
+        super::random::RandomOptions {
+            max_seq_length: None,
+            real_shape: model.real_shape,
+        },
+    )?;
+    for leftover in [
+        "modules.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+    ] {
+        let _ = std::fs::remove_file(out.join(leftover));
+    }
+    for dir in ["1_Pooling", "2_Dense", "2_Normalize", "3_Dense", "4_Dense"] {
+        let _ = std::fs::remove_dir_all(out.join(dir));
+    }
+    Ok(())
+}
+
+/// The head's random weights under transformers' names (and ModernBERT's head settings).
+fn add_classifier_head(
+    model: &RandomClassifier<'_>,
+    shape: &RandomBert,
+    w: &mut HashMap<String, Tensor>,
+    config: &mut serde_json::Value,
+) -> Result<(), EmbedError> {
+    let (family, task, h) = (model.family, model.task, shape.hidden);
+    let n = labels_of(task).len();
     let insert = |w: &mut HashMap<String, Tensor>, name: &str, (weight, bias): (Tensor, Tensor)| {
         w.insert(format!("{name}.weight"), weight);
         w.insert(format!("{name}.bias"), bias);
     };
     if family == "modernbert" {
-        let (dw, _) = layer(&shape, 0xDE45E, h, h);
+        let (dw, _) = layer(shape, 0xDE45E, h, h);
         w.insert("head.dense.weight".into(), dw);
-        let (nw, _) = layer(&shape, 0x4042, 1, h);
+        let (nw, _) = layer(shape, 0x4042, 1, h);
         w.insert(
             "head.norm.weight".into(),
             nw.flatten_all()
@@ -452,17 +468,12 @@ pub fn save_random_classifier(
         // A decoder's head is `score` alone, without a bias, on the last token.
     } else if task != ClassifierTask::Token {
         match family {
-            "bert" => insert(&mut w, "bert.pooler.dense", layer(&shape, 0x9001, h, h)),
-            "distilbert" => insert(&mut w, "pre_classifier", layer(&shape, 0x9001, h, h)),
-            _ => insert(&mut w, "classifier.dense", layer(&shape, 0x9001, h, h)),
+            "bert" => insert(w, "bert.pooler.dense", layer(shape, 0x9001, h, h)),
+            "distilbert" => insert(w, "pre_classifier", layer(shape, 0x9001, h, h)),
+            _ => insert(w, "classifier.dense", layer(shape, 0x9001, h, h)),
         }
     }
-    let (cw, cb) = layer(&shape, 0xC1A5, n, h);
-    let classifier = if task != ClassifierTask::Token && matches!(family, "xlm-roberta" | "mpnet") {
-        "classifier.out_proj"
-    } else {
-        "classifier"
-    };
+    let (cw, cb) = layer(shape, 0xC1A5, n, h);
     let (cw, cb) = if task == ClassifierTask::Token {
         // Decisive tags, `O` ahead by 3.5: most tokens are outside any entity.
         let lean: Vec<f32> = (0..n).map(|i| if i == 0 { 3.5 } else { 0.0 }).collect();
@@ -475,9 +486,24 @@ pub fn save_random_classifier(
     };
     if family == "qwen3" {
         w.insert("score.weight".into(), cw);
+    } else if task != ClassifierTask::Token && matches!(family, "xlm-roberta" | "mpnet") {
+        insert(w, "classifier.out_proj", (cw, cb));
     } else {
-        insert(&mut w, classifier, (cw, cb));
+        insert(w, "classifier", (cw, cb));
     }
+    Ok(())
+}
+
+fn labels_of(task: ClassifierTask) -> &'static [&'static str] {
+    match task {
+        ClassifierTask::Token => NER_LABELS,
+        _ => TOPIC_LABELS,
+    }
+}
+
+/// config.json's architecture, `id2label`, `label2id` and (multi-label) `problem_type`.
+fn label_config(task: ClassifierTask, arch: &str, config: &mut serde_json::Value) {
+    let labels = labels_of(task);
     let kind = match task {
         ClassifierTask::Token => "TokenClassification",
         _ => "SequenceClassification",
@@ -498,13 +524,4 @@ pub fn save_random_classifier(
     if task == ClassifierTask::MultiLabel {
         config["problem_type"] = "multi_label_classification".into();
     }
-    write_json(&config_path, &config)?;
-    candle_core::safetensors::save(&w, &weights_path)?;
-    let tc_path = out.join("tokenizer_config.json");
-    let mut tc: serde_json::Value = std::fs::read(&tc_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_else(|| serde_json::json!({}));
-    tc["model_max_length"] = max_len.into();
-    write_json(&tc_path, &tc)
 }

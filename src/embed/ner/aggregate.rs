@@ -46,8 +46,13 @@ impl Aggregation {
     }
 }
 
+/// An aggregation strategy of another name.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown aggregation `{0}`: use one of {names}", names = Aggregation::NAMES)]
+pub struct UnknownAggregation(String);
+
 impl std::str::FromStr for Aggregation {
-    type Err = String;
+    type Err = UnknownAggregation;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Ok(match s {
             "none" => Aggregation::None,
@@ -55,12 +60,7 @@ impl std::str::FromStr for Aggregation {
             "first" => Aggregation::First,
             "average" => Aggregation::Average,
             "max" => Aggregation::Max,
-            _ => {
-                return Err(format!(
-                    "unknown aggregation `{s}`: use one of {}",
-                    Aggregation::NAMES
-                ))
-            }
+            _ => return Err(UnknownAggregation(s.to_string())),
         })
     }
 }
