@@ -42,6 +42,16 @@ pub struct EnrichArgs {
     #[arg(long, value_name = "MODEL")]
     pub(super) sparse_model: Option<String>,
 
+    /// The entities stage's token-classification model ([stages.entities] model); another
+    /// model than the last finds every document's entities again.
+    #[arg(long, value_name = "MODEL")]
+    pub(super) ner_model: Option<String>,
+
+    /// The labels stage's sequence-classification model ([stages.labels] model); another
+    /// model than the last labels every document again.
+    #[arg(long, value_name = "MODEL")]
+    pub(super) classifier_model: Option<String>,
+
     /// Worker threads (one per device for several GPUs). [default: 1]
     #[arg(long)]
     pub(super) concurrency: Option<usize>,
@@ -87,6 +97,12 @@ impl EnrichArgs {
         }
         if let Some(m) = &self.sparse_model {
             config.stages.sparse.model = Some(m.clone());
+        }
+        if let Some(m) = &self.ner_model {
+            config.stages.entities.model = Some(m.clone());
+        }
+        if let Some(m) = &self.classifier_model {
+            config.stages.labels.model = Some(m.clone());
         }
         Ok(EnrichRequest {
             stages: self.stage.iter().cloned().collect(),

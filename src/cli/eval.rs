@@ -208,7 +208,7 @@ fn ingest_corpus(args: &EvalArgs, config: &mut PipelineConfig, index: &str) -> a
     super::apply_index(config, &Some(index.to_string()))?;
     let mut observer = super::observer(config.run.progress);
     let mut summary = jobs::ingest(config, observer.as_mut())?;
-    jobs::enrich::sparse_after_ingest(config, &mut summary, observer.as_mut())?;
+    jobs::model_stages::after_ingest(config, &mut summary, observer.as_mut())?;
     // Standard error: with --json, standard output holds the scores alone.
     let mut err = std::io::stderr().lock();
     writeln!(err, "corpus ingested:")?;

@@ -40,6 +40,18 @@ pub struct IngestArgs {
     #[arg(long, value_name = "MODEL")]
     pub(super) sparse_model: Option<String>,
 
+    /// Also find the named entities of every document with this token-classification model
+    /// (a `*ForTokenClassification` folder, name under models/ or hub id): the `entities`
+    /// stage (`[stages.entities]`), for `search --where entity.ORG=...` and `ragline entities`.
+    #[arg(long, value_name = "MODEL")]
+    pub(super) ner_model: Option<String>,
+
+    /// Also label every document with this sequence-classification model (a
+    /// `*ForSequenceClassification` model): the `labels` stage (`[stages.labels]`), for
+    /// `search --where label=...`.
+    #[arg(long, value_name = "MODEL")]
+    pub(super) classifier_model: Option<String>,
+
     /// Delete from the index the documents whose source is gone, and the vectors of a model a
     /// finished migration retired.
     #[arg(long)]
@@ -314,6 +326,12 @@ impl IngestArgs {
         if let Some(m) = &self.sparse_model {
             config.stages.sparse.model = Some(m.clone());
         }
+        if let Some(m) = &self.ner_model {
+            config.stages.entities.model = Some(m.clone());
+        }
+        if let Some(m) = &self.classifier_model {
+            config.stages.labels.model = Some(m.clone());
+        }
         match self.defer.as_deref() {
             None => {}
             Some("embed") => config.stages.embed.defer = true,
@@ -529,7 +547,7 @@ fn execute(
         })?,
         None => {
             let mut summary = jobs::ingest(config, observer)?;
-            jobs::enrich::sparse_after_ingest(config, &mut summary, observer)?;
+            jobs::model_stages::after_ingest(config, &mut summary, observer)?;
             summary
         }
     })

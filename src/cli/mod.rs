@@ -7,6 +7,7 @@ mod check;
 mod dlq;
 mod embed;
 mod enrich;
+mod entities;
 mod eval;
 mod extract;
 pub mod ingest;
@@ -92,6 +93,9 @@ enum Command {
     /// Labels of the texts of a JSONL file (a sequence-classification model), as
     /// transformers' text-classification pipeline scores them.
     Classify(labels::ClassifyArgs),
+    /// The entities of an index's documents with how many documents mention each (a facet;
+    /// `--labels` for labels), or every (document, entity) edge for a knowledge graph.
+    Entities(entities::EntitiesArgs),
     /// Measure retrieval quality on a BEIR dataset (nDCG@10, recall, MRR per mode).
     Eval(eval::EvalArgs),
     /// Measure embedding throughput on this host (tokens/s, padding, memory, chunker MB/s).
@@ -167,6 +171,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(args, config),
         Command::Extract(args) => extract::run(args),
         Command::Search(args) => search::run(args, config),
+        Command::Entities(args) => entities::run(args, config),
         Command::Rerank(args) => rerank::run(args),
         Command::Ner(args) => labels::run_ner(args),
         Command::Classify(args) => labels::run_classify(args),

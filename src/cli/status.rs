@@ -109,5 +109,12 @@ fn row(out: &mut dyn Write, name: &str, c: &StageCounts) -> anyhow::Result<()> {
             .map_or("-".to_string(), |s| format!("{s:.0}s")),
         if c.paused { "  PAUSED" } else { "" }
     )?;
+    if c.waiting_on_dependency > 0 {
+        writeln!(
+            out,
+            "{:<8} {} of them wait for a stage `{name}` depends on",
+            "", c.waiting_on_dependency
+        )?;
+    }
     Ok(())
 }

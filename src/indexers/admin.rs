@@ -9,7 +9,8 @@ use crate::lifecycle::report::{AttemptError, DocumentLifecycle, StageState};
 use crate::lifecycle::rules::QueueSql;
 use crate::lifecycle::store::stitch;
 use crate::lifecycle::{
-    is_enrichable, ChunkSparse, ChunkText, DocumentText, StoreError, WorkKey, EMBED, SPARSE,
+    is_enrichable, Annotations, ChunkSparse, ChunkText, DocumentText, StoreError, WorkKey, EMBED,
+    ENTITIES, LABELS, SPARSE,
 };
 
 /// The statements behind `ragline dlq show` and a run's dead letters.
@@ -133,8 +134,8 @@ pub(crate) fn check_pausable(stage: &str) -> Result<(), StoreError> {
         return Ok(());
     }
     Err(StoreError::Invalid(format!(
-        "`{stage}` is not a stage workers run; stages that can be paused: {EMBED}, {SPARSE} and \
-         the LLM stages of ragline.toml"
+        "`{stage}` is not a stage workers run; stages that can be paused: {EMBED}, {SPARSE}, \
+         {ENTITIES}, {LABELS} and the LLM stages of ragline.toml"
     )))
 }
 
@@ -173,14 +174,38 @@ pub(crate) trait OutputSql {
     fn held_for_output(&mut self, owner: &str, key: &WorkKey) -> Result<Option<i64>, Self::Error>;
 
     /// Store the stage's output of the document (replacing the last), in the keyword index
-    /// when `keyword`, and in the document's metadata under the stage's name.
+    /// when `keyword`, and in the document's metadata under the stage's name when
+    /// `metadata`. True when it differs from the last.
     fn put_output(
         &mut self,
         key: &WorkKey,
         output: &str,
         keyword: bool,
+        metadata: bool,
+        now: i64,
+    ) -> Result<bool, Self::Error>;
+
+    /// Every output the document-level stages made of a document: (stage, output).
+    fn outputs_of(&mut self, id: &str) -> Result<Vec<(String, String)>, Self::Error>;
+
+    /// Replace the document's entities or labels.
+    fn put_annotations(
+        &mut self,
+        document: &str,
+        annotations: &Annotations,
+    ) -> Result<(), Self::Error>;
+
+    /// The rows of the stages that depend on `stage` (the recorded graph) for a document,
+    /// pending again: `stage` has a new output. Dead rows stay dead.
+    fn stale_dependents(
+        &mut self,
+        document: &str,
+        stage: &str,
         now: i64,
     ) -> Result<(), Self::Error>;
+
+    /// Replace the recorded stage graph with `edges` (stage, dependency).
+    fn put_dependencies(&mut self, edges: &[(String, String)]) -> Result<(), Self::Error>;
 
     /// Mark a row done (its lease dropped).
     fn set_done(&mut self, id: i64, now: i64) -> Result<(), Self::Error>;
@@ -217,6 +242,30 @@ pub(crate) fn write_sparse<Q: OutputSql>(
     };
     q.put_sparse(&key.document_id, chunks)?;
     q.set_done(row, now)?;
+    q.stale_dependents(&key.document_id, &key.stage, now)?;
+    Ok(true)
+}
+
+/// Write the entities or labels of the document `owner` holds (with their text for prompts)
+/// and mark its work done; its dependents are pending again when that text changed. False,
+/// with nothing written, when it holds it no longer.
+pub(crate) fn write_annotations<Q: OutputSql>(
+    q: &mut Q,
+    owner: &str,
+    key: &WorkKey,
+    annotations: &Annotations,
+    prompt_text: &str,
+    now: i64,
+) -> Result<bool, Q::Error> {
+    let Some(row) = q.held_for_output(owner, key)? else {
+        return Ok(false);
+    };
+    q.put_annotations(&key.document_id, annotations)?;
+    let changed = q.put_output(key, prompt_text, false, false, now)?;
+    q.set_done(row, now)?;
+    if changed {
+        q.stale_dependents(&key.document_id, &key.stage, now)?;
+    }
     Ok(true)
 }
 
@@ -233,6 +282,7 @@ pub(crate) fn document_text<Q: OutputSql>(
         title,
         source,
         text: stitch(&chunks),
+        outputs: q.outputs_of(id)?,
     }))
 }
 
@@ -249,8 +299,11 @@ pub(crate) fn write_output<Q: OutputSql>(
     let Some(row) = q.held_for_output(owner, key)? else {
         return Ok(false);
     };
-    q.put_output(key, output, keyword, now)?;
+    let changed = q.put_output(key, output, keyword, true, now)?;
     q.set_done(row, now)?;
+    if changed {
+        q.stale_dependents(&key.document_id, &key.stage, now)?;
+    }
     Ok(true)
 }
 

@@ -1,7 +1,12 @@
 //! Search filters (`ragline search --where`): which chunks a search may return, by their
-//! document's id (`source=GLOB`) or metadata (`KEY=VALUE`, a glob too). Clauses are ANDed.
-//! Backends apply them inside the search (the SQLite ANN masks what does not match), so k
-//! results come back whenever k chunks match.
+//! document's id (`source=GLOB`), metadata (`KEY=VALUE`, a glob too), entities
+//! (`entity.ORG=Acme Corp`, `entity=Acme Corp` for any type) or labels (`label=sports`).
+//! Clauses are ANDed. Backends apply them inside the search (the SQLite ANN masks what does
+//! not match), so k results come back whenever k chunks match. Entities and labels are
+//! looked up by their indexes (`document_entities(type, norm)`, `document_labels(label)`),
+//! never by scanning JSON.
+
+use crate::lifecycle::DocumentEntity;
 
 use std::str::FromStr;
 
@@ -14,6 +19,19 @@ pub enum Clause {
     /// metadata; `a.b` for key `b` of an object `a`) is `VALUE` (a glob), or is a list
     /// holding it.
     Metadata { key: String, value: String },
+    /// `entity.TYPE=NAME` (`entity=NAME`: of any type): the document mentions the entity
+    /// (compared in its normalised form: case, runs of spaces and end punctuation aside).
+    Entity { kind: Option<String>, name: String },
+    /// `label=LABEL`: the labels stage gave the document this label.
+    Label(String),
+}
+
+/// A value a backend binds for a clause.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Param {
+    Text(String),
+    /// A path of keys into a JSON object (Postgres `#>`).
+    Path(Vec<String>),
 }
 
 /// A `--where` clause that cannot be read: what is wrong and how to write it.
@@ -51,6 +69,15 @@ impl FromStr for Clause {
         }
         Ok(match key {
             "source" => Clause::Document(value.to_string()),
+            "label" => Clause::Label(value.to_string()),
+            "entity" => Clause::Entity {
+                kind: None,
+                name: DocumentEntity::normalize(value),
+            },
+            _ if key.starts_with("entity.") => Clause::Entity {
+                kind: Some(key["entity.".len()..].to_string()),
+                name: DocumentEntity::normalize(value),
+            },
             _ => Clause::Metadata {
                 key: key.to_string(),
                 value: value.to_string(),
@@ -103,6 +130,18 @@ impl Where {
                     params.push(format!("${path}"));
                     params.push(value.clone());
                 }
+                Clause::Entity { kind, name } => {
+                    sql.push(entity_sql("document_entities", kind.is_some(), n + 1, "?"));
+                    params.extend(kind.iter().cloned());
+                    params.push(name.clone());
+                }
+                Clause::Label(label) => {
+                    sql.push(format!(
+                        "doc.id IN (SELECT document_id FROM document_labels WHERE label = ?{})",
+                        n + 1
+                    ));
+                    params.push(label.clone());
+                }
             }
         }
         if sql.is_empty() {
@@ -111,6 +150,108 @@ impl Where {
             (sql.join(" AND "), params)
         }
     }
+
+    /// A Postgres condition over the documents table aliased `doc` in `schema`, its
+    /// parameters numbered from `$first` (globs become anchored regular expressions).
+    pub fn postgres(&self, schema: &str, first: usize) -> (String, Vec<Param>) {
+        let mut sql = Vec::new();
+        let mut params = Vec::new();
+        for clause in &self.0 {
+            let n = first + params.len();
+            match clause {
+                Clause::Document(glob) => {
+                    sql.push(format!("doc.id ~ ${n}"));
+                    params.push(Param::Text(glob_regex(glob)));
+                }
+                Clause::Metadata { key, value } => {
+                    // A scalar is itself; a list, each element.
+                    let at = format!("(doc.metadata #> ${n}::text[])");
+                    sql.push(format!(
+                        "EXISTS (SELECT 1 FROM jsonb_array_elements(CASE jsonb_typeof({at})
+                                     WHEN 'array' THEN {at} ELSE jsonb_build_array({at}) END) j
+                                 WHERE jsonb_typeof(j) IN ('string', 'number', 'boolean')
+                                   AND (j #>> '{{}}') ~ ${})",
+                        n + 1
+                    ));
+                    params.push(Param::Path(key.split('.').map(str::to_string).collect()));
+                    params.push(Param::Text(glob_regex(value)));
+                }
+                Clause::Entity { kind, name } => {
+                    let table = format!("{schema}.document_entities");
+                    sql.push(entity_sql(&table, kind.is_some(), n, "$"));
+                    params.extend(kind.iter().cloned().map(Param::Text));
+                    params.push(Param::Text(name.clone()));
+                }
+                Clause::Label(label) => {
+                    sql.push(format!(
+                        "doc.id IN (SELECT document_id FROM {schema}.document_labels
+                                    WHERE label = ${n})"
+                    ));
+                    params.push(Param::Text(label.clone()));
+                }
+            }
+        }
+        if sql.is_empty() {
+            ("true".into(), params)
+        } else {
+            (sql.join(" AND "), params)
+        }
+    }
+}
+
+/// The condition of an entity clause: by `(type, norm)` when typed, by `norm` else.
+fn entity_sql(table: &str, typed: bool, n: usize, mark: &str) -> String {
+    if typed {
+        format!(
+            "doc.id IN (SELECT document_id FROM {table} WHERE type = {mark}{n} AND norm = {mark}{})",
+            n + 1
+        )
+    } else {
+        format!("doc.id IN (SELECT document_id FROM {table} WHERE norm = {mark}{n})")
+    }
+}
+
+/// An SQLite GLOB (`*`, `?`, `[...]`, `[^...]`) as an anchored POSIX regular expression.
+pub fn glob_regex(glob: &str) -> String {
+    let mut out = String::from("^");
+    let mut chars = glob.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '*' => out.push_str(".*"),
+            '?' => out.push('.'),
+            '[' => {
+                // A class runs to the next `]` (a `]` first in it is itself); unclosed, `[`
+                // is itself.
+                let rest: String = chars.clone().collect();
+                let start = usize::from(rest.starts_with(']') || rest.starts_with("^]"))
+                    + usize::from(rest.starts_with('^'));
+                match rest[start..].find(']').map(|i| i + start) {
+                    Some(end) => {
+                        let body = &rest[..end];
+                        out.push('[');
+                        for (i, b) in body.chars().enumerate() {
+                            if b == '\\' || (b == '[' && i > 0) {
+                                out.push('\\');
+                            }
+                            out.push(b);
+                        }
+                        out.push(']');
+                        for _ in 0..body.chars().count() + 1 {
+                            chars.next();
+                        }
+                    }
+                    None => out.push_str("\\["),
+                }
+            }
+            c if ".^$+(){}|\\]".contains(c) => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('$');
+    out
 }
 
 #[cfg(test)]
@@ -152,5 +293,42 @@ mod tests {
             ]
         );
         assert!(sql.contains("?5") && !sql.contains("docs/api"), "{sql}");
+    }
+
+    #[test]
+    fn entity_and_label_clauses_look_up_their_tables() {
+        let w = Where::parse(&["entity.ORG=  ACME   Corp.", "entity=Ada", "label=sports"]).unwrap();
+        assert_eq!(
+            w.0[0],
+            Clause::Entity {
+                kind: Some("ORG".into()),
+                name: "acme corp".into()
+            }
+        );
+        let (sql, params) = w.sqlite();
+        assert_eq!(params, ["ORG", "acme corp", "ada", "sports"]);
+        assert!(
+            sql.contains("type = ?1 AND norm = ?2") && sql.contains("norm = ?3"),
+            "{sql}"
+        );
+        assert!(sql.contains("label = ?4"), "{sql}");
+        let (pg, pg_params) = w.postgres("s", 3);
+        assert!(
+            pg.contains("s.document_entities WHERE type = $3 AND norm = $4"),
+            "{pg}"
+        );
+        assert!(
+            pg.contains("s.document_labels") && pg.contains("label = $6"),
+            "{pg}"
+        );
+        assert_eq!(pg_params.len(), 4);
+    }
+
+    #[test]
+    fn globs_become_anchored_regular_expressions() {
+        assert_eq!(glob_regex("docs/*.md"), "^docs/.*\\.md$");
+        assert_eq!(glob_regex("a?[bc][^d]"), "^a.[bc][^d]$");
+        assert_eq!(glob_regex("x[("), "^x\\[\\($");
+        assert_eq!(glob_regex("(a+b)|c$"), "^\\(a\\+b\\)\\|c\\$$");
     }
 }

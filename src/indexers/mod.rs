@@ -9,6 +9,7 @@
 
 mod admin;
 pub mod batch;
+pub mod facets;
 pub mod filter;
 mod identity;
 pub mod jsonl;
@@ -260,6 +261,41 @@ pub trait IndexReader: Send {
     }
 
     fn chunk(&self, rowid: i64) -> Result<Option<ChunkRow>, BackendError>;
+
+    /// The facet of entities over the documents `filter` lets through: each entity (of type
+    /// `kind` when given) with the documents that mention it, most documents first, at most
+    /// `top`.
+    fn entity_facets(
+        &self,
+        filter: &filter::Where,
+        kind: Option<&str>,
+        top: usize,
+    ) -> Result<Vec<facets::EntityFacet>, BackendError> {
+        let _ = (filter, kind, top);
+        Err(facets::no_entities(&self.describe()))
+    }
+
+    /// The facet of labels over the documents `filter` lets through, most documents first.
+    fn label_facets(
+        &self,
+        filter: &filter::Where,
+        top: usize,
+    ) -> Result<Vec<facets::LabelFacet>, BackendError> {
+        let _ = (filter, top);
+        Err(facets::no_entities(&self.describe()))
+    }
+
+    /// Every (document, entity) edge of the documents `filter` lets through (of type `kind`
+    /// when given), by document, to `each`.
+    fn entity_edges(
+        &self,
+        filter: &filter::Where,
+        kind: Option<&str>,
+        each: &mut dyn FnMut(facets::EntityEdge) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        let _ = (filter, kind, each);
+        Err(facets::no_entities(&self.describe()))
+    }
 
     /// The `k` chunks whose sparse vectors have the largest dot product with the query's
     /// (vocabulary ids `terms`, their `weights`), among those `filter` lets through:

@@ -226,6 +226,9 @@ pub(crate) trait StatusSql: QueueSql {
     /// The document-level stages a config added (not `chunk` or `embed`), by name.
     fn document_stages(&mut self) -> Result<Vec<String>, Self::Error>;
 
+    /// Pending and failed rows of `stage` waiting for a stage it depends on.
+    fn waiting_on_dependency(&mut self, stage: &str) -> Result<u64, Self::Error>;
+
     /// Open circuits: (stage, reason, since).
     fn circuits(&mut self) -> Result<Vec<(String, String, i64)>, Self::Error>;
 
@@ -244,6 +247,20 @@ pub(crate) fn activity_sql(documents: &str, enrichment: &str, since: &str) -> St
          FROM {enrichment} e JOIN {documents} d ON d.id = e.document_id
          WHERE e.status = 'done' AND e.done_at >= {since} AND e.stage IN ('chunk', 'embed')
          GROUP BY minute ORDER BY minute"
+    )
+}
+
+/// The condition of [`StatusSql::waiting_on_dependency`] over a row `e`, for a backend's
+/// tables.
+pub(crate) fn waiting_sql(enrichment: &str, dependencies: &str) -> String {
+    format!(
+        "e.status IN ('pending', 'failed') AND e.vector_set = 0
+         AND EXISTS (SELECT 1 FROM {dependencies} sd
+                     WHERE sd.stage = e.stage
+                       AND NOT EXISTS (SELECT 1 FROM {enrichment} c
+                                       WHERE c.document_id = e.document_id
+                                         AND c.stage = sd.depends_on AND c.status = 'done'
+                                         AND c.input_version = e.input_version))"
     )
 }
 
@@ -271,7 +288,8 @@ pub(crate) fn status_report<Q: StatusSql>(
         stages.insert(EMBED.to_string(), counts(q, EMBED, set.id)?);
     }
     for stage in q.document_stages()? {
-        let c = counts(q, &stage, 0)?;
+        let mut c = counts(q, &stage, 0)?;
+        c.waiting_on_dependency = q.waiting_on_dependency(&stage)?;
         stages.insert(stage, c);
     }
     for (stage, reason, since) in q.circuits()? {

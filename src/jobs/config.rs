@@ -311,6 +311,10 @@ pub struct StagesConfig {
     pub embed: EmbedStageConfig,
     /// The `sparse` stage (off unless it has a `model`).
     pub sparse: SparseStageConfig,
+    /// The `entities` stage (off unless it has a `model`).
+    pub entities: EntitiesStageConfig,
+    /// The `labels` stage (off unless it has a `model`).
+    pub labels: LabelsStageConfig,
     /// The `summary` LLM stage (off unless it has a `url`).
     pub summary: LlmStageConfig,
     /// More LLM stages, each with its own `name` and prompt.
@@ -335,6 +339,123 @@ pub struct SparseStageConfig {
     /// The SPLADE model (a folder, a name under models/, a hub id); the index records it, so
     /// `enrich` and `search --mode sparse` need it only the first time.
     pub model: Option<String>,
+    /// Stages it waits for beyond `chunk`.
+    pub depends_on: Vec<String>,
+}
+
+/// The entities stage: named entities of each document's chunks from a token-classification
+/// (NER) model, gathered per document (type, most frequent form, normalised form, mentions,
+/// best score). Its retries and leases are the embed stage's.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EntitiesStageConfig {
+    /// The `*ForTokenClassification` model (a folder, a name under models/, a hub id); unset:
+    /// the stage is off.
+    pub model: Option<String>,
+    /// How sub-word predictions become entities, as transformers' `aggregation_strategy`:
+    /// simple, first, average or max (`none` gives tokens, not entities).
+    pub aggregation: String,
+    /// Mentions scored lower are left out.
+    pub min_score: f32,
+    /// Stages it waits for beyond `chunk`.
+    pub depends_on: Vec<String>,
+}
+
+impl Default for EntitiesStageConfig {
+    fn default() -> Self {
+        EntitiesStageConfig {
+            model: None,
+            aggregation: "first".into(),
+            min_score: 0.5,
+            depends_on: Vec::new(),
+        }
+    }
+}
+
+/// The labels stage: a document's labels from a sequence-classification model: each chunk
+/// scored, the scores averaged weighted by the chunks' tokens, the best kept. Its retries and
+/// leases are the embed stage's.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LabelsStageConfig {
+    /// The `*ForSequenceClassification` model (a folder, a name under models/, a hub id);
+    /// unset: the stage is off.
+    pub model: Option<String>,
+    /// Labels kept per document, at most (best first).
+    pub top_k: usize,
+    /// Labels whose averaged score is lower are not kept.
+    pub threshold: f32,
+    /// Stages it waits for beyond `chunk`.
+    pub depends_on: Vec<String>,
+}
+
+impl Default for LabelsStageConfig {
+    fn default() -> Self {
+        LabelsStageConfig {
+            model: None,
+            top_k: 3,
+            threshold: 0.2,
+            depends_on: Vec::new(),
+        }
+    }
+}
+
+impl StagesConfig {
+    /// The stage graph of this config: every stage that is on (embed always) with what it
+    /// depends on, checked (unknown names, cycles).
+    pub fn graph(&self) -> Result<crate::lifecycle::StageGraph, crate::lifecycle::GraphError> {
+        use crate::lifecycle::{EMBED, ENTITIES, LABELS, SPARSE};
+        let mut stages: Vec<(String, Vec<String>)> = vec![(EMBED.into(), Vec::new())];
+        if self.sparse.model.is_some() {
+            stages.push((SPARSE.into(), self.sparse.depends_on.clone()));
+        }
+        if self.entities.model.is_some() {
+            stages.push((ENTITIES.into(), self.entities.depends_on.clone()));
+        }
+        if self.labels.model.is_some() {
+            stages.push((LABELS.into(), self.labels.depends_on.clone()));
+        }
+        for l in self.llm_stages() {
+            stages.push((l.name.clone(), l.depends_on.clone()));
+        }
+        crate::lifecycle::StageGraph::new(stages)
+    }
+
+    /// Check the stage graph and what the LLM stages' prompts use of it.
+    fn validate_graph(&self) -> Result<(), ConfigError> {
+        let graph = self
+            .graph()
+            .map_err(|e| ConfigError::Value(format!("stages: {e}")))?;
+        let names: Vec<String> = graph.stages().map(str::to_string).collect();
+        for l in self.llm_stages() {
+            for slot in super::services::prompt_slots(&l.prompt) {
+                if names.iter().any(|n| n == slot) && !l.depends_on.iter().any(|d| d == slot) {
+                    return Err(ConfigError::Value(format!(
+                        "stages.{}.prompt uses {{{slot}}}, but the stage does not depend on \
+                         `{slot}`: add depends_on = [\"{slot}\"] so that it waits for it",
+                        l.name
+                    )));
+                }
+            }
+        }
+        if let Some(bad) = [&self.entities.aggregation].into_iter().find(|a| {
+            a.parse::<crate::embed::ner::aggregate::Aggregation>()
+                .map_or(true, |a| {
+                    a == crate::embed::ner::aggregate::Aggregation::None
+                })
+        }) {
+            return Err(ConfigError::Value(format!(
+                "stages.entities.aggregation = `{bad}`: use simple, first, average or max \
+                 (none gives tokens, not entities)"
+            )));
+        }
+        if self.labels.top_k == 0 {
+            return Err(ConfigError::Value(
+                "stages.labels.top_k must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The embed stage's settings.
@@ -475,6 +596,7 @@ impl PipelineConfig {
             return bad("stages.embed.max_backoff must not be shorter than backoff".into());
         }
         e.remote.validate()?;
+        self.stages.validate_graph()?;
         let mut names = std::collections::HashSet::new();
         for stage in std::iter::once(&self.stages.summary).chain(&self.stages.llm) {
             stage.validate()?;

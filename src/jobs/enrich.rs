@@ -9,14 +9,14 @@ use crate::embed::pool::WINDOW_BATCHES;
 use crate::embed::ModelFiles;
 use crate::indexers::{self, IndexStore, IndexUri, VectorSet};
 use crate::lifecycle::report::StatusReport;
-use crate::lifecycle::{Priority, SparseModelRecord, EMBED, SPARSE};
-use crate::run::enrich::{EnrichOptions, EnrichWorker, LlmStage, SetModel, SparseStage};
+use crate::lifecycle::{EMBED, ENTITIES, LABELS, SPARSE};
+use crate::run::enrich::{EnrichOptions, EnrichWorker, LlmStage, SetModel};
 use crate::run::progress::Observer;
 use crate::run::{self, RunSummary};
 
 #[cfg(feature = "nats")]
 use super::distributed;
-use super::model::{batch_tokens, devices, load_model, load_sparse, model_files, model_identity};
+use super::model::{batch_tokens, devices, load_model, model_files, model_identity};
 use super::{config, metrics, service_embedder, JobError, PipelineConfig};
 
 /// The lifecycle store of the index a command works on (sqlite:// or postgres://).
@@ -54,8 +54,13 @@ pub fn enrich(
     let sets = store.sets()?;
     let recorded_sparse = store.sparse_model()?;
     drop(store);
-    let sparse_on = recorded_sparse.is_some() || config.stages.sparse.model.is_some();
-    let stages = enrich_stages(config, request, &sets, sparse_on)?;
+    let graph = config
+        .stages
+        .graph()
+        .map_err(|e| JobError::Setup(format!("stages: {e}")))?;
+    lifecycle_store(config)?.record_dependencies(&graph.edges())?;
+    let chunk_models = super::model_stages::configured(config, recorded_sparse.is_some());
+    let stages = enrich_stages(config, request, &sets, &chunk_models)?;
     let embeds = stages.iter().any(|s| s == EMBED);
     let llm = llm_stages(config, &stages)?;
     if let Some(m) = &request.metrics {
@@ -77,9 +82,9 @@ pub fn enrich(
         &service,
         settings.concurrency.max(1),
     )?;
-    let (sparse, sparse_work) = sparse_stage(config, &stages, recorded_sparse)?;
+    let (models, model_work) = super::model_stages::model_stages(config, &stages, recorded_sparse)?;
     let announced =
-        queue_llm_work(config, &llm)? + if embeds { embed_work(&status) } else { 0 } + sparse_work;
+        queue_llm_work(config, &llm)? + if embeds { embed_work(&status) } else { 0 } + model_work;
     let claim_tokens = match &service {
         Some(s) => s.batch_tokens,
         None => batch_tokens(&config.model, &devices[0]) * WINDOW_BATCHES,
@@ -91,7 +96,7 @@ pub fn enrich(
         claim_cost: claim_tokens as u64,
         announced,
         llm: llm.clone(),
-        sparse,
+        models,
         ..EnrichOptions::default()
     };
     let result = match &request.queue {
@@ -191,17 +196,15 @@ fn enrich_stages(
     config: &PipelineConfig,
     request: &EnrichRequest,
     sets: &[VectorSet],
-    sparse: bool,
+    chunk_models: &[String],
 ) -> Result<Vec<String>, JobError> {
     let configured = config.stages.llm_stages();
     let stages = if request.stages.is_empty() {
         let mut v: Vec<String> = Vec::new();
-        if !sets.is_empty() || (configured.is_empty() && !sparse) {
+        if !sets.is_empty() || (configured.is_empty() && chunk_models.is_empty()) {
             v.push(EMBED.to_string());
         }
-        if sparse {
-            v.push(SPARSE.to_string());
-        }
+        v.extend(chunk_models.iter().cloned());
         v.extend(configured.iter().map(|c| c.name.clone()));
         v
     } else {
@@ -210,13 +213,15 @@ fn enrich_stages(
     for s in &stages {
         if !crate::lifecycle::is_enrichable(s) {
             return Err(JobError::Setup(format!(
-                "`enrich --stage {s}`: enrich runs the stages `{EMBED}` and `{SPARSE}` and the \
-                 LLM stages of ragline.toml (chunking is done by `ragline ingest`)"
+                "`enrich --stage {s}`: enrich runs the stages `{EMBED}`, `{SPARSE}`, \
+                 `{ENTITIES}`, `{LABELS}` and the LLM stages of ragline.toml (chunking is done \
+                 by `ragline ingest`)"
             )));
         }
         // `noop` (claims and finishes work, nothing else) is a hook for tests and benchmarks.
         let hook = cfg!(feature = "test-hooks") && s == crate::lifecycle::NOOP;
-        if s != EMBED && s != SPARSE && !hook && !configured.iter().any(|c| &c.name == s) {
+        let model_stage = [SPARSE, ENTITIES, LABELS].contains(&s.as_str());
+        if s != EMBED && !model_stage && !hook && !configured.iter().any(|c| &c.name == s) {
             return Err(JobError::Setup(format!(
                 "`enrich --stage {s}`: no such stage in ragline.toml; an LLM stage needs a \
                  section with its url and model ([stages.summary], or [[stages.llm]] with \
@@ -276,114 +281,6 @@ fn queue_llm_work(config: &PipelineConfig, llm: &[Arc<LlmStage>]) -> Result<u64,
         .filter(|(name, _)| llm.iter().any(|l| &l.name == *name))
         .map(|(_, s)| s.pending + s.failed + s.in_progress)
         .sum())
-}
-
-/// After an ingest with a sparse model (`--sparse-model`, or the one the index records): the
-/// documents' sparse vectors computed by this process (the `sparse` stage worked to the end), or, when embedding is
-/// deferred, the stage queued for `ragline enrich`. Its failures and notes join `summary`
-/// (a document whose sparse vectors failed fails the run; `ragline dlq` has it).
-pub fn sparse_after_ingest(
-    config: &PipelineConfig,
-    summary: &mut RunSummary,
-    observer: &mut dyn Observer,
-) -> Result<(), JobError> {
-    if !config.index.uri.value.is_store() {
-        return Ok(());
-    }
-    // An index that has sparse vectors keeps them current without the flag.
-    let recorded = lifecycle_store(config)?.sparse_model()?;
-    if config.stages.sparse.model.is_none() && recorded.is_none() {
-        return Ok(());
-    }
-    if config.stages.embed.defer {
-        let (_, waiting) = sparse_stage(config, &[SPARSE.to_string()], recorded)?;
-        summary.notes.push(format!(
-            "sparse vectors deferred: {waiting} documents queued for `ragline enrich`"
-        ));
-        return Ok(());
-    }
-    let request = EnrichRequest {
-        stages: vec![SPARSE.to_string()],
-        ..EnrichRequest::default()
-    };
-    let sparse = enrich(config, &request, observer)?;
-    summary.notes.push(format!(
-        "sparse vectors: {} documents done, {} failed ({:.1}s)",
-        sparse.counts.indexed, sparse.counts.failed, sparse.elapsed_secs
-    ));
-    summary.counts.failed += sparse.counts.failed;
-    summary.failures.extend(sparse.failures);
-    summary.notes.extend(sparse.notes);
-    Ok(())
-}
-
-/// The sparse stage, when `stages` has it: the model the config names (`--sparse-model`),
-/// else the one the index records; recorded in the index (another model than the recorded
-/// one makes every document's sparse vectors stale: they are computed again, at backfill
-/// priority), and the documents whose vectors are missing or stale queued. Returns the stage
-/// and the work waiting for it.
-fn sparse_stage(
-    config: &PipelineConfig,
-    stages: &[String],
-    recorded: Option<SparseModelRecord>,
-) -> Result<(Option<Arc<SparseStage>>, u64), JobError> {
-    if !stages.iter().any(|s| s == SPARSE) {
-        return Ok((None, 0));
-    }
-    let spec =
-        match (&config.stages.sparse.model, &recorded) {
-            (Some(name), _) => name.clone(),
-            (None, Some(r)) if Path::new(&r.dir).is_dir() => r.dir.clone(),
-            (None, Some(r)) => r.name.clone(),
-            (None, None) => return Err(JobError::Setup(
-                "the sparse stage needs a SPLADE model: give --sparse-model MODEL (a folder, a \
-                 name under models/, a hub id; `scripts/fetch-model.sh splade-tiny` fetches a \
-                 small one)"
-                    .into(),
-            )),
-        };
-    let model = load_sparse(&spec, &config.model)?;
-    let fingerprint = model.fingerprint()?;
-    let record = SparseModelRecord {
-        name: match (&config.stages.sparse.model, &recorded) {
-            (None, Some(r)) => r.name.clone(),
-            _ => spec.clone(),
-        },
-        dir: std::fs::canonicalize(&model.files.dir)
-            .unwrap_or_else(|_| model.files.dir.clone())
-            .display()
-            .to_string(),
-        fingerprint: fingerprint.clone(),
-        dimension: model.dimension(),
-    };
-    let mut settings = config.stages.embed.settings();
-    let mut store = lifecycle_store(config)?;
-    if let Some(r) = recorded.as_ref().filter(|r| r.fingerprint != fingerprint) {
-        tracing::info!(
-            target: crate::NOTE,
-            "sparse model changed from `{}` to `{spec}`: every document's sparse vectors are \
-             computed again (until then, sparse search mixes the two models' vectors)",
-            r.name
-        );
-        settings.priority = Priority::Backfill;
-    }
-    if recorded.as_ref() != Some(&record) {
-        store.record_sparse_model(&record)?;
-    }
-    store.sync_stage(SPARSE, &fingerprint, settings.priority)?;
-    let waiting = store
-        .status()?
-        .stages
-        .get(SPARSE)
-        .map_or(0, |s| s.pending + s.failed + s.in_progress);
-    Ok((
-        Some(Arc::new(SparseStage {
-            model: Arc::new(model),
-            fingerprint,
-            settings,
-        })),
-        waiting,
-    ))
 }
 
 /// The embed work waiting in the active set and in a backfill.

@@ -10,6 +10,7 @@ pub mod enrich;
 pub mod ingest;
 pub mod metrics;
 pub mod model;
+pub mod model_stages;
 pub mod places;
 pub mod requeue;
 pub mod service_embedder;

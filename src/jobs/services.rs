@@ -210,6 +210,9 @@ pub struct LlmStageConfig {
     pub max_backoff: Duration,
     /// The priority its work is queued at.
     pub priority: Priority,
+    /// Stages whose output it waits for (beyond `chunk`) and may use in its prompt
+    /// (`{entities}`, `{labels}`, `{summary}`...): `["entities"]`.
+    pub depends_on: Vec<String>,
 }
 
 impl Default for LlmStageConfig {
@@ -233,8 +236,29 @@ impl Default for LlmStageConfig {
             backoff: Duration::from_secs(2),
             max_backoff: Duration::from_secs(300),
             priority: Priority::Fresh,
+            depends_on: Vec::new(),
         }
     }
+}
+
+/// The `{name}` slots of a prompt.
+pub fn prompt_slots(prompt: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = prompt;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        match after.find('}') {
+            Some(close) => {
+                let name = &after[..close];
+                if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    out.push(name);
+                }
+                rest = &after[close + 1..];
+            }
+            None => break,
+        }
+    }
+    out
 }
 
 impl LlmStageConfig {
@@ -317,10 +341,11 @@ impl LlmStageConfig {
                 "{key}.model is needed: the chat model's name"
             )));
         }
-        if !self.prompt.contains("{text}") && !self.prompt.contains("{title}") {
+        let uses = |slot: &str| self.prompt.contains(&format!("{{{slot}}}"));
+        if !uses("text") && !uses("title") && !self.depends_on.iter().any(|d| uses(d)) {
             return Err(ConfigError::Value(format!(
-                "{key}.prompt uses neither {{text}} nor {{title}}: every document would get \
-                 the same answer"
+                "{key}.prompt uses neither {{text}} nor {{title}} nor a stage it depends on: \
+                 every document would get the same answer"
             )));
         }
         if self.retry_limit == 0 || self.max_input_tokens == 0 || self.max_answer_tokens == 0 {

@@ -12,6 +12,7 @@
 //! statuses and priorities, per-stage settings, backoff, and lease owners.
 
 pub mod backoff;
+pub mod graph;
 pub mod owner;
 pub mod report;
 pub mod rules;
@@ -23,11 +24,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use graph::{GraphError, StageGraph};
 pub use owner::Owner;
 pub use store::{
-    ChunkSparse, ChunkText, ChunkVector, Claim, ClaimRequest, DeliveryFailure, DocumentText,
-    EnrichStore, KnownDocument, KnownPage, LifecycleStore, Maintenance, PendingChunk,
-    SparseModelRecord, StoreError, StoredVectors, WorkItem, WorkKey,
+    Annotations, ChunkSparse, ChunkText, ChunkVector, Claim, ClaimRequest, DeliveryFailure,
+    DocumentEntity, DocumentLabel, DocumentText, EnrichStore, EntityMention, KnownDocument,
+    KnownPage, LifecycleStore, Maintenance, PendingChunk, SparseModelRecord, StoreError,
+    StoredVectors, WorkItem, WorkKey,
 };
 
 /// The chunk stage: done by `ingest` (extract, chunk, write documents and chunks).
@@ -39,27 +42,22 @@ pub const EMBED: &str = "embed";
 /// document, queued like the LLM stages (a new version of the document, or another sparse
 /// model, makes it stale).
 pub const SPARSE: &str = "sparse";
+/// The entities stage: named entities of the document's chunks (a token-classification
+/// model), gathered per document. Document-level, queued like `sparse`.
+pub const ENTITIES: &str = "entities";
+/// The labels stage: the document's labels (a sequence-classification model over its chunks,
+/// their scores averaged weighted by tokens). Document-level, queued like `sparse`.
+pub const LABELS: &str = "labels";
 /// A stage that does nothing, for measuring the queue itself (benches/lifecycle.rs).
 pub const NOOP: &str = "noop";
 
 /// Stages `enrich` can work, in the order `ragline status` lists them.
-pub const STAGES: &[&str] = &[CHUNK, EMBED, SPARSE];
-
-/// The stages `stage` depends on: it is queued for a document only when these are done for
-/// the document's current content.
-pub fn dependencies(stage: &str) -> &'static [&'static str] {
-    match stage {
-        CHUNK => &[],
-        // Document-level stages (sparse vectors, LLM stages) read the document's chunks, so
-        // they too wait for `chunk`; none waits for `embed` or for another.
-        _ => &[CHUNK],
-    }
-}
+pub const STAGES: &[&str] = &[CHUNK, EMBED, SPARSE, ENTITIES, LABELS];
 
 /// Whether `enrich` can work a stage (chunking needs the source, so only `ingest` does it):
 /// `embed`, `sparse`, `noop` and the document-level stages a config names (LLM stages).
 pub fn is_enrichable(stage: &str) -> bool {
-    matches!(stage, EMBED | SPARSE | NOOP) || is_stage_name(stage)
+    matches!(stage, EMBED | SPARSE | ENTITIES | LABELS | NOOP) || is_stage_name(stage)
 }
 
 /// Whether `name` can name a document-level stage of a config (an LLM stage): lowercase
@@ -69,7 +67,7 @@ pub fn is_stage_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && !matches!(name, CHUNK | EMBED | SPARSE | NOOP)
+        && !matches!(name, CHUNK | EMBED | SPARSE | ENTITIES | LABELS | NOOP)
         && name.len() <= 40
 }
 
@@ -233,12 +231,9 @@ mod tests {
             assert_eq!(Priority::from_level(p.level()), p);
             assert_eq!(p.as_str().parse::<Priority>().unwrap(), p);
         }
-        assert_eq!(dependencies(EMBED), &[CHUNK]);
-        assert_eq!(dependencies("summary"), &[CHUNK]);
-        assert!(dependencies(CHUNK).is_empty());
         assert!(!is_enrichable(CHUNK) && is_enrichable(EMBED) && is_enrichable("summary"));
         assert!(!is_stage_name("Summary") && !is_stage_name("embed") && !is_stage_name(""));
         assert!(is_enrichable(SPARSE) && !is_stage_name(SPARSE));
-        assert_eq!(dependencies(SPARSE), &[CHUNK]);
+        assert!(is_enrichable(ENTITIES) && is_enrichable(LABELS) && !is_stage_name(LABELS));
     }
 }

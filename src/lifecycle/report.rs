@@ -16,6 +16,9 @@ pub struct StageCounts {
     pub paused: bool,
     /// Seconds the oldest pending (or failed) document has waited since it was queued.
     pub oldest_pending_secs: Option<f64>,
+    /// Of the pending and failed documents, those waiting for a stage this one depends on
+    /// (`depends_on`) to be done for their current version.
+    pub waiting_on_dependency: u64,
     /// The stage's service keeps failing: its circuit is open (why, and since when). Its
     /// workers wait and probe; nothing fails for it.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::{Priority, StageSettings, Status};
@@ -175,13 +176,79 @@ pub struct DocumentText {
     pub title: Option<String>,
     pub source: Option<String>,
     pub text: String,
+    /// What the document-level stages said of it (stage, output): what a prompt's
+    /// `{summary}`, `{entities}`, `{labels}` are replaced with.
+    pub outputs: Vec<(String, String)>,
 }
 
-/// A current chunk of a document, as the sparse stage reads it.
+/// A current chunk of a document, as the chunk-model stages (sparse, entities, labels) read
+/// it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChunkText {
     pub rowid: i64,
+    /// Its place in the document (0, 1, ...).
+    pub ordinal: i64,
+    /// Where it starts in the document's text, in bytes.
+    pub start_byte: usize,
     pub text: String,
+}
+
+/// Where a mention of an entity is: in a chunk (characters, as the NER model counts them)
+/// and in the document (bytes, as chunk offsets are kept).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EntityMention {
+    pub chunk: i64,
+    pub start: usize,
+    pub end: usize,
+    pub doc_start: usize,
+    pub doc_end: usize,
+    pub score: f32,
+}
+
+/// An entity of a document (the `entities` stage): its mentions in the document's chunks
+/// gathered under its type and normalised form.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DocumentEntity {
+    /// The entity type (`ORG`, `PER`...), as the model's labels name it.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The form it is mentioned by most often (the first of equals).
+    pub text: String,
+    /// Its normalised form: what filters and facets compare (`entities::normalize`).
+    pub norm: String,
+    /// How many times the document mentions it.
+    pub mentions: u32,
+    /// The best score of its mentions.
+    pub score: f32,
+    /// Its first mentions (at most `MAX_SPANS`), in document order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spans: Vec<EntityMention>,
+}
+
+impl DocumentEntity {
+    /// The form filters and facets compare: lowercase, runs of white space as one space,
+    /// punctuation at either end left out (`ACME  Corp.` is `acme corp`).
+    pub fn normalize(text: &str) -> String {
+        let words: Vec<&str> = text.split_whitespace().collect();
+        words
+            .join(" ")
+            .trim_matches(|c: char| !c.is_alphanumeric())
+            .to_lowercase()
+    }
+}
+
+/// A label of a document (the `labels` stage) with its score.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DocumentLabel {
+    pub label: String,
+    pub score: f32,
+}
+
+/// What a chunk-model stage writes for a document.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Annotations {
+    Entities(Vec<DocumentEntity>),
+    Labels(Vec<DocumentLabel>),
 }
 
 /// A chunk's sparse vector to write: vocabulary ids (ascending) and their weights.
@@ -366,6 +433,23 @@ pub trait EnrichStore: LifecycleStore {
         chunks: &[ChunkSparse],
     ) -> Result<bool, StoreError>;
 
+    /// Replace the entities or labels of the document in `key` with `annotations` (and their
+    /// text for prompts, `prompt_text`) and mark the work done, in one transaction. False, with
+    /// nothing written, when `owner` no longer holds the work.
+    fn write_annotations(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        annotations: &Annotations,
+        prompt_text: &str,
+    ) -> Result<bool, StoreError>;
+
+    /// Record the stage graph of the config: each stage's dependencies beyond `chunk`
+    /// (replacing what an earlier config said). Work of a stage is claimed for a document only
+    /// when these are done for its current version, and a dependency's new output makes it
+    /// pending again.
+    fn record_dependencies(&mut self, edges: &[(String, String)]) -> Result<(), StoreError>;
+
     /// The sparse model the index's sparse vectors come from, if it has one.
     fn sparse_model(&mut self) -> Result<Option<SparseModelRecord>, StoreError>;
 
@@ -479,6 +563,20 @@ impl<T: EnrichStore + ?Sized> EnrichStore for Box<T> {
         chunks: &[ChunkSparse],
     ) -> Result<bool, StoreError> {
         (**self).write_sparse(owner, key, chunks)
+    }
+
+    fn write_annotations(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        annotations: &Annotations,
+        prompt_text: &str,
+    ) -> Result<bool, StoreError> {
+        (**self).write_annotations(owner, key, annotations, prompt_text)
+    }
+
+    fn record_dependencies(&mut self, edges: &[(String, String)]) -> Result<(), StoreError> {
+        (**self).record_dependencies(edges)
     }
 
     fn sparse_model(&mut self) -> Result<Option<SparseModelRecord>, StoreError> {

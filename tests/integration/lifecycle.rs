@@ -57,7 +57,7 @@ fn ingest(db: &TestIndex, model: &Path, corpus: &Path, extra: &[&str]) -> Output
 }
 
 /// The useEffect page cut into one file per `##` section: ~100 chunks in 8+ documents.
-fn sectioned_corpus(dir: &Path) -> PathBuf {
+pub(crate) fn sectioned_corpus(dir: &Path) -> PathBuf {
     let c = dir.join("corpus");
     fs::create_dir_all(&c).unwrap();
     let page = fs::read_to_string(root().join("tests/fixtures/react/useEffect.md")).unwrap();

@@ -17,13 +17,13 @@ use crate::serve::get;
 use crate::util::{ragline, random_model, root, run, stdout_json};
 
 /// `scripts/chat-stub.py` of the test's own.
-struct ChatStub {
+pub(crate) struct ChatStub {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl ChatStub {
-    fn start() -> ChatStub {
+    pub(crate) fn start() -> ChatStub {
         let mut child = Command::new("python3")
             .arg(root().join("scripts/chat-stub.py"))
             .stdout(Stdio::piped())
@@ -43,7 +43,7 @@ impl ChatStub {
         }
     }
 
-    fn calls(&self) -> u64 {
+    pub(crate) fn calls(&self) -> u64 {
         let (_, body) = get(&format!("{}/stats", self.url));
         serde_json::from_str::<Value>(&body).unwrap()["calls"]
             .as_u64()

@@ -9,6 +9,7 @@ mod distributed;
 mod documents;
 mod embedding;
 mod engine;
+mod enrichments;
 mod families;
 mod feeds;
 mod hardening;

@@ -13,6 +13,8 @@
 //! written under `PATH.partial` and renamed to `PATH` only when complete, so a killed run never
 //! leaves a file that looks finished.
 
+pub mod edges;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

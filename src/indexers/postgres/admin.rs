@@ -310,6 +310,18 @@ impl<C: GenericClient> StatusSql for Sql<'_, C> {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
+    fn waiting_on_dependency(&mut self, stage: &str) -> Result<u64, postgres::Error> {
+        let s = self.s;
+        let sql = format!(
+            "SELECT COUNT(*) FROM {s}.enrichment e WHERE e.stage = $1 AND {}",
+            crate::indexers::store::waiting_sql(
+                &format!("{s}.enrichment"),
+                &format!("{s}.stage_dependencies")
+            )
+        );
+        Ok(self.c.query_one(&sql, &[&stage])?.get::<_, i64>(0).max(0) as u64)
+    }
+
     fn circuits(&mut self) -> Result<Vec<(String, String, i64)>, postgres::Error> {
         let s = self.s;
         let rows = self.c.query(

@@ -8,7 +8,8 @@ use super::fts::TsVector;
 use super::queue::{PgStore, Sql};
 use crate::indexers::admin::{self, OutputSql};
 use crate::lifecycle::{
-    ChunkSparse, ChunkText, DocumentText, Priority, SparseModelRecord, StoreError, WorkKey,
+    Annotations, ChunkSparse, ChunkText, DocumentText, Priority, SparseModelRecord, StoreError,
+    WorkKey,
 };
 
 impl PgStore {
@@ -95,6 +96,36 @@ impl PgStore {
         self.write(|tx, s, now| {
             let mut q = Sql { c: tx, s };
             Ok(admin::write_sparse(&mut q, owner, key, chunks, now)?)
+        })
+    }
+
+    pub(super) fn write_stage_annotations(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        annotations: &Annotations,
+        prompt_text: &str,
+    ) -> Result<bool, StoreError> {
+        self.write(|tx, s, now| {
+            let mut q = Sql { c: tx, s };
+            Ok(admin::write_annotations(
+                &mut q,
+                owner,
+                key,
+                annotations,
+                prompt_text,
+                now,
+            )?)
+        })
+    }
+
+    pub(super) fn write_dependencies(
+        &mut self,
+        edges: &[(String, String)],
+    ) -> Result<(), StoreError> {
+        self.write(|tx, s, _| {
+            let mut q = Sql { c: tx, s };
+            Ok(q.put_dependencies(edges)?)
         })
     }
 
@@ -215,9 +246,19 @@ impl<C: GenericClient> OutputSql for Sql<'_, C> {
         key: &WorkKey,
         output: &str,
         keyword: bool,
+        metadata: bool,
         now: i64,
-    ) -> Result<(), postgres::Error> {
+    ) -> Result<bool, postgres::Error> {
         let s = self.s;
+        let before: Option<String> = self
+            .c
+            .query_opt(
+                &format!(
+                    "SELECT output FROM {s}.stage_outputs WHERE document_id = $1 AND stage = $2"
+                ),
+                &[&key.document_id, &key.stage],
+            )?
+            .map(|r| r.get(0));
         // Analysed as chunks are (`fts.rs`), when it goes in the keyword index.
         let fts = keyword.then(|| TsVector::of(&[output]));
         self.c.execute(
@@ -229,14 +270,113 @@ impl<C: GenericClient> OutputSql for Sql<'_, C> {
             ),
             &[&key.document_id, &key.stage, &output, &keyword, &now, &fts],
         )?;
+        if metadata {
+            self.c.execute(
+                &format!(
+                    "UPDATE {s}.documents
+                     SET metadata = jsonb_set(metadata, ARRAY[$2::text], to_jsonb($3::text))
+                     WHERE id = $1"
+                ),
+                &[&key.document_id, &key.stage, &output],
+            )?;
+        }
+        Ok(before.as_deref() != Some(output))
+    }
+
+    fn outputs_of(&mut self, id: &str) -> Result<Vec<(String, String)>, postgres::Error> {
+        let s = self.s;
+        Ok(self
+            .c
+            .query(
+                &format!(
+                    "SELECT stage, output FROM {s}.stage_outputs WHERE document_id = $1
+                     ORDER BY stage"
+                ),
+                &[&id],
+            )?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
+    }
+
+    fn put_annotations(
+        &mut self,
+        document: &str,
+        annotations: &Annotations,
+    ) -> Result<(), postgres::Error> {
+        let s = self.s;
+        match annotations {
+            Annotations::Entities(entities) => {
+                self.c.execute(
+                    &format!("DELETE FROM {s}.document_entities WHERE document_id = $1"),
+                    &[&document],
+                )?;
+                let insert = self.c.prepare(&format!(
+                    "INSERT INTO {s}.document_entities(document_id, type, norm, text, mentions,
+                         score, spans) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                ))?;
+                for e in entities {
+                    let spans = serde_json::to_string(&e.spans).unwrap_or_else(|_| "[]".into());
+                    let mentions = e.mentions.min(i32::MAX as u32) as i32;
+                    self.c.execute(
+                        &insert,
+                        &[
+                            &document, &e.kind, &e.norm, &e.text, &mentions, &e.score, &spans,
+                        ],
+                    )?;
+                }
+            }
+            Annotations::Labels(labels) => {
+                self.c.execute(
+                    &format!("DELETE FROM {s}.document_labels WHERE document_id = $1"),
+                    &[&document],
+                )?;
+                let insert = self.c.prepare(&format!(
+                    "INSERT INTO {s}.document_labels(document_id, label, score)
+                     VALUES ($1, $2, $3)"
+                ))?;
+                for l in labels {
+                    self.c.execute(&insert, &[&document, &l.label, &l.score])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn stale_dependents(
+        &mut self,
+        document: &str,
+        stage: &str,
+        now: i64,
+    ) -> Result<(), postgres::Error> {
+        let s = self.s;
         self.c.execute(
             &format!(
-                "UPDATE {s}.documents
-                 SET metadata = jsonb_set(metadata, ARRAY[$2::text], to_jsonb($3::text))
-                 WHERE id = $1"
+                "UPDATE {s}.enrichment SET status = 'pending', attempts = 0, not_before = 0,
+                     lease_owner = NULL, lease_expires = NULL, claimed_at = NULL,
+                     claim_seq = NULL, done_at = NULL, updated_at = $3
+                 WHERE document_id = $1 AND vector_set = 0
+                   AND status IN ('done', 'failed', 'in_progress')
+                   AND stage IN (SELECT stage FROM {s}.stage_dependencies WHERE depends_on = $2)"
             ),
-            &[&key.document_id, &key.stage, &output],
+            &[&document, &stage, &now],
         )?;
+        Ok(())
+    }
+
+    fn put_dependencies(&mut self, edges: &[(String, String)]) -> Result<(), postgres::Error> {
+        let s = self.s;
+        self.c
+            .execute(&format!("DELETE FROM {s}.stage_dependencies"), &[])?;
+        for (stage, on) in edges {
+            self.c.execute(
+                &format!(
+                    "INSERT INTO {s}.stage_dependencies(stage, depends_on) VALUES ($1, $2)
+                     ON CONFLICT DO NOTHING"
+                ),
+                &[stage, on],
+            )?;
+        }
         Ok(())
     }
 
@@ -244,7 +384,7 @@ impl<C: GenericClient> OutputSql for Sql<'_, C> {
         let s = self.s;
         let rows = self.c.query(
             &format!(
-                "SELECT rowid, text FROM {s}.chunks
+                "SELECT rowid, ordinal, start_byte, text FROM {s}.chunks
                  WHERE document_id = $1 AND version = $2 AND replaced_by IS NULL
                  ORDER BY ordinal"
             ),
@@ -254,7 +394,9 @@ impl<C: GenericClient> OutputSql for Sql<'_, C> {
             .iter()
             .map(|r| ChunkText {
                 rowid: r.get(0),
-                text: r.get(1),
+                ordinal: r.get::<_, i32>(1) as i64,
+                start_byte: r.get::<_, i64>(2).max(0) as usize,
+                text: r.get(3),
             })
             .collect())
     }

@@ -170,6 +170,13 @@ impl<C: GenericClient> QueueSql for Sql<'_, C> {
                                WHERE c.document_id = e.document_id AND c.stage = '{CHUNK}'
                                  AND c.vector_set = 0 AND c.status = 'done'
                                  AND c.input_version = e.input_version)
+                   AND NOT EXISTS (SELECT 1 FROM {s}.stage_dependencies sd
+                                   WHERE sd.stage = e.stage
+                                     AND NOT EXISTS (
+                                         SELECT 1 FROM {s}.enrichment c
+                                         WHERE c.document_id = e.document_id
+                                           AND c.stage = sd.depends_on AND c.status = 'done'
+                                           AND c.input_version = e.input_version))
                  ORDER BY e.priority DESC, e.seq
                  LIMIT $4 {lock}"
             ),
@@ -632,6 +639,20 @@ impl EnrichStore for PgStore {
         chunks: &[ChunkSparse],
     ) -> Result<bool, StoreError> {
         self.write_sparse_vectors(owner, key, chunks)
+    }
+
+    fn write_annotations(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        annotations: &crate::lifecycle::Annotations,
+        prompt_text: &str,
+    ) -> Result<bool, StoreError> {
+        self.write_stage_annotations(owner, key, annotations, prompt_text)
+    }
+
+    fn record_dependencies(&mut self, edges: &[(String, String)]) -> Result<(), StoreError> {
+        self.write_dependencies(edges)
     }
 
     fn sparse_model(&mut self) -> Result<Option<SparseModelRecord>, StoreError> {

@@ -4,10 +4,12 @@
 
 use std::cell::RefCell;
 
+use postgres::types::ToSql;
 use postgres::Client;
 
 use super::target::{PgTarget, VectorType};
 use super::{pg_error, read_meta};
+use crate::indexers::filter::{Param, Where};
 use crate::indexers::{BackendError, ChunkRow, IndexMeta, IndexReader};
 
 pub struct PgReader {
@@ -84,7 +86,217 @@ impl PgReader {
     }
 }
 
+/// A filter's values as Postgres binds them.
+fn bind(params: &[Param]) -> Vec<Box<dyn ToSql + Sync>> {
+    params
+        .iter()
+        .map(|p| -> Box<dyn ToSql + Sync> {
+            match p {
+                Param::Text(t) => Box::new(t.clone()),
+                Param::Path(keys) => Box::new(keys.clone()),
+            }
+        })
+        .collect()
+}
+
+impl PgReader {
+    /// The rows of `sql`, whose parameters are the filter's then `more`.
+    fn rows(
+        &self,
+        sql: &str,
+        filter: &[Param],
+        more: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<postgres::Row>, BackendError> {
+        if self.meta.schema_version < 5 {
+            return Err(crate::indexers::facets::no_entities(&self.describe()));
+        }
+        let bound = bind(filter);
+        let mut all: Vec<&(dyn ToSql + Sync)> = bound.iter().map(|b| b.as_ref()).collect();
+        all.extend_from_slice(more);
+        self.client
+            .borrow_mut()
+            .query(sql, &all)
+            .map_err(|e| self.err(e))
+    }
+
+    /// Rows of (rowid, score) from `sql`, whose `$1`, `$2` are `first` and the filter's
+    /// parameters follow.
+    fn filtered(
+        &self,
+        sql: &str,
+        first: [&(dyn ToSql + Sync); 2],
+        filter: &[Param],
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        let rest = bind(filter);
+        let mut all: Vec<&(dyn ToSql + Sync)> = first.to_vec();
+        all.extend(rest.iter().map(|b| b.as_ref()));
+        let rows = self
+            .client
+            .borrow_mut()
+            .query(sql, &all)
+            .map_err(|e| self.err(e))?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+}
+
+impl PgReader {
+    /// The hit's document's entities and labels.
+    fn annotate(&self, row: &mut ChunkRow) -> Result<(), BackendError> {
+        let s = self.target.schema_sql();
+        let (entities, labels) = crate::indexers::sqlite::reader::annotation_sql(
+            &format!("{s}.document_entities"),
+            &format!("{s}.document_labels"),
+        );
+        let mut client = self.client.borrow_mut();
+        row.entities = client
+            .query(&entities.replace("?1", "$1"), &[&row.document_id])
+            .map_err(|e| pg_error(&self.target, e))?
+            .iter()
+            .map(|r| crate::lifecycle::DocumentEntity {
+                kind: r.get(0),
+                text: r.get(1),
+                norm: r.get(2),
+                mentions: r.get::<_, i32>(3).max(0) as u32,
+                score: r.get(4),
+                spans: Vec::new(),
+            })
+            .collect();
+        row.labels = client
+            .query(&labels.replace("?1", "$1"), &[&row.document_id])
+            .map_err(|e| pg_error(&self.target, e))?
+            .iter()
+            .map(|r| crate::lifecycle::DocumentLabel {
+                label: r.get(0),
+                score: r.get(1),
+            })
+            .collect();
+        Ok(())
+    }
+}
+
 impl IndexReader for PgReader {
+    fn entity_facets(
+        &self,
+        filter: &Where,
+        kind: Option<&str>,
+        top: usize,
+    ) -> Result<Vec<crate::indexers::facets::EntityFacet>, BackendError> {
+        use crate::indexers::facets::{entity_facet_sql, Dialect, EntityFacet};
+        let s = self.target.schema_sql();
+        let (cond, params) = filter.postgres(&s, 1);
+        let sql = entity_facet_sql(Dialect::Postgres, &format!("{s}."), &cond, params.len());
+        let kind = kind.map(str::to_string);
+        let top = top as i64;
+        let rows = self.rows(&sql, &params, &[&kind, &top])?;
+        Ok(rows
+            .iter()
+            .map(|r| EntityFacet {
+                kind: r.get(0),
+                text: r.get(1),
+                norm: r.get(2),
+                documents: r.get::<_, i64>(3).max(0) as u64,
+                mentions: r.get::<_, i64>(4).max(0) as u64,
+            })
+            .collect())
+    }
+
+    fn label_facets(
+        &self,
+        filter: &Where,
+        top: usize,
+    ) -> Result<Vec<crate::indexers::facets::LabelFacet>, BackendError> {
+        use crate::indexers::facets::{label_facet_sql, Dialect, LabelFacet};
+        let s = self.target.schema_sql();
+        let (cond, params) = filter.postgres(&s, 1);
+        let sql = label_facet_sql(Dialect::Postgres, &format!("{s}."), &cond, params.len());
+        let rows = self.rows(&sql, &params, &[&(top as i64)])?;
+        Ok(rows
+            .iter()
+            .map(|r| LabelFacet {
+                label: r.get(0),
+                documents: r.get::<_, i64>(1).max(0) as u64,
+            })
+            .collect())
+    }
+
+    fn entity_edges(
+        &self,
+        filter: &Where,
+        kind: Option<&str>,
+        each: &mut dyn FnMut(crate::indexers::facets::EntityEdge) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        use crate::indexers::facets::{edges_sql, Dialect, EntityEdge};
+        let s = self.target.schema_sql();
+        let (cond, params) = filter.postgres(&s, 1);
+        let sql = edges_sql(Dialect::Postgres, &format!("{s}."), &cond, params.len());
+        let kind = kind.map(str::to_string);
+        for r in self.rows(&sql, &params, &[&kind])? {
+            each(EntityEdge {
+                document: r.get(0),
+                kind: r.get(1),
+                entity: r.get(2),
+                norm: r.get(3),
+                count: r.get::<_, i32>(4).max(0) as u64,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// An exact scan of the vectors of the chunks `filter` lets through (found by the
+    /// indexes of documents, entities and labels): k results whenever k match. HNSW with a
+    /// filter would stop at `ef_search` candidates and return fewer.
+    fn nearest_where(
+        &self,
+        query: &[f32],
+        k: usize,
+        filter: &Where,
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        if filter.is_empty() {
+            return self.nearest(query, k);
+        }
+        let Some(dim) = self.meta.dimension else {
+            return Ok(Vec::new());
+        };
+        let q = match self.vector_type {
+            VectorType::Vector => "$1::vector".to_string(),
+            VectorType::Halfvec => format!("$1::vector::halfvec({dim})"),
+        };
+        let s = self.target.schema_sql();
+        let (cond, params) = filter.postgres(&s, 3);
+        let sql = format!(
+            "SELECT v.rowid, v.embedding <=> {q} FROM {s}.{table} v
+                 JOIN {s}.chunks c ON c.rowid = v.rowid
+                 JOIN {s}.documents doc ON doc.id = c.document_id
+             WHERE {cond} ORDER BY (v.embedding <=> {q}) + 0, v.rowid LIMIT $2",
+            table = self.meta.vec_table
+        );
+        let vector = pgvector::Vector::from(query.to_vec());
+        self.filtered(&sql, [&vector, &(k as i64)], &params)
+    }
+
+    fn keyword_where(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &Where,
+    ) -> Result<Vec<(i64, f64)>, BackendError> {
+        if filter.is_empty() {
+            return self.keyword(query, k);
+        }
+        let Some(tsquery) = super::fts::any_word_query(query) else {
+            return Ok(Vec::new());
+        };
+        let s = self.target.schema_sql();
+        let (cond, params) = filter.postgres(&s, 3);
+        let sql = format!(
+            "SELECT c.rowid, ts_rank(c.fts, q, 1)::float8 AS score
+             FROM {s}.chunks c JOIN {s}.documents doc ON doc.id = c.document_id,
+                  CAST($1::text AS tsquery) q
+             WHERE c.fts @@ q AND {cond} ORDER BY score DESC, c.rowid LIMIT $2"
+        );
+        self.filtered(&sql, [&tsquery, &(k as i64)], &params)
+    }
+
     fn meta(&self) -> &IndexMeta {
         &self.meta
     }
@@ -211,30 +423,23 @@ impl IndexReader for PgReader {
         terms: &[u32],
         weights: &[f32],
         k: usize,
-        filter: &crate::indexers::filter::Where,
+        filter: &Where,
     ) -> Result<Vec<(i64, f64)>, BackendError> {
         let (Some(_), Some(dim)) = (&self.meta.sparse_model, self.meta.sparse_dimension) else {
             return Err(crate::indexers::no_sparse(&self.describe()));
         };
-        if !filter.is_empty() {
-            return Err(crate::indexers::no_filters(&self.describe()));
-        }
         let query = super::sparse_vector(terms, weights, dim);
-        let rows = self
-            .client
-            .borrow_mut()
-            .query(
-                &format!(
-                    "SELECT chunk, -(embedding <#> $1)::float8 AS score FROM {}.sparse_vectors
-                     ORDER BY embedding <#> $1, chunk LIMIT $2",
-                    self.target.schema_sql()
-                ),
-                &[&query, &(k as i64)],
-            )
-            .map_err(|e| self.err(e))?;
-        Ok(rows
-            .iter()
-            .map(|r| (r.get::<_, i64>(0), r.get::<_, f64>(1)))
+        let s = self.target.schema_sql();
+        let (cond, params) = filter.postgres(&s, 3);
+        let sql = format!(
+            "SELECT v.chunk, -(v.embedding <#> $1)::float8 AS score FROM {s}.sparse_vectors v
+                 JOIN {s}.chunks c ON c.rowid = v.chunk
+                 JOIN {s}.documents doc ON doc.id = c.document_id
+             WHERE {cond} ORDER BY v.embedding <#> $1, v.chunk LIMIT $2"
+        );
+        Ok(self
+            .filtered(&sql, [&query, &(k as i64)], &params)?
+            .into_iter()
             .filter(|(_, score)| *score > 0.0)
             .collect())
     }
@@ -270,6 +475,8 @@ impl IndexReader for PgReader {
                 _ => None,
             },
             outputs: Default::default(),
+            entities: Vec::new(),
+            labels: Vec::new(),
             metadata: crate::indexers::sqlite::reader::metadata_of(
                 r.get::<_, Option<String>>(11).as_deref(),
             ),
@@ -281,7 +488,8 @@ impl IndexReader for PgReader {
                     .borrow_mut()
                     .query(
                         &format!(
-                            "SELECT stage, output FROM {s}.stage_outputs WHERE document_id = $1"
+                            "SELECT stage, output FROM {s}.stage_outputs
+                             WHERE document_id = $1 AND stage NOT IN ('entities', 'labels')"
                         ),
                         &[&row.document_id],
                     )
@@ -289,6 +497,9 @@ impl IndexReader for PgReader {
                     .iter()
                     .map(|r| (r.get(0), r.get(1)))
                     .collect();
+                if self.meta.schema_version >= 5 {
+                    self.annotate(&mut row)?;
+                }
                 Ok(Some(row))
             }
             None => Ok(None),

@@ -41,8 +41,10 @@ use super::target::VectorType;
 
 /// The schema this ragline writes. Version 1: the tables above; 2: `dead_documents` and
 /// `stage_control.circuit`; 3: `chunks.fts` written by ragline (no longer generated); 4:
-/// `sparse_vectors`, the chunks' sparse (SPLADE) vectors as pgvector `sparsevec`.
-pub const SCHEMA_VERSION: i64 = 4;
+/// `sparse_vectors`, the chunks' sparse (SPLADE) vectors as pgvector `sparsevec`; 5:
+/// `document_entities`, `document_labels` and `stage_dependencies`, as the SQLite index's
+/// version 9 (`indexers/sqlite/schema.rs`).
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The steps from version `n - 1` to `n`, at index `n - 1`: each runs in the transaction
 /// that records the new version, so a migration is all or nothing. A new version appends
@@ -181,6 +183,28 @@ const MIGRATIONS: &[&str] = &[
      CREATE TRIGGER chunks_lose_sparse AFTER UPDATE OF text ON {s}.chunks
          FOR EACH ROW WHEN (OLD.text IS DISTINCT FROM NEW.text)
          EXECUTE FUNCTION {s}.chunks_lose_sparse();",
+    // 5: entities and labels of documents, looked up by entity and by label; the stage graph.
+    "CREATE TABLE {s}.document_entities (
+         document_id text NOT NULL,
+         type text NOT NULL,
+         norm text NOT NULL,
+         text text NOT NULL,
+         mentions integer NOT NULL,
+         score real NOT NULL,
+         spans text NOT NULL,
+         PRIMARY KEY (document_id, type, norm));
+     CREATE INDEX document_entities_by_entity ON {s}.document_entities(type, norm);
+     CREATE INDEX document_entities_by_norm ON {s}.document_entities(norm);
+     CREATE TABLE {s}.document_labels (
+         document_id text NOT NULL,
+         label text NOT NULL,
+         score real NOT NULL,
+         PRIMARY KEY (document_id, label));
+     CREATE INDEX document_labels_by_label ON {s}.document_labels(label);
+     CREATE TABLE {s}.stage_dependencies (
+         stage text NOT NULL,
+         depends_on text NOT NULL,
+         PRIMARY KEY (stage, depends_on));",
 ];
 
 /// Create the schema or bring it from version `from` (0: nothing there) to

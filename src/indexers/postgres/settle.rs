@@ -91,7 +91,13 @@ pub fn settle(
         return Ok(());
     }
     let level = priority.level() as i32;
-    for table in ["enrichment", "enrichment_errors", "stage_outputs"] {
+    for table in [
+        "enrichment",
+        "enrichment_errors",
+        "stage_outputs",
+        "document_entities",
+        "document_labels",
+    ] {
         c.execute(
             &format!(
                 "DELETE FROM {s}.{table} x WHERE x.document_id = ANY($1)

@@ -345,6 +345,15 @@ impl StatusSql for Sql<'_> {
             .collect()
     }
 
+    fn waiting_on_dependency(&mut self, stage: &str) -> rusqlite::Result<u64> {
+        let sql = format!(
+            "SELECT COUNT(*) FROM enrichment e WHERE e.stage = ?1 AND {}",
+            crate::indexers::store::waiting_sql("enrichment", "stage_dependencies")
+        );
+        self.0
+            .query_row(&sql, [stage], |r| r.get::<_, i64>(0).map(|n| n as u64))
+    }
+
     fn circuits(&mut self) -> rusqlite::Result<Vec<(String, String, i64)>> {
         self.0
             .prepare(

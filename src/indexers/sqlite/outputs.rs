@@ -9,7 +9,8 @@ use super::queue::{Sql, SqliteStore};
 use super::schema::{advance, next_in};
 use crate::indexers::admin::{self, OutputSql};
 use crate::lifecycle::{
-    now_ms, ChunkSparse, ChunkText, DocumentText, Priority, SparseModelRecord, StoreError, WorkKey,
+    now_ms, Annotations, ChunkSparse, ChunkText, DocumentText, Priority, SparseModelRecord,
+    StoreError, WorkKey,
 };
 
 impl SqliteStore {
@@ -98,6 +99,32 @@ impl SqliteStore {
         })
     }
 
+    pub(super) fn write_stage_annotations(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        annotations: &Annotations,
+        prompt_text: &str,
+    ) -> Result<bool, StoreError> {
+        self.write(|tx| {
+            Ok(admin::write_annotations(
+                &mut Sql(tx),
+                owner,
+                key,
+                annotations,
+                prompt_text,
+                now_ms(),
+            )?)
+        })
+    }
+
+    pub(super) fn write_dependencies(
+        &mut self,
+        edges: &[(String, String)],
+    ) -> Result<(), StoreError> {
+        self.write(|tx| Ok(Sql(tx).put_dependencies(edges)?))
+    }
+
     pub(super) fn read_sparse_model(&mut self) -> Result<Option<SparseModelRecord>, StoreError> {
         super::sparse::read_model(&self.conn).map_err(|e| self.err(e))
     }
@@ -161,9 +188,16 @@ impl OutputSql for Sql<'_> {
         key: &WorkKey,
         output: &str,
         keyword: bool,
+        metadata: bool,
         now: i64,
-    ) -> rusqlite::Result<()> {
+    ) -> rusqlite::Result<bool> {
         let tx = self.0;
+        let before: Option<String> = tx
+            .prepare_cached(
+                "SELECT output FROM stage_outputs WHERE document_id = ?1 AND stage = ?2",
+            )?
+            .query_row(params![key.document_id, key.stage], |r| r.get(0))
+            .optional()?;
         let rowid: i64 = tx
             .prepare_cached(
                 "INSERT INTO stage_outputs(document_id, stage, output, keyword, at)
@@ -182,25 +216,106 @@ impl OutputSql for Sql<'_> {
             tx.prepare_cached("INSERT INTO output_fts(rowid, output) VALUES (?1, ?2)")?
                 .execute(params![rowid, output])?;
         }
-        tx.prepare_cached(
-            "UPDATE documents SET metadata = json_set(COALESCE(metadata, '{}'), '$.' || ?2, ?3)
-             WHERE id = ?1",
-        )?
-        .execute(params![key.document_id, key.stage, output])?;
+        if metadata {
+            tx.prepare_cached(
+                "UPDATE documents
+                 SET metadata = json_set(COALESCE(metadata, '{}'), '$.' || ?2, ?3)
+                 WHERE id = ?1",
+            )?
+            .execute(params![key.document_id, key.stage, output])?;
+        }
+        Ok(before.as_deref() != Some(output))
+    }
+
+    fn outputs_of(&mut self, id: &str) -> rusqlite::Result<Vec<(String, String)>> {
+        self.0
+            .prepare_cached(
+                "SELECT stage, output FROM stage_outputs WHERE document_id = ?1 ORDER BY stage",
+            )?
+            .query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect()
+    }
+
+    fn put_annotations(
+        &mut self,
+        document: &str,
+        annotations: &Annotations,
+    ) -> rusqlite::Result<()> {
+        let tx = self.0;
+        match annotations {
+            Annotations::Entities(entities) => {
+                tx.prepare_cached("DELETE FROM document_entities WHERE document_id = ?1")?
+                    .execute([document])?;
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO document_entities(document_id, type, norm, text, mentions,
+                                                   score, spans)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )?;
+                for e in entities {
+                    let spans = serde_json::to_string(&e.spans).unwrap_or_else(|_| "[]".into());
+                    insert.execute(params![
+                        document,
+                        e.kind,
+                        e.norm,
+                        e.text,
+                        e.mentions,
+                        f64::from(e.score),
+                        spans
+                    ])?;
+                }
+            }
+            Annotations::Labels(labels) => {
+                tx.prepare_cached("DELETE FROM document_labels WHERE document_id = ?1")?
+                    .execute([document])?;
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO document_labels(document_id, label, score) VALUES (?1, ?2, ?3)",
+                )?;
+                for l in labels {
+                    insert.execute(params![document, l.label, f64::from(l.score)])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn stale_dependents(&mut self, document: &str, stage: &str, now: i64) -> rusqlite::Result<()> {
+        self.0
+            .prepare_cached(
+                "UPDATE enrichment SET status = 'pending', attempts = 0, not_before = 0,
+                     lease_owner = NULL, lease_expires = NULL, claimed_at = NULL,
+                     claim_seq = NULL, done_at = NULL, updated_at = ?3
+                 WHERE document_id = ?1 AND vector_set = 0
+                   AND status IN ('done', 'failed', 'in_progress')
+                   AND stage IN (SELECT stage FROM stage_dependencies WHERE depends_on = ?2)",
+            )?
+            .execute(params![document, stage, now])?;
+        Ok(())
+    }
+
+    fn put_dependencies(&mut self, edges: &[(String, String)]) -> rusqlite::Result<()> {
+        self.0.execute("DELETE FROM stage_dependencies", [])?;
+        let mut insert = self.0.prepare_cached(
+            "INSERT OR IGNORE INTO stage_dependencies(stage, depends_on) VALUES (?1, ?2)",
+        )?;
+        for (stage, on) in edges {
+            insert.execute(params![stage, on])?;
+        }
         Ok(())
     }
 
     fn chunk_texts(&mut self, id: &str, version: &str) -> rusqlite::Result<Vec<ChunkText>> {
         self.0
             .prepare_cached(
-                "SELECT rowid, text FROM chunks
+                "SELECT rowid, ordinal, start_byte, text FROM chunks
                  WHERE document_id = ?1 AND version = ?2 AND replaced_by IS NULL
                  ORDER BY ordinal",
             )?
             .query_map(params![id, version], |r| {
                 Ok(ChunkText {
                     rowid: r.get(0)?,
-                    text: r.get(1)?,
+                    ordinal: r.get(1)?,
+                    start_byte: r.get::<_, i64>(2)?.max(0) as usize,
+                    text: r.get(3)?,
                 })
             })?
             .collect()
@@ -245,6 +360,10 @@ pub fn forget_outputs(conn: &rusqlite::Connection, document: &str) -> rusqlite::
     )?
     .execute([document])?;
     conn.prepare_cached("DELETE FROM stage_outputs WHERE document_id = ?1")?
+        .execute([document])?;
+    conn.prepare_cached("DELETE FROM document_entities WHERE document_id = ?1")?
+        .execute([document])?;
+    conn.prepare_cached("DELETE FROM document_labels WHERE document_id = ?1")?
         .execute([document])?;
     Ok(())
 }

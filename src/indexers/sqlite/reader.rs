@@ -50,9 +50,33 @@ pub struct ChunkRow {
     /// `{"summary": "..."}`.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub outputs: std::collections::BTreeMap<String, String>,
+    /// The document's entities (the `entities` stage), most mentioned first, at most
+    /// [`HIT_ENTITIES`] (their mentions left out).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub entities: Vec<crate::lifecycle::DocumentEntity>,
+    /// The document's labels (the `labels` stage), best first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<crate::lifecycle::DocumentLabel>,
     /// The document's metadata (front matter, JSONL fields, PDF properties, the connector's).
     #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
     pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Entities a search hit carries, at most.
+pub const HIT_ENTITIES: usize = 20;
+
+/// The statements that read a document's entities and labels for a hit (`?1`/`$1`: the
+/// document), over a backend's tables.
+pub(crate) fn annotation_sql(entities: &str, labels: &str) -> (String, String) {
+    (
+        format!(
+            "SELECT type, text, norm, mentions, score FROM {entities} WHERE document_id = ?1
+             ORDER BY mentions DESC, score DESC, type, norm LIMIT {HIT_ENTITIES}"
+        ),
+        format!(
+            "SELECT label, score FROM {labels} WHERE document_id = ?1 ORDER BY score DESC, label"
+        ),
+    )
 }
 
 /// A document's stored metadata (a JSON object); anything else reads as none.
@@ -482,6 +506,8 @@ impl SqliteReader {
                             _ => None,
                         },
                         outputs: Default::default(),
+                        entities: Vec::new(),
+                        labels: Vec::new(),
                         metadata: metadata_of(r.get::<_, Option<String>>(11)?.as_deref()),
                     })
                 })
@@ -491,10 +517,50 @@ impl SqliteReader {
             .and_then(|row| match row {
                 Some(mut row) if self.meta.schema_version >= 5 => {
                     row.outputs = self.outputs_of(&row.document_id)?;
+                    if self.meta.schema_version >= 9 {
+                        self.annotate(&mut row)?;
+                    }
                     Ok(Some(row))
                 }
                 other => Ok(other),
             })
+    }
+
+    /// The hit's document's entities and labels.
+    fn annotate(&self, row: &mut ChunkRow) -> Result<(), BackendError> {
+        let (entities, labels) = annotation_sql("document_entities", "document_labels");
+        let doc = &row.document_id;
+        row.entities = self
+            .conn
+            .prepare_cached(&entities)
+            .and_then(|mut s| {
+                s.query_map([doc], |r| {
+                    Ok(crate::lifecycle::DocumentEntity {
+                        kind: r.get(0)?,
+                        text: r.get(1)?,
+                        norm: r.get(2)?,
+                        mentions: r.get(3)?,
+                        score: r.get::<_, f64>(4)? as f32,
+                        spans: Vec::new(),
+                    })
+                })?
+                .collect()
+            })
+            .map_err(|e| self.err(e))?;
+        row.labels = self
+            .conn
+            .prepare_cached(&labels)
+            .and_then(|mut s| {
+                s.query_map([doc], |r| {
+                    Ok(crate::lifecycle::DocumentLabel {
+                        label: r.get(0)?,
+                        score: r.get::<_, f64>(1)? as f32,
+                    })
+                })?
+                .collect()
+            })
+            .map_err(|e| self.err(e))?;
+        Ok(())
     }
 
     /// What document-level stages made of a document, by stage.
@@ -503,7 +569,10 @@ impl SqliteReader {
         document: &str,
     ) -> Result<std::collections::BTreeMap<String, String>, BackendError> {
         self.conn
-            .prepare_cached("SELECT stage, output FROM stage_outputs WHERE document_id = ?1")
+            .prepare_cached(
+                "SELECT stage, output FROM stage_outputs
+                 WHERE document_id = ?1 AND stage NOT IN ('entities', 'labels')",
+            )
             .and_then(|mut s| {
                 s.query_map([document], |r| Ok((r.get(0)?, r.get(1)?)))?
                     .collect()
@@ -604,7 +673,112 @@ impl SqliteReader {
     }
 }
 
+impl SqliteReader {
+    /// Rows of a facet statement, with the filter's values then `more`.
+    fn facet_rows<T>(
+        &self,
+        sql: &str,
+        filter: Vec<String>,
+        more: Vec<rusqlite::types::Value>,
+        mut each: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> Result<Vec<T>, BackendError> {
+        if self.meta.schema_version < 9 {
+            return Err(crate::indexers::facets::no_entities(
+                &crate::indexers::IndexReader::describe(self),
+            ));
+        }
+        let values: Vec<rusqlite::types::Value> = filter
+            .into_iter()
+            .map(rusqlite::types::Value::Text)
+            .chain(more)
+            .collect();
+        self.conn
+            .prepare(sql)
+            .and_then(|mut s| {
+                s.query_map(rusqlite::params_from_iter(values.iter()), |r| each(r))?
+                    .collect()
+            })
+            .map_err(|e| self.err(e))
+    }
+}
+
 impl crate::indexers::IndexReader for SqliteReader {
+    fn entity_facets(
+        &self,
+        filter: &crate::indexers::filter::Where,
+        kind: Option<&str>,
+        top: usize,
+    ) -> Result<Vec<crate::indexers::facets::EntityFacet>, BackendError> {
+        use crate::indexers::facets::{entity_facet_sql, Dialect, EntityFacet};
+        use rusqlite::types::Value;
+        let (cond, params) = filter.sqlite();
+        let sql = entity_facet_sql(Dialect::Sqlite, "", &cond, params.len());
+        let kind = kind.map_or(Value::Null, |k| Value::Text(k.into()));
+        self.facet_rows(&sql, params, vec![kind, Value::Integer(top as i64)], |r| {
+            Ok(EntityFacet {
+                kind: r.get(0)?,
+                text: r.get(1)?,
+                norm: r.get(2)?,
+                documents: r.get::<_, i64>(3)?.max(0) as u64,
+                mentions: r.get::<_, i64>(4)?.max(0) as u64,
+            })
+        })
+    }
+
+    fn label_facets(
+        &self,
+        filter: &crate::indexers::filter::Where,
+        top: usize,
+    ) -> Result<Vec<crate::indexers::facets::LabelFacet>, BackendError> {
+        use crate::indexers::facets::{label_facet_sql, Dialect, LabelFacet};
+        let (cond, params) = filter.sqlite();
+        let sql = label_facet_sql(Dialect::Sqlite, "", &cond, params.len());
+        let top = rusqlite::types::Value::Integer(top as i64);
+        self.facet_rows(&sql, params, vec![top], |r| {
+            Ok(LabelFacet {
+                label: r.get(0)?,
+                documents: r.get::<_, i64>(1)?.max(0) as u64,
+            })
+        })
+    }
+
+    fn entity_edges(
+        &self,
+        filter: &crate::indexers::filter::Where,
+        kind: Option<&str>,
+        each: &mut dyn FnMut(crate::indexers::facets::EntityEdge) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        use crate::indexers::facets::{edges_sql, Dialect, EntityEdge};
+        use rusqlite::types::Value;
+        if self.meta.schema_version < 9 {
+            return Err(crate::indexers::facets::no_entities(
+                &crate::indexers::IndexReader::describe(self),
+            ));
+        }
+        let (cond, params) = filter.sqlite();
+        let sql = edges_sql(Dialect::Sqlite, "", &cond, params.len());
+        let mut values: Vec<Value> = params.into_iter().map(Value::Text).collect();
+        values.push(kind.map_or(Value::Null, |k| Value::Text(k.into())));
+        let mut stmt = self.conn.prepare(&sql).map_err(|e| self.err(e))?;
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(values.iter()))
+            .map_err(|e| self.err(e))?;
+        while let Some(r) = rows.next().map_err(|e| self.err(e))? {
+            let edge = (|| -> rusqlite::Result<EntityEdge> {
+                Ok(EntityEdge {
+                    document: r.get(0)?,
+                    kind: r.get(1)?,
+                    entity: r.get(2)?,
+                    norm: r.get(3)?,
+                    count: r.get::<_, i64>(4)?.max(0) as u64,
+                })
+            })()
+            .map_err(|e| self.err(e))?;
+            each(edge)?;
+        }
+        Ok(())
+    }
+
     fn meta(&self) -> &IndexMeta {
         SqliteReader::meta(self)
     }

@@ -67,10 +67,20 @@
 //!   per non-zero entry, keyed by term (WITHOUT ROWID) with an index by chunk; a trigger
 //!   deletes a chunk's postings with its row. `meta` names the model they come from
 //!   (`sparse_model`, `sparse_model_dir`, `sparse_fingerprint`, `sparse_dimension`).
+//!
+//! Version 9 (entities, labels, the stage graph):
+//! - `document_entities(document_id, type, norm, text, mentions, score, spans)`: a document's
+//!   entities (the `entities` stage), one row per type and normalised form, indexed by
+//!   `(type, norm)` and by `norm`, so a filter or a facet is an index look-up.
+//! - `document_labels(document_id, label, score)`: a document's labels (the `labels` stage),
+//!   indexed by label.
+//! - `stage_dependencies(stage, depends_on)`: the config's stage graph beyond `chunk`, read by
+//!   the claim (work waits for its dependencies) and by a stage's write (its dependents are
+//!   pending again).
 
 use rusqlite::Connection;
 
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Create or migrate the schema up to [`SCHEMA_VERSION`]. Runs in the caller's transaction.
 /// Version 3's data steps (vector set of an existing index, lifecycle rows of existing
@@ -282,7 +292,33 @@ pub(super) const V8: &str = "CREATE TABLE sparse_postings (
              END;";
 
 /// The schema's steps: version N is reached by running `STEPS[N - 1]`.
-const STEPS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6, V7, V8];
+pub(super) const V9: &str = "CREATE TABLE document_entities (
+                 document_id TEXT NOT NULL,
+                 type TEXT NOT NULL,
+                 norm TEXT NOT NULL,
+                 text TEXT NOT NULL,
+                 mentions INTEGER NOT NULL,
+                 score REAL NOT NULL,
+                 spans TEXT NOT NULL,
+                 PRIMARY KEY (document_id, type, norm)
+             ) WITHOUT ROWID;
+             CREATE INDEX document_entities_by_entity ON document_entities(type, norm);
+             CREATE INDEX document_entities_by_norm ON document_entities(norm);
+             CREATE TABLE document_labels (
+                 document_id TEXT NOT NULL,
+                 label TEXT NOT NULL,
+                 score REAL NOT NULL,
+                 PRIMARY KEY (document_id, label)
+             ) WITHOUT ROWID;
+             CREATE INDEX document_labels_by_label ON document_labels(label);
+             CREATE TABLE stage_dependencies (
+                 stage TEXT NOT NULL,
+                 depends_on TEXT NOT NULL,
+                 PRIMARY KEY (stage, depends_on)
+             ) WITHOUT ROWID;
+             CREATE INDEX stage_dependencies_by_dependency ON stage_dependencies(depends_on);";
+
+const STEPS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6, V7, V8, V9];
 
 /// Migrate from version `from` to `to` (tests build old versions with it).
 pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()> {

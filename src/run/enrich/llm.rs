@@ -16,7 +16,8 @@ pub struct LlmStage {
     /// The stage's name: its lifecycle rows and the metadata key of its answers.
     pub name: String,
     pub client: Arc<ChatClient>,
-    /// `{title}`, `{text}`, `{source}` and `{id}` are the document's.
+    /// `{title}`, `{text}`, `{source}` and `{id}` are the document's; `{summary}`,
+    /// `{entities}`, `{labels}` (any stage it depends on) what that stage made of it.
     pub prompt: String,
     /// The text is cut to about this many tokens (4 bytes each, at a char boundary).
     pub max_input_tokens: usize,
@@ -38,8 +39,16 @@ impl std::fmt::Debug for LlmStage {
 }
 
 impl LlmStage {
-    /// The prompt for a document, and its size in tokens (estimated).
-    pub fn prompt_for(&self, id: &str, title: &str, source: &str, text: &str) -> (String, usize) {
+    /// The prompt for a document, and its size in tokens (estimated). `outputs`: what the
+    /// document-level stages made of it, (stage, output).
+    pub fn prompt_for(
+        &self,
+        id: &str,
+        title: &str,
+        source: &str,
+        text: &str,
+        outputs: &[(String, String)],
+    ) -> (String, usize) {
         let budget = self.max_input_tokens * 4;
         let text = if text.len() > budget {
             let mut end = budget;
@@ -50,15 +59,47 @@ impl LlmStage {
         } else {
             text
         };
-        let prompt = self
-            .prompt
-            .replace("{title}", title)
-            .replace("{source}", source)
-            .replace("{id}", id)
-            .replace("{text}", text);
+        let mut slots: Vec<(&str, &str)> = vec![
+            ("title", title),
+            ("source", source),
+            ("id", id),
+            ("text", text),
+        ];
+        slots.extend(outputs.iter().map(|(s, o)| (s.as_str(), o.as_str())));
+        let prompt = fill(&self.prompt, &slots);
         let tokens = prompt.len().div_ceil(4);
         (prompt, tokens)
     }
+}
+
+/// The template with each `{name}` of `slots` replaced by its value, in one pass (a value
+/// holding `{text}` stays as it is); other braces are kept.
+fn fill(template: &str, slots: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let value = after.find('}').and_then(|close| {
+            let name = &after[..close];
+            slots
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v, close))
+        });
+        match value {
+            Some((v, close)) => {
+                out.push_str(v);
+                rest = &after[close + 1..];
+            }
+            None => {
+                out.push('{');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Ask the model about each claimed document and record the answers.
@@ -80,6 +121,7 @@ pub(super) fn process<S: EnrichStore>(
                     title,
                     doc.source.as_deref().unwrap_or(""),
                     &doc.text,
+                    &doc.outputs,
                 );
                 asked.push((item.key, prompt));
             }
@@ -135,15 +177,19 @@ mod tests {
                     temperature: 0.0,
                 },
             )),
-            prompt: "{id} | {title} | {source}\n{text}".into(),
+            prompt: "{id} | {title} | {source} | {entities}\n{text}".into(),
             max_input_tokens: 2,
             keyword_index: true,
             settings: StageSettings::default(),
             fingerprint: "f".into(),
         };
-        let (p, tokens) = stage.prompt_for("a.md", "A", "/x/a.md", "héllo world");
-        // 2 tokens = 8 bytes, cut back to a char boundary.
-        assert_eq!(p, "a.md | A | /x/a.md\nhéllo w");
+        let outputs = [
+            ("entities".to_string(), "ORG: Acme".to_string()),
+            ("labels".to_string(), "news (0.90)".to_string()),
+        ];
+        let (p, tokens) = stage.prompt_for("a.md", "A {text}", "/x/a.md", "héllo world", &outputs);
+        // 2 tokens = 8 bytes, cut back to a char boundary; a title's braces stay as they are.
+        assert_eq!(p, "a.md | A {text} | /x/a.md | ORG: Acme\nhéllo w");
         assert_eq!(tokens, p.len().div_ceil(4));
     }
 }

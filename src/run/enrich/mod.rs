@@ -10,6 +10,7 @@
 //! Progress and the summary are the same as an ingest's: a claimed document is "published",
 //! a completed one "indexed", its chunks "created" and, with their vectors, "indexed".
 
+mod chunk_models;
 mod embed;
 mod llm;
 #[cfg(feature = "nats")]
@@ -17,11 +18,10 @@ mod queued;
 #[cfg(not(feature = "nats"))]
 #[path = "queued_off.rs"]
 mod queued;
-mod sparse;
 
+pub use chunk_models::{gather_entities, prompt_text, weighted_mean, ChunkModel, ModelStage};
 pub use llm::LlmStage;
 pub use queued::QueuedRun;
-pub use sparse::SparseStage;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,11 +36,15 @@ use crate::embed::encoder::Encoder;
 use crate::embed::window::Recent;
 use crate::lifecycle::{
     now_ms, Claim, ClaimRequest, EnrichStore, LifecycleStore, Maintenance, Owner, StageSettings,
-    Status, StoreError, WorkItem, WorkKey, EMBED, NOOP, SPARSE,
+    Status, StoreError, WorkItem, WorkKey, EMBED, NOOP,
 };
 use crate::publisher::{Counts, Outcome};
 use crate::signal::RunSignal;
 use crate::stats::RunStats;
+
+/// Documents per claim of a chunk-model stage (`sparse`, `entities`, `labels`): what one
+/// worker computes well within a lease.
+pub const MODEL_STAGE_CLAIM: usize = 32;
 
 /// How often an idle worker looks for new work (and for a pause being lifted).
 pub const IDLE_POLL: Duration = Duration::from_millis(250);
@@ -64,8 +68,8 @@ pub struct EnrichOptions {
     pub announced: u64,
     /// The document-level LLM stages among `stages`, with their clients.
     pub llm: Vec<Arc<LlmStage>>,
-    /// The sparse stage's model, when `stages` has it.
-    pub sparse: Option<Arc<SparseStage>>,
+    /// The chunk-model stages among `stages` (sparse, entities, labels), with their models.
+    pub models: Vec<Arc<ModelStage>>,
 }
 
 impl Default for EnrichOptions {
@@ -80,8 +84,17 @@ impl Default for EnrichOptions {
             tick: Duration::from_millis(200),
             announced: 0,
             llm: Vec::new(),
-            sparse: None,
+            models: Vec::new(),
         }
+    }
+}
+
+impl EnrichOptions {
+    /// The chunk-model stages this run works.
+    fn working_models(&self) -> impl Iterator<Item = &Arc<ModelStage>> {
+        self.models
+            .iter()
+            .filter(|m| self.stages.iter().any(|s| s == m.name()))
     }
 }
 
@@ -348,12 +361,6 @@ fn dispatch<S: EnrichStore>(
     let stage = items[0].key.stage.clone();
     match stage.as_str() {
         EMBED => embed::process(w, models, owner, items, shared),
-        SPARSE => match &shared.options.sparse {
-            Some(s) => sparse::process(w, s, owner, items, shared),
-            None => Err(StoreError::Invalid(
-                "claimed work of the sparse stage without its model: a bug".into(),
-            )),
-        },
         NOOP => {
             let keys: Vec<WorkKey> = items.into_iter().map(|i| i.key).collect();
             w.store.complete(owner.as_str(), &keys)?;
@@ -361,12 +368,18 @@ fn dispatch<S: EnrichStore>(
             keys.iter().for_each(|k| t.done(k));
             Ok(())
         }
-        other => match shared.options.llm.iter().find(|l| l.name == other) {
-            Some(l) => llm::process(w, l, owner, items, shared),
-            None => Err(StoreError::Invalid(format!(
-                "claimed work of stage `{other}`, which enrich cannot do: a bug"
-            ))),
-        },
+        other => {
+            let options = shared.options;
+            if let Some(m) = options.models.iter().find(|m| m.name() == other) {
+                return chunk_models::process(w, m, owner, items, shared);
+            }
+            match options.llm.iter().find(|l| l.name == other) {
+                Some(l) => llm::process(w, l, owner, items, shared),
+                None => Err(StoreError::Invalid(format!(
+                    "claimed work of stage `{other}`, which enrich cannot do: a bug"
+                ))),
+            }
+        }
     }
 }
 
@@ -409,12 +422,8 @@ fn housekeep<S: EnrichStore>(
         {
             queued += store.sync_stage(&l.name, &l.fingerprint, l.settings.priority)?;
         }
-        if let Some(s) = options
-            .sparse
-            .as_ref()
-            .filter(|_| options.stages.iter().any(|x| x == SPARSE))
-        {
-            queued += store.sync_stage(SPARSE, &s.fingerprint, s.settings.priority)?;
+        for m in options.working_models() {
+            queued += store.sync_stage(m.name(), &m.fingerprint, m.settings.priority)?;
         }
         if queued > 0 {
             return Ok(true);
@@ -491,10 +500,11 @@ fn claim_requests(
     lease: Option<Duration>,
 ) -> Vec<ClaimRequest> {
     let llm_names: Vec<&str> = options.llm.iter().map(|l| l.name.as_str()).collect();
+    let chunk_models: Vec<&str> = options.models.iter().map(|m| m.name()).collect();
     let model_stages: Vec<String> = options
         .stages
         .iter()
-        .filter(|s| !llm_names.contains(&s.as_str()) && s.as_str() != SPARSE)
+        .filter(|s| !llm_names.contains(&s.as_str()) && !chunk_models.contains(&s.as_str()))
         .cloned()
         .collect();
     let mut requests = Vec::new();
@@ -509,20 +519,15 @@ fn claim_requests(
             retry_limit: options.settings.retry_limit,
         });
     }
-    if let Some(s) = options
-        .sparse
-        .as_ref()
-        .filter(|_| options.stages.iter().any(|x| x == SPARSE))
-    {
-        // A claim is what one worker computes well within a lease: a few dozen documents.
+    for m in options.working_models() {
         requests.push(ClaimRequest {
             owner: owner.to_string(),
-            stages: vec![SPARSE.to_string()],
+            stages: vec![m.name().to_string()],
             vector_sets: Vec::new(),
-            max_items: 32,
+            max_items: MODEL_STAGE_CLAIM,
             max_cost: u64::MAX,
-            lease: lease.unwrap_or(s.settings.visibility_timeout),
-            retry_limit: s.settings.retry_limit,
+            lease: lease.unwrap_or(m.settings.visibility_timeout),
+            retry_limit: m.settings.retry_limit,
         });
     }
     for l in options

@@ -312,6 +312,8 @@ fn fetch_size(options: &EnrichOptions, cost_per_doc: Option<u64>, stage: &str) -
         }
     } else if let Some(l) = options.llm.iter().find(|l| l.name == stage) {
         l.settings.concurrency.max(1) * 4
+    } else if options.models.iter().any(|m| m.name() == stage) {
+        super::MODEL_STAGE_CLAIM
     } else {
         options.claim_items
     }
@@ -575,6 +577,21 @@ impl<S: EnrichStore> EnrichStore for QueueStore<'_, S> {
         chunks: &[ChunkSparse],
     ) -> Result<bool, StoreError> {
         self.inner.write_sparse(owner, key, chunks)
+    }
+
+    fn write_annotations(
+        &mut self,
+        owner: &str,
+        key: &WorkKey,
+        annotations: &crate::lifecycle::Annotations,
+        prompt_text: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner
+            .write_annotations(owner, key, annotations, prompt_text)
+    }
+
+    fn record_dependencies(&mut self, edges: &[(String, String)]) -> Result<(), StoreError> {
+        self.inner.record_dependencies(edges)
     }
 
     fn sparse_model(&mut self) -> Result<Option<SparseModelRecord>, StoreError> {
