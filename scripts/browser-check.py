@@ -1,9 +1,11 @@
 """Drive a real browser (Debian's Chromium, headless, through Playwright) over the pages of
 `ragline serve --index`: type a query into the search page and submit it, read the results;
 open the status page and read its counts. Screenshots of both (desktop and phone widths) go to
-OUT. Prints one JSON object: what the pages showed. The test decides what is right.
+OUT. With --facets, also read each hit's summary, labels and entities and the facet column,
+then follow the first entity facet and read the narrowed results. Prints one JSON object: what
+the pages showed. The test decides what is right.
 
-    python scripts/browser-check.py URL QUERY OUT [--chromium PATH]
+    python scripts/browser-check.py URL QUERY OUT [--chromium PATH] [--facets]
 """
 
 import argparse
@@ -14,12 +16,52 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import sync_playwright
 
 
+def annotated_hits(page):
+    hits = page.locator("li.hit")
+    out = []
+    for i in range(hits.count()):
+        h = hits.nth(i)
+        out.append(
+            {
+                "document": h.get_attribute("data-document"),
+                "summary": h.locator(".summary").all_inner_texts(),
+                "labels": [x.get_attribute("data-label") for x in h.locator(".label").all()],
+                "entities": [x.inner_text() for x in h.locator(".entity").all()],
+            }
+        )
+    return out
+
+
+def facets(page, out):
+    """The hits' annotations and the facet column; then the first entity facet followed."""
+    seen = {"hits": annotated_hits(page)}
+    seen["links"] = {
+        section.get_attribute("data-facet"): [
+            {"filter": a.get_attribute("data-filter"), "text": a.inner_text()}
+            for a in section.locator("a").all()
+        ]
+        for section in page.locator("#facets section").all()
+    }
+    link = page.locator("#facets section[data-facet=entities] a").first
+    if link.count():
+        with page.expect_navigation():
+            link.click()
+        seen["narrowed_url"] = page.url
+        seen["narrowed"] = annotated_hits(page)
+        seen["active_filters"] = [
+            x.get_attribute("data-filter") for x in page.locator("#filters .filter").all()
+        ]
+        page.screenshot(path=f"{out}/search-facet.png", full_page=True)
+    return seen
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("url")
     ap.add_argument("query")
     ap.add_argument("out")
     ap.add_argument("--chromium", default="/usr/bin/chromium")
+    ap.add_argument("--facets", action="store_true")
     a = ap.parse_args()
     seen = {}
     with sync_playwright() as p:
@@ -54,6 +96,8 @@ def main() -> int:
         ]
         seen["query_in_box"] = page.input_value("#q")
         page.screenshot(path=f"{a.out}/search.png", full_page=True)
+        if a.facets:
+            seen["facets"] = facets(page, a.out)
         # The same page on a phone's width: no horizontal scrolling.
         phone = browser.new_page(viewport={"width": 390, "height": 844})
         phone.goto(seen["search_url"])

@@ -53,9 +53,11 @@ pub struct SearchArgs {
 
     /// Only chunks of documents that match: `source=GLOB` on the document id (its path or
     /// URL: `source=docs/api/*`), `KEY=VALUE` on its metadata (front matter, JSONL fields;
-    /// the value may be a glob; a list matches when it holds the value). Repeat to AND them.
-    /// Applied inside the search: k results whenever k chunks match.
-    #[arg(long = "where", value_name = "source=GLOB|KEY=VALUE")]
+    /// the value may be a glob; a list matches when it holds the value),
+    /// `entity.TYPE=NAME` (the entities stage found it; `entity=NAME` of any type,
+    /// `entity.TYPE=*` any of the type), `label=LABEL` (the labels stage gave it). Repeat to
+    /// AND them. Applied inside the search: k results whenever k chunks match.
+    #[arg(long = "where", value_name = "CLAUSE")]
     filters: Vec<String>,
 
     /// Re-score the first stage's candidates with this cross-encoder (a reranker: a folder,

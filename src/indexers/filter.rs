@@ -20,8 +20,12 @@ pub enum Clause {
     /// holding it.
     Metadata { key: String, value: String },
     /// `entity.TYPE=NAME` (`entity=NAME`: of any type): the document mentions the entity
-    /// (compared in its normalised form: case, runs of spaces and end punctuation aside).
-    Entity { kind: Option<String>, name: String },
+    /// (compared in its normalised form: case, runs of spaces and end punctuation aside);
+    /// `entity.TYPE=*` (name None): any entity of the type.
+    Entity {
+        kind: Option<String>,
+        name: Option<String>,
+    },
     /// `label=LABEL`: the labels stage gave the document this label.
     Label(String),
 }
@@ -70,13 +74,17 @@ impl FromStr for Clause {
         Ok(match key {
             "source" => Clause::Document(value.to_string()),
             "label" => Clause::Label(value.to_string()),
-            "entity" => Clause::Entity {
+            "entity" | "entity.*" => Clause::Entity {
                 kind: None,
-                name: DocumentEntity::normalize(value),
+                name: entity_name(s, value)?,
             },
             _ if key.starts_with("entity.") => Clause::Entity {
                 kind: Some(key["entity.".len()..].to_string()),
-                name: DocumentEntity::normalize(value),
+                name: if value.trim() == "*" {
+                    None
+                } else {
+                    entity_name(s, value)?
+                },
             },
             _ => Clause::Metadata {
                 key: key.to_string(),
@@ -84,6 +92,18 @@ impl FromStr for Clause {
             },
         })
     }
+}
+
+/// An entity's name as filters compare it; a name with nothing left to compare is refused.
+fn entity_name(clause: &str, value: &str) -> Result<Option<String>, FilterError> {
+    let norm = DocumentEntity::normalize(value);
+    if norm.is_empty() {
+        return Err(FilterError(format!(
+            "--where `{clause}`: give the entity's name (entity.ORG=Acme Corp), or `*` after a \
+             type for any entity of it (entity.ORG=*)"
+        )));
+    }
+    Ok(Some(norm))
 }
 
 /// Every clause of a search's `--where`s.
@@ -131,9 +151,15 @@ impl Where {
                     params.push(value.clone());
                 }
                 Clause::Entity { kind, name } => {
-                    sql.push(entity_sql("document_entities", kind.is_some(), n + 1, "?"));
+                    sql.push(entity_sql(
+                        "document_entities",
+                        kind.is_some(),
+                        name.is_some(),
+                        n + 1,
+                        "?",
+                    ));
                     params.extend(kind.iter().cloned());
-                    params.push(name.clone());
+                    params.extend(name.iter().cloned());
                 }
                 Clause::Label(label) => {
                     sql.push(format!(
@@ -178,9 +204,9 @@ impl Where {
                 }
                 Clause::Entity { kind, name } => {
                     let table = format!("{schema}.document_entities");
-                    sql.push(entity_sql(&table, kind.is_some(), n, "$"));
+                    sql.push(entity_sql(&table, kind.is_some(), name.is_some(), n, "$"));
                     params.extend(kind.iter().cloned().map(Param::Text));
-                    params.push(Param::Text(name.clone()));
+                    params.extend(name.iter().cloned().map(Param::Text));
                 }
                 Clause::Label(label) => {
                     sql.push(format!(
@@ -199,16 +225,19 @@ impl Where {
     }
 }
 
-/// The condition of an entity clause: by `(type, norm)` when typed, by `norm` else.
-fn entity_sql(table: &str, typed: bool, n: usize, mark: &str) -> String {
+/// The condition of an entity clause: by `(type, norm)`, `type` or `norm`, as given.
+fn entity_sql(table: &str, typed: bool, named: bool, n: usize, mark: &str) -> String {
+    let mut parts = Vec::new();
     if typed {
-        format!(
-            "doc.id IN (SELECT document_id FROM {table} WHERE type = {mark}{n} AND norm = {mark}{})",
-            n + 1
-        )
-    } else {
-        format!("doc.id IN (SELECT document_id FROM {table} WHERE norm = {mark}{n})")
+        parts.push(format!("type = {mark}{n}"));
     }
+    if named {
+        parts.push(format!("norm = {mark}{}", n + usize::from(typed)));
+    }
+    format!(
+        "doc.id IN (SELECT document_id FROM {table} WHERE {})",
+        parts.join(" AND ")
+    )
 }
 
 /// An SQLite GLOB (`*`, `?`, `[...]`, `[^...]`) as an anchored POSIX regular expression.
@@ -302,9 +331,17 @@ mod tests {
             w.0[0],
             Clause::Entity {
                 kind: Some("ORG".into()),
-                name: "acme corp".into()
+                name: Some("acme corp".into())
             }
         );
+        let any = Where::parse(&["entity.PER=*"]).unwrap();
+        assert_eq!(any.sqlite().1, ["PER"]);
+        assert!(
+            any.sqlite().0.contains("WHERE type = ?1)"),
+            "{}",
+            any.sqlite().0
+        );
+        assert!(Where::parse(&["entity=*"]).is_err() && Where::parse(&["entity.ORG=..."]).is_err());
         let (sql, params) = w.sqlite();
         assert_eq!(params, ["ORG", "acme corp", "ada", "sports"]);
         assert!(

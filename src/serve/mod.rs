@@ -23,6 +23,7 @@
 
 pub mod auth;
 pub mod batcher;
+mod facets;
 pub mod metrics;
 pub mod pages;
 mod predict;

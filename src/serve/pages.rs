@@ -378,7 +378,7 @@ pub(super) async fn search_page(State(app): State<Arc<App>>, RawQuery(raw): RawQ
         body.push_str(&format!("<p class=error role=alert>{}</p>", escape(&e)));
     } else if !params.q.is_empty() {
         match run_search(&app, &params).await {
-            Ok(hits) => results(&mut body, &hits, &params.q),
+            Ok(hits) => results(&mut body, &hits, &params),
             Err(e) => body.push_str(&format!(
                 "<p class=error role=alert>{}</p>",
                 escape(&e.message)
@@ -728,6 +728,12 @@ fn search_form(out: &mut String, p: &SearchParams, sparse: bool) {
             m.name()
         ));
     }
+    for f in &p.filters {
+        out.push_str(&format!(
+            "<input type=hidden name=where value=\"{}\">",
+            escape(f)
+        ));
+    }
     out.push_str(&format!(
         "</select> <label for=k>k</label> <input id=k name=k type=number min=1 max={MAX_K} \
          value={}> <button type=submit>Search</button></form>",
@@ -735,13 +741,32 @@ fn search_form(out: &mut String, p: &SearchParams, sparse: bool) {
     ));
 }
 
-fn results(out: &mut String, hits: &[Hit], query: &str) {
+/// The search page's URL for `p` with `filters` instead of its own.
+fn search_url(p: &SearchParams, filters: &[&str]) -> String {
+    let mut s = url::form_urlencoded::Serializer::new(String::new());
+    s.append_pair("q", &p.q)
+        .append_pair("mode", p.mode.name())
+        .append_pair("k", &p.k.to_string());
+    for f in filters {
+        s.append_pair("where", f);
+    }
+    format!("/?{}", s.finish())
+}
+
+fn results(out: &mut String, hits: &[Hit], p: &SearchParams) {
+    let query = p.q.as_str();
+    let active: Vec<&str> = p.filters.iter().map(String::as_str).collect();
+    super::facets::active_filters(out, &p.filters, &|i| {
+        let mut rest = active.clone();
+        rest.remove(i);
+        search_url(p, &rest)
+    });
     if hits.is_empty() {
         out.push_str("<p id=results>No results.</p>");
         return;
     }
     out.push_str(&format!(
-        "<p>{} results</p><ol id=results class=hits>",
+        "<p>{} results</p><div class=layout><ol id=results class=hits>",
         hits.len()
     ));
     for h in hits {
@@ -759,14 +784,22 @@ fn results(out: &mut String, hits: &[Hit], query: &str) {
         };
         out.push_str(&format!(
             "<li class=hit data-document=\"{}\"><div class=head><span class=score>{:.4}</span> \
-             {title}{pages}</div><div class=path>{}</div><p class=snippet>{}</p></li>",
+             {title}{pages}</div><div class=path>{}</div><p class=snippet>{}</p>",
             escape(&c.document_id),
             h.score,
             escape(&c.heading_path),
             highlight(&snippet(&c.text, query, 320), query)
         ));
+        super::facets::annotations(out, h);
+        out.push_str("</li>");
     }
     out.push_str("</ol>");
+    super::facets::facet_column(out, hits, &p.filters, &|f| {
+        let mut more = active.clone();
+        more.push(f);
+        search_url(p, &more)
+    });
+    out.push_str("</div>");
 }
 
 fn status_html(r: &crate::lifecycle::report::StatusReport) -> String {
@@ -899,10 +932,18 @@ color:#555}.path{color:#555;font-size:.9rem}.snippet{margin:.2rem 0}mark{backgro
 form.action{display:inline-block;margin:0 .5rem .5rem 0}figure{margin:1rem 0}\
 figcaption{display:flex;justify-content:space-between;gap:1rem;font-size:.85rem;color:#555}table{border-collapse:collapse;margin:1rem 0;width:100%}caption{text-align:\
 left;font-weight:600}th,td{border-bottom:1px solid #ddd;padding:.3rem .5rem;text-align:left}\
+.layout{display:flex;gap:1.5rem;align-items:flex-start}.layout .hits{flex:1 1 auto;min-width:0}\
+#facets{flex:0 0 13rem;font-size:.9rem;overflow-wrap:anywhere}#facets ul{list-style:none;\
+padding:0;margin:0 0 .8rem}#facets h2{font-size:1rem;margin:0}#facets h3{font-size:.9rem;\
+margin:.6rem 0 .2rem;color:#555}.count{color:#555}.summary{margin:.2rem 0;font-style:italic}\
+.labels,.entities{margin:.2rem 0;font-size:.85rem}.label,.entity,.filter{display:inline-block;\
+border:1px solid #ccd;border-radius:.8rem;padding:0 .5rem;margin:0 .2rem .2rem 0}\
+.hit{overflow-wrap:anywhere}\
+@media (max-width:40rem){.layout{flex-direction:column}#facets{flex-basis:auto}}\
 @media (max-width:30rem){table{font-size:.85rem}}";
 
 /// HTML-escape `s` (text and attribute values).
-fn escape(s: &str) -> String {
+pub(super) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

@@ -573,3 +573,129 @@ fn check_filter(
         }
     }
 }
+
+/// The search page in a real browser (headless Chromium): each hit shows its document's
+/// summary, labels and entities; the facet column lists the result set's labels, entity types
+/// and entities; following an entity facet narrows the results to documents with it.
+#[test]
+fn the_search_page_shows_summaries_labels_and_entity_facets_that_narrow_the_results() {
+    let Some(chromium) = crate::pages::chromium() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = sectioned_corpus(dir.path());
+    let embedder = random_model(dir.path(), 32, 3);
+    let ner = classifier(dir.path(), ClassifierTask::Token, 1);
+    let topics = classifier(dir.path(), ClassifierTask::Sequence, 4);
+    let stub = ChatStub::start();
+    let config = dir.path().join("ragline.toml");
+    fs::write(
+        &config,
+        format!(
+            "[stages.entities]\nmodel = \"{}\"\nmin_score = 0.0\n\
+             [stages.labels]\nmodel = \"{}\"\ntop_k = 2\nthreshold = 0.0\n\
+             [stages.summary]\nurl = \"{}\"\nmodel = \"stub\"\n",
+            ner.display(),
+            topics.display(),
+            stub.url
+        ),
+    )
+    .unwrap();
+    let ix = BackendKind::Sqlite.index(dir.path(), "page");
+    ok(rag(
+        &config,
+        &ix,
+        &["ingest", "--progress", "none", "--device", "cpu"],
+    )
+    .arg("--model")
+    .arg(&embedder)
+    .arg(&corpus));
+    enrich(&config, &ix, &["--stage", "summary"]);
+    let summaries = outputs(&ix, "summary");
+    let query = "effect cleanup";
+
+    let server =
+        crate::serve::Server::start_args(&["--index", &ix.uri()], &[], dir.path(), "facets");
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots-facets");
+    fs::create_dir_all(&shots).unwrap();
+    let python = Command::new(crate::util::root().join("scripts/browser-venv.sh"))
+        .output()
+        .expect("scripts/browser-venv.sh");
+    assert!(python.status.success());
+    let python = String::from_utf8_lossy(&python.stdout).trim().to_string();
+    let o = run(Command::new(python)
+        .arg(crate::util::root().join("scripts/browser-check.py"))
+        .arg(&server.url)
+        .arg(query)
+        .arg(&shots)
+        .arg("--chromium")
+        .arg(&chromium)
+        .arg("--facets"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let seen: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(seen["phone_overflow"], false, "{seen}");
+    let f = &seen["facets"];
+    let hits = f["hits"].as_array().unwrap();
+    assert!(!hits.is_empty(), "{seen}");
+    let labels: BTreeMap<String, BTreeSet<String>> = labels_of(&ix);
+    for h in hits {
+        let doc = h["document"].as_str().unwrap();
+        // The summary the stage wrote (shown whole: the stub's are short).
+        assert_eq!(
+            h["summary"][0].as_str(),
+            Some(summaries[doc].as_str()),
+            "{doc}: {h}"
+        );
+        let shown: BTreeSet<String> = h["labels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(shown, labels[doc], "{doc}");
+    }
+    assert!(hits
+        .iter()
+        .any(|h| !h["entities"].as_array().unwrap().is_empty()));
+    for facet in ["labels", "types", "entities"] {
+        assert!(
+            !f["links"][facet].as_array().is_none_or(|v| v.is_empty()),
+            "no {facet} facet: {seen}"
+        );
+    }
+    // Following the first entity facet: its filter in force, every hit a document with it.
+    let filter = f["links"]["entities"][0]["filter"].as_str().unwrap();
+    assert_eq!(f["active_filters"][0].as_str(), Some(filter), "{seen}");
+    assert!(f["narrowed_url"]
+        .as_str()
+        .unwrap()
+        .contains("where=entity."));
+    let (key, name) = filter.split_once('=').unwrap();
+    let kind_ = key.trim_start_matches("entity.");
+    let norm = ragline::lifecycle::DocumentEntity::normalize(name);
+    let having: BTreeSet<String> = entity_rows(&ix)
+        .into_iter()
+        .filter_map(|row| {
+            let parts: Vec<&str> = row.split('|').collect();
+            (parts[1] == kind_ && parts[2] == norm).then(|| parts[0].to_string())
+        })
+        .collect();
+    let narrowed = f["narrowed"].as_array().unwrap();
+    assert!(!narrowed.is_empty());
+    for h in narrowed {
+        let d = h["document"].as_str().unwrap();
+        assert!(having.contains(d), "{d} does not mention {filter}");
+    }
+}
+
+/// Each document's labels.
+fn labels_of(ix: &TestIndex) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (d, l) in ix.strings(
+        "SELECT document_id, label FROM document_labels",
+        "SELECT document_id, label FROM {s}.document_labels",
+    ) {
+        out.entry(d).or_default().insert(l);
+    }
+    out
+}

@@ -236,7 +236,7 @@ fn serve_without_an_index_has_no_pages() {
 }
 
 /// Debian's Chromium, or None (with a message) when the browser test is not asked for.
-fn chromium() -> Option<std::path::PathBuf> {
+pub(crate) fn chromium() -> Option<std::path::PathBuf> {
     let path = std::env::var_os("RAGLINE_CHROMIUM")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| "/usr/bin/chromium".into());
