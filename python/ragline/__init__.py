@@ -207,6 +207,11 @@ class Hit:
     metadata: Dict[str, Any] = field(default_factory=dict)
     outputs: Dict[str, str] = field(default_factory=dict)
     superseded: bool = False
+    #: The document's entities (the entities stage): ``{"type", "text", "norm", "mentions",
+    #: "score"}``, most mentioned first.
+    entities: List[Dict[str, Any]] = field(default_factory=list)
+    #: The document's labels (the labels stage): ``{"label", "score"}``, best first.
+    labels: List[Dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def _of(cls, h: Dict[str, Any]) -> "Hit":
@@ -224,6 +229,8 @@ class Hit:
             metadata=h.get("metadata") or {},
             outputs=h.get("outputs") or {},
             superseded=h.get("superseded", False),
+            entities=h.get("entities") or [],
+            labels=h.get("labels") or [],
         )
 
 
@@ -247,8 +254,9 @@ class Index:
                where: Union[None, str, Sequence[str]] = None) -> List[Hit]:
         """The ``k`` best chunks for ``query``: ``mode`` is ``"vector"``, ``"keyword"`` or
         ``"hybrid"`` (both, by reciprocal rank fusion), as ``ragline search``. ``where``
-        filters as ``--where``: ``"source=docs/api/*"`` (a glob on the document id) or
-        ``"KEY=VALUE"`` on document metadata; a list ANDs them."""
+        filters as ``--where``: ``"source=docs/api/*"`` (a glob on the document id),
+        ``"KEY=VALUE"`` on document metadata, ``"entity.ORG=Acme Corp"``, ``"label=sports"``;
+        a list ANDs them."""
         if isinstance(where, str):
             where = [where]
         raw = self._index.search(query, k, mode, list(where) if where else None)

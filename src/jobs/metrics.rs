@@ -97,6 +97,7 @@ impl EnrichMetrics {
         let paused = Family::<StageLabel, Gauge>::default();
         let circuit = Family::<StageLabel, Gauge>::default();
         let oldest = Family::<StageLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        let waiting = Family::<StageLabel, Gauge>::default();
         let up = Gauge::<i64>::default();
         match crate::indexers::open_store(&self.uri).and_then(|mut s| s.status()) {
             Ok(status) => {
@@ -126,6 +127,9 @@ impl EnrichMetrics {
                     oldest
                         .get_or_create(&label)
                         .set(c.oldest_pending_secs.unwrap_or(0.0));
+                    waiting
+                        .get_or_create(&label)
+                        .set(c.waiting_on_dependency as i64);
                 }
             }
             Err(e) => {
@@ -149,6 +153,11 @@ impl EnrichMetrics {
             "stage_oldest_pending_seconds",
             "How long the oldest waiting document of a stage has waited",
             oldest,
+        );
+        r.register(
+            "stage_waiting_on_dependency",
+            "Waiting documents of a stage whose dependencies (depends_on) are not done yet",
+            waiting,
         );
         r.register("index_up", "1 when the index answered this scrape", up);
     }

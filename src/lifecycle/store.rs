@@ -347,7 +347,9 @@ pub trait LifecycleStore: Send {
     /// row of it, or one for another version of the document or another `fingerprint` of the
     /// stage (a changed prompt or model makes every answer stale). Rows done for the same
     /// version and fingerprint are left alone (an unchanged document costs no call), and so
-    /// are dead ones (`dlq requeue` brings them back). Returns how many were queued.
+    /// are dead ones (`dlq requeue` brings them back). Work queued only because the
+    /// fingerprint changed (the same version of the document: a new model or prompt) is queued
+    /// at backfill priority, behind new and changed documents. Returns how many were queued.
     fn sync_stage(
         &mut self,
         stage: &str,

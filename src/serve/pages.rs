@@ -818,6 +818,10 @@ fn status_html(r: &crate::lifecycle::report::StatusReport) -> String {
             (None, true) => "paused".into(),
             (None, false) => "running".into(),
         };
+        let state = match c.waiting_on_dependency {
+            0 => state,
+            n => format!("{state}; {n} wait for a stage it depends on"),
+        };
         out.push_str(&format!(
             "<tr data-stage=\"{0}\"><th scope=row>{0}<td>{1}<td>{2}<td>{3}<td>{4}<td>{5}<td>{6}<td>{7}</tr>",
             escape(name),

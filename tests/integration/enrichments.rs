@@ -48,6 +48,43 @@ fn classifier(dir: &Path, task: ClassifierTask, seed: u64) -> PathBuf {
     out
 }
 
+/// What every test starts from: the useEffect page in sections, a random embedder, a random
+/// NER model and a random topic classifier.
+struct Fixture {
+    dir: tempfile::TempDir,
+    corpus: PathBuf,
+    embedder: PathBuf,
+    ner: PathBuf,
+    topics: PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        Fixture {
+            corpus: sectioned_corpus(dir.path()),
+            embedder: random_model(dir.path(), 32, 3),
+            ner: classifier(dir.path(), ClassifierTask::Token, 1),
+            topics: classifier(dir.path(), ClassifierTask::Sequence, 4),
+            dir,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `ingest` of the corpus with the embedder and `config`, plus `extra` flags.
+    fn ingest(&self, config: &Path, ix: &TestIndex, extra: &[&str]) -> Output {
+        let mut args = vec!["ingest", "--progress", "none", "--device", "cpu"];
+        args.extend_from_slice(extra);
+        ok(rag(config, ix, &args)
+            .arg("--model")
+            .arg(&self.embedder)
+            .arg(&self.corpus))
+    }
+}
+
 fn ok(cmd: &mut Command) -> Output {
     let o = run(cmd);
     assert_eq!(o.status.code(), Some(0), "the command failed");
@@ -147,30 +184,17 @@ fn a_stage_waits_for_what_it_depends_on_and_reruns_when_its_input_changes() {
 }
 
 fn chain_on(kind: &BackendKind) {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = sectioned_corpus(dir.path());
-    let embedder = random_model(dir.path(), 32, 3);
-    let (ner_a, ner_b) = (
-        classifier(dir.path(), ClassifierTask::Token, 1),
-        classifier(dir.path(), ClassifierTask::Token, 2),
-    );
+    let f = Fixture::new();
+    let dir = &f.dir;
+    let (ner_a, ner_b) = (&f.ner, classifier(f.path(), ClassifierTask::Token, 2));
     let ix = kind.index(dir.path(), "chain");
     let stub = ChatStub::start();
     let config = dir.path().join("ragline.toml");
-    write_config(&config, &ner_a, Some(&stub.url), "");
+    write_config(&config, ner_a, Some(&stub.url), "");
     ok(&mut check(&config));
 
     // Documents and vectors now; entities deferred with embedding.
-    let mut ingest = rag(
-        &config,
-        &ix,
-        &["ingest", "--progress", "none", "--device", "cpu"],
-    );
-    ok(ingest
-        .arg("--model")
-        .arg(&embedder)
-        .args(["--defer", "embed"])
-        .arg(&corpus));
+    f.ingest(&config, &ix, &["--defer", "embed"]);
     let docs = ix.count(
         "SELECT COUNT(*) FROM documents",
         "SELECT count(*) FROM {s}.documents",
@@ -252,6 +276,13 @@ fn chain_on(kind: &BackendKind) {
         "the second model found the same entities everywhere"
     );
     assert_eq!(stub.calls(), docs + changed);
+    // Queued again for the model alone (the texts unchanged): at backfill priority, behind
+    // new documents.
+    let priorities = ix.strings(
+        "SELECT document_id, CAST(priority AS TEXT) FROM enrichment WHERE stage = 'entities'",
+        "SELECT document_id, priority::text FROM {s}.enrichment WHERE stage = 'entities'",
+    );
+    assert!(priorities.iter().all(|(_, p)| p == "0"), "{priorities:?}");
     let second = times(&ix);
     for ((doc, stage), t) in &second {
         let before = first[&(doc.clone(), stage.clone())];
@@ -266,7 +297,7 @@ fn chain_on(kind: &BackendKind) {
 
     // A cycle is refused with its path; an unknown dependency by name.
     let cyclic = dir.path().join("cyclic.toml");
-    write_config(&cyclic, &ner_a, Some(&stub.url), "");
+    write_config(&cyclic, ner_a, Some(&stub.url), "");
     let text = fs::read_to_string(&cyclic).unwrap().replace(
         "min_score = 0.0\n",
         "min_score = 0.0\ndepends_on = [\"summary\"]\n",
@@ -282,7 +313,7 @@ fn chain_on(kind: &BackendKind) {
     let unknown = dir.path().join("unknown.toml");
     write_config(
         &unknown,
-        &ner_a,
+        ner_a,
         None,
         "[stages.labels]\ndepends_on = [\"sumary\"]\nmodel = \"x\"\n",
     );
@@ -299,23 +330,11 @@ fn enrich_killed_while_entities_run_resumes_with_the_current_texts() {
 }
 
 fn killed_on(kind: &BackendKind) {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = sectioned_corpus(dir.path());
-    let embedder = random_model(dir.path(), 32, 3);
-    let ner = classifier(dir.path(), ClassifierTask::Token, 1);
+    let f = Fixture::new();
+    let (dir, corpus) = (&f.dir, &f.corpus);
     let config = dir.path().join("ragline.toml");
-    write_config(&config, &ner, None, "");
-    let ingest = |ix: &TestIndex| {
-        ok(rag(
-            &config,
-            ix,
-            &["ingest", "--progress", "none", "--device", "cpu"],
-        )
-        .arg("--model")
-        .arg(&embedder)
-        .args(["--defer", "embed"])
-        .arg(&corpus))
-    };
+    write_config(&config, &f.ner, None, "");
+    let ingest = |ix: &TestIndex| f.ingest(&config, ix, &["--defer", "embed"]);
     let ix = kind.index(dir.path(), "killed_entities");
     ingest(&ix);
     // Three documents' entities written, then the fourth's model run never ends.
@@ -382,6 +401,72 @@ fn killed_on(kind: &BackendKind) {
     );
 }
 
+/// `enrich --queue` on NATS JetStream: two processes share the entities and the summaries
+/// through the broker; each summary is claimed after its document's entities are done, and
+/// the entities equal an in-process run's.
+#[test]
+fn entities_and_a_dependent_stage_go_through_the_broker() {
+    let Some(nats) = crate::distributed::Nats::start() else {
+        return;
+    };
+    for (i, kind) in backend_kinds().iter().enumerate() {
+        through_the_broker_on(kind, &format!("{}?prefix=en{i}", nats.url()));
+    }
+}
+
+fn through_the_broker_on(kind: &BackendKind, queue: &str) {
+    let f = Fixture::new();
+    let stub = ChatStub::start();
+    let config = f.path().join("ragline.toml");
+    write_config(&config, &f.ner, Some(&stub.url), "");
+    let ix = kind.index(f.path(), "broker_entities");
+    f.ingest(&config, &ix, &["--defer", "embed"]);
+    let docs = status(&config, &ix)["documents"].as_u64().unwrap();
+    let spawn = |name: &str| {
+        rag(
+            &config,
+            &ix,
+            &[
+                "enrich",
+                "--progress",
+                "none",
+                "--device",
+                "cpu",
+                "--queue",
+                queue,
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(f.path().join(format!("{name}.err"))).unwrap())
+        .spawn()
+        .unwrap()
+    };
+    let (mut a, mut b) = (spawn("a"), spawn("b"));
+    for child in [&mut a, &mut b] {
+        let code = child.wait().unwrap().code();
+        assert_eq!(code, Some(0), "an enrich through the broker failed");
+    }
+    let s = status(&config, &ix);
+    for stage in ["embed", "entities", "summary"] {
+        assert_eq!(s["stages"][stage]["done"], docs, "{stage}: {s}");
+    }
+    assert_eq!(stub.calls(), docs, "one summary per document");
+    let t = times(&ix);
+    for ((doc, stage), (claimed, _)) in &t {
+        if stage == "summary" {
+            let entities_done = t[&(doc.clone(), "entities".to_string())].1;
+            assert!(
+                *claimed >= entities_done,
+                "{doc}: summary before its entities"
+            );
+        }
+    }
+    let fresh = kind.index(f.path(), "broker_fresh");
+    write_config(&config, &f.ner, None, "");
+    f.ingest(&config, &fresh, &[]);
+    assert_eq!(entity_rows(&ix), entity_rows(&fresh));
+}
+
 #[test]
 fn entity_and_label_filters_return_only_matching_documents() {
     for kind in backend_kinds() {
@@ -390,31 +475,21 @@ fn entity_and_label_filters_return_only_matching_documents() {
 }
 
 fn filters_on(kind: &BackendKind) {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = sectioned_corpus(dir.path());
-    let embedder = random_model(dir.path(), 32, 3);
-    let ner = classifier(dir.path(), ClassifierTask::Token, 1);
-    let topics = classifier(dir.path(), ClassifierTask::Sequence, 4);
+    let f = Fixture::new();
+    let dir = &f.dir;
     let config = dir.path().join("ragline.toml");
     write_config(
         &config,
-        &ner,
+        &f.ner,
         None,
         &format!(
             "[stages.labels]\nmodel = \"{}\"\ntop_k = 1\nthreshold = 0.0\n",
-            topics.display()
+            f.topics.display()
         ),
     );
     let ix = kind.index(dir.path(), "facets");
     // Entities and labels computed by the ingest itself.
-    let o = ok(rag(
-        &config,
-        &ix,
-        &["ingest", "--progress", "none", "--device", "cpu"],
-    )
-    .arg("--model")
-    .arg(&embedder)
-    .arg(&corpus));
+    let o = f.ingest(&config, &ix, &[]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("entities, labels:"));
     let s = status(&config, &ix);
     let docs = s["documents"].as_u64().unwrap();
@@ -582,11 +657,8 @@ fn the_search_page_shows_summaries_labels_and_entity_facets_that_narrow_the_resu
     let Some(chromium) = crate::pages::chromium() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = sectioned_corpus(dir.path());
-    let embedder = random_model(dir.path(), 32, 3);
-    let ner = classifier(dir.path(), ClassifierTask::Token, 1);
-    let topics = classifier(dir.path(), ClassifierTask::Sequence, 4);
+    let f = Fixture::new();
+    let dir = &f.dir;
     let stub = ChatStub::start();
     let config = dir.path().join("ragline.toml");
     fs::write(
@@ -595,21 +667,14 @@ fn the_search_page_shows_summaries_labels_and_entity_facets_that_narrow_the_resu
             "[stages.entities]\nmodel = \"{}\"\nmin_score = 0.0\n\
              [stages.labels]\nmodel = \"{}\"\ntop_k = 2\nthreshold = 0.0\n\
              [stages.summary]\nurl = \"{}\"\nmodel = \"stub\"\n",
-            ner.display(),
-            topics.display(),
+            f.ner.display(),
+            f.topics.display(),
             stub.url
         ),
     )
     .unwrap();
     let ix = BackendKind::Sqlite.index(dir.path(), "page");
-    ok(rag(
-        &config,
-        &ix,
-        &["ingest", "--progress", "none", "--device", "cpu"],
-    )
-    .arg("--model")
-    .arg(&embedder)
-    .arg(&corpus));
+    f.ingest(&config, &ix, &[]);
     enrich(&config, &ix, &["--stage", "summary"]);
     let summaries = outputs(&ix, "summary");
     let query = "effect cleanup";

@@ -24,8 +24,9 @@ impl PgStore {
                 &format!(
                     "INSERT INTO {s}.enrichment(document_id, stage, vector_set, status, priority,
                          seq, fingerprint, input_version, enqueued_at, updated_at)
-                     SELECT d.id, $1, 0, 'pending', $2, nextval('{s}.enrichment_seq'), $3,
-                            d.version, $4, $4
+                     SELECT d.id, $1, 0, 'pending',
+                            CASE WHEN e.input_version = d.version THEN $5::int ELSE $2::int END,
+                            nextval('{s}.enrichment_seq'), $3, d.version, $4, $4
                      FROM {s}.documents d
                      LEFT JOIN {s}.enrichment e
                        ON e.document_id = d.id AND e.stage = $1 AND e.vector_set = 0
@@ -35,14 +36,22 @@ impl PgStore {
                      ORDER BY d.id
                      ON CONFLICT (document_id, stage, vector_set) DO UPDATE SET
                          status = 'pending',
-                         priority = GREATEST({s}.enrichment.priority, excluded.priority),
+                         priority = CASE WHEN {s}.enrichment.status = 'done'
+                             THEN excluded.priority
+                             ELSE GREATEST({s}.enrichment.priority, excluded.priority) END,
                          seq = excluded.seq, attempts = 0, not_before = 0, lease_owner = NULL,
                          lease_expires = NULL, fingerprint = excluded.fingerprint,
                          input_version = excluded.input_version, claimed_at = NULL,
                          claim_seq = NULL, done_at = NULL, enqueued_at = excluded.enqueued_at,
                          updated_at = excluded.updated_at"
                 ),
-                &[&stage, &(priority.level() as i32), &fingerprint, &now],
+                &[
+                    &stage,
+                    &(priority.level() as i32),
+                    &fingerprint,
+                    &now,
+                    &(Priority::Backfill.level() as i32),
+                ],
             )?;
             Ok(n)
         })

@@ -26,8 +26,9 @@ impl SqliteStore {
             let n = tx.execute(
                 "INSERT INTO enrichment(document_id, stage, vector_set, status, priority, seq,
                                         fingerprint, input_version, enqueued_at, updated_at)
-                 SELECT d.id, ?1, 0, 'pending', ?2, ?3 + ROW_NUMBER() OVER (ORDER BY d.id), ?4,
-                        d.version, ?5, ?5
+                 SELECT d.id, ?1, 0, 'pending',
+                        CASE WHEN e.input_version = d.version THEN ?6 ELSE ?2 END,
+                        ?3 + ROW_NUMBER() OVER (ORDER BY d.id), ?4, d.version, ?5, ?5
                  FROM documents d
                  LEFT JOIN enrichment e
                    ON e.document_id = d.id AND e.stage = ?1 AND e.vector_set = 0
@@ -35,13 +36,22 @@ impl SqliteStore {
                     OR ((e.input_version != d.version OR COALESCE(e.fingerprint, '') != ?4)
                         AND e.status != 'in_progress')
                  ON CONFLICT(document_id, stage, vector_set) DO UPDATE SET
-                     status = 'pending', priority = max(priority, excluded.priority),
+                     status = 'pending',
+                     priority = CASE WHEN status = 'done' THEN excluded.priority
+                                     ELSE max(priority, excluded.priority) END,
                      seq = excluded.seq, attempts = 0, not_before = 0, lease_owner = NULL,
                      lease_expires = NULL, fingerprint = excluded.fingerprint,
                      input_version = excluded.input_version, claimed_at = NULL,
                      claim_seq = NULL, done_at = NULL, enqueued_at = excluded.enqueued_at,
                      updated_at = excluded.updated_at",
-                params![stage, priority.level(), base, fingerprint, now],
+                params![
+                    stage,
+                    priority.level(),
+                    base,
+                    fingerprint,
+                    now,
+                    Priority::Backfill.level()
+                ],
             )? as i64;
             advance(tx, "enrichment_seq", n)?;
             Ok(n as u64)
