@@ -35,7 +35,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NER = {"bert": 401, "xlm-roberta": 402, "distilbert": 403, "modernbert": 404}
-CLASSIFY = {"bert": 411, "xlm-roberta": 412, "distilbert": 413, "mpnet": 414, "modernbert": 415, "qwen3": 416}
+CLASSIFY = {"bert": 411, "xlm-roberta": 412, "distilbert": 413, "mpnet": 414, "modernbert": 415, "qwen3": 416, "gemma3": 417}
 MULTI = {"bert": 421}
 HIDDEN, LAYERS, MAX_LEN, STRIDE = 32, 2, 128, 32
 STRATEGIES = ["none", "simple", "first", "average", "max"]
@@ -58,6 +58,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ragline", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "debug", "ragline"))
     ap.add_argument("--base", default=os.path.join(ROOT, "models", "all-MiniLM-L6-v2"))
+    ap.add_argument("--only", action="append", default=[],
+                    help="make only these fixtures (ner-bert, classify-gemma3...); default: all")
     args = ap.parse_args()
     import torch
     import transformers
@@ -90,6 +92,8 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         for family, seed in NER.items():
+            if args.only and "ner-" + family not in args.only:
+                continue
             folder = os.path.join(tmp, "ner-" + family)
             meta = write_model(folder, "ner", family, seed)
             pipe = pipeline("token-classification", model=folder, device="cpu")
@@ -116,6 +120,8 @@ def main():
 
         for task, models in (("classify", CLASSIFY), ("classify-multi", MULTI)):
             for family, seed in models.items():
+                if args.only and task + "-" + family not in args.only:
+                    continue
                 folder = os.path.join(tmp, task + "-" + family)
                 meta = write_model(folder, task, family, seed)
                 pipe = pipeline("text-classification", model=folder, device="cpu", top_k=None, truncation=True)

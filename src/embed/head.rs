@@ -269,7 +269,7 @@ pub(crate) enum SequenceHead {
         head: Prediction,
         classifier: Dense,
     },
-    /// A decoder (Qwen3): `score`, without a bias, on the last token.
+    /// A decoder (Qwen3, Gemma3): `score`, without a bias, on the last token.
     Score(Dense),
 }
 
@@ -282,6 +282,7 @@ pub const SEQUENCE_ARCHITECTURES: &[&str] = &[
     "MPNetForSequenceClassification",
     "ModernBertForSequenceClassification",
     "Qwen3ForSequenceClassification",
+    "Gemma3TextForSequenceClassification",
 ];
 
 /// The token-classification architectures.
@@ -317,7 +318,7 @@ impl SequenceHead {
                 pre_classifier: Dense::load(&vb.pp("pre_classifier"), h, h, true)?,
                 classifier: Dense::load(&vb.pp("classifier"), h, labels, true)?,
             },
-            "Qwen3ForSequenceClassification" => {
+            "Qwen3ForSequenceClassification" | "Gemma3TextForSequenceClassification" => {
                 SequenceHead::Score(Dense::load(&vb.pp("score"), h, labels, false)?)
             }
             _ => SequenceHead::ModernBert {
@@ -445,6 +446,8 @@ impl Encoder {
             Some(Arch::ModernBert)
         } else if architecture.starts_with("Qwen3") {
             Some(Arch::Qwen3)
+        } else if architecture.starts_with("Gemma3") {
+            Some(Arch::Gemma3)
         } else {
             None
         };

@@ -315,6 +315,7 @@ pub const CLASSIFIER_FAMILIES: &[&str] = &[
     "mpnet",
     "modernbert",
     "qwen3",
+    "gemma3",
 ];
 
 /// The tags of a random token classifier (CoNLL-2003's).
@@ -376,6 +377,7 @@ pub fn save_random_classifier(
         "distilbert" => ("distilbert", "DistilBert"),
         "mpnet" => ("mpnet", "MPNet"),
         "qwen3" => ("model", "Qwen3"),
+        "gemma3" => ("model", "Gemma3Text"),
         _ => ("model", "ModernBert"),
     };
     let mut w = prefixed(encoder, prefix);
@@ -408,10 +410,10 @@ fn random_encoder(base: &Path, out: &Path, model: &RandomClassifier<'_>) -> Resu
             CLASSIFIER_FAMILIES.join(", ")
         )));
     }
-    if family == "qwen3" && model.task == ClassifierTask::Token {
-        return Err(EmbedError::Unsupported(
-            "no random Qwen3 token classifier: Qwen3 classifies sequences".into(),
-        ));
+    if matches!(family, "qwen3" | "gemma3") && model.task == ClassifierTask::Token {
+        return Err(EmbedError::Unsupported(format!(
+            "no random {family} token classifier: the decoders classify sequences"
+        )));
     }
     super::random::save_random_family_with(
         base,
@@ -464,8 +466,13 @@ fn add_classifier_head(
         );
         config["classifier_pooling"] = "mean".into();
         config["classifier_activation"] = "gelu".into();
-    } else if family == "qwen3" {
-        // A decoder's head is `score` alone, without a bias, on the last token.
+    } else if matches!(family, "qwen3" | "gemma3") {
+        // A decoder's head is `score` alone, without a bias, on the last token; Gemma3's
+        // classifier reads its text causally, as a decoder (EmbeddingGemma's is
+        // bidirectional).
+        if family == "gemma3" {
+            config["use_bidirectional_attention"] = false.into();
+        }
     } else if task != ClassifierTask::Token {
         match family {
             "bert" => insert(w, "bert.pooler.dense", layer(shape, 0x9001, h, h)),
@@ -484,7 +491,7 @@ fn add_classifier_head(
     } else {
         (cw, cb)
     };
-    if family == "qwen3" {
+    if matches!(family, "qwen3" | "gemma3") {
         w.insert("score.weight".into(), cw);
     } else if task != ClassifierTask::Token && matches!(family, "xlm-roberta" | "mpnet") {
         insert(w, "classifier.out_proj", (cw, cb));

@@ -21,19 +21,20 @@ use crate::rerankers::fixtures;
 use crate::util::{model_dir, ragline, read_jsonl, run};
 
 const NER_FAMILIES: [&str; 4] = ["bert", "xlm-roberta", "distilbert", "modernbert"];
-const CLASSIFY: [&str; 7] = [
+const CLASSIFY: [&str; 8] = [
     "classify-bert",
     "classify-xlm-roberta",
     "classify-distilbert",
     "classify-mpnet",
     "classify-modernbert",
     "classify-qwen3",
+    "classify-gemma3",
     "classify-multi-bert",
 ];
 
 /// The families on candle ops on every device (one CPU run each is enough).
 fn rotary(fixture: &str) -> bool {
-    fixture.ends_with("modernbert") || fixture.ends_with("qwen3")
+    fixture.ends_with("modernbert") || fixture.ends_with("qwen3") || fixture.ends_with("gemma3")
 }
 const STRATEGIES: [&str; 5] = ["none", "simple", "first", "average", "max"];
 
