@@ -67,6 +67,67 @@ pub(super) fn active_filters(
     out.push_str("</p>");
 }
 
+/// A facet's item: the filter it adds, what it shows, the documents of the results that
+/// have it.
+type Item = (String, String, usize);
+
+/// The labels, entity types and entities of a result set, each with its documents.
+#[derive(Default)]
+struct Tally<'a> {
+    labels: BTreeMap<String, BTreeSet<&'a str>>,
+    types: BTreeMap<String, BTreeSet<&'a str>>,
+    entities: BTreeMap<(String, String), (String, BTreeSet<&'a str>)>,
+}
+
+impl<'a> Tally<'a> {
+    fn of(hits: &'a [Hit]) -> Tally<'a> {
+        let mut t = Tally::default();
+        for h in hits {
+            let doc = h.chunk.document_id.as_str();
+            for l in &h.chunk.labels {
+                t.labels.entry(l.label.clone()).or_default().insert(doc);
+            }
+            for e in &h.chunk.entities {
+                t.types.entry(e.kind.clone()).or_default().insert(doc);
+                t.entities
+                    .entry((e.kind.clone(), e.norm.clone()))
+                    .or_insert_with(|| (e.text.clone(), BTreeSet::new()))
+                    .1
+                    .insert(doc);
+            }
+        }
+        t
+    }
+
+    /// The three facets' items, most documents first.
+    fn facets(&self) -> [(&'static str, &'static str, Vec<Item>); 3] {
+        let by_count = |mut v: Vec<Item>| {
+            v.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.1.cmp(&b.1)));
+            v
+        };
+        let labels = self
+            .labels
+            .iter()
+            .map(|(l, d)| (format!("label={l}"), l.clone(), d.len()));
+        let types = self
+            .types
+            .iter()
+            .map(|(t, d)| (format!("entity.{t}=*"), t.clone(), d.len()));
+        let entities = self.entities.iter().map(|((t, _), (text, d))| {
+            (
+                format!("entity.{t}={text}"),
+                format!("{text} ({t})"),
+                d.len(),
+            )
+        });
+        [
+            ("Labels", "labels", by_count(labels.collect())),
+            ("Entity types", "types", by_count(types.collect())),
+            ("Entities", "entities", by_count(entities.collect())),
+        ]
+    }
+}
+
 /// The facet column over `hits`; `with(filter)` is the search with one more filter.
 /// Filters already in force are not offered again.
 pub(super) fn facet_column(
@@ -75,89 +136,31 @@ pub(super) fn facet_column(
     active: &[String],
     with: &dyn Fn(&str) -> String,
 ) {
-    // Per facet item: the documents of the result set that have it, and its label.
-    let mut labels: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
-    let mut types: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
-    let mut entities: BTreeMap<(String, String), (String, BTreeSet<&str>)> = BTreeMap::new();
-    for h in hits {
-        let doc = h.chunk.document_id.as_str();
-        for l in &h.chunk.labels {
-            labels.entry(l.label.clone()).or_default().insert(doc);
-        }
-        for e in &h.chunk.entities {
-            types.entry(e.kind.clone()).or_default().insert(doc);
-            entities
-                .entry((e.kind.clone(), e.norm.clone()))
-                .or_insert_with(|| (e.text.clone(), BTreeSet::new()))
-                .1
-                .insert(doc);
-        }
-    }
-    if labels.is_empty() && entities.is_empty() {
+    let tally = Tally::of(hits);
+    if tally.labels.is_empty() && tally.entities.is_empty() {
         return;
     }
-    let section = |title: &str, id: &str, items: Vec<(String, String, usize)>| -> String {
-        let items: Vec<_> = items
+    out.push_str("<aside id=facets aria-label=\"refine the results\"><h2>Refine</h2>");
+    for (title, id, items) in tally.facets() {
+        let items: Vec<Item> = items
             .into_iter()
             .filter(|(filter, _, _)| !active.contains(filter))
             .take(FACET_ITEMS)
             .collect();
         if items.is_empty() {
-            return String::new();
+            continue;
         }
-        let mut s = format!("<section data-facet={id}><h3>{title}</h3><ul>");
+        out.push_str(&format!("<section data-facet={id}><h3>{title}</h3><ul>"));
         for (filter, shown, n) in items {
-            s.push_str(&format!(
+            out.push_str(&format!(
                 "<li><a href=\"{}\" data-filter=\"{}\">{}</a> <span class=count>{n}</span></li>",
                 escape(&with(&filter)),
                 escape(&filter),
                 escape(&shown)
             ));
         }
-        s.push_str("</ul></section>");
-        s
-    };
-    let by_count = |mut v: Vec<(String, String, usize)>| {
-        v.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.1.cmp(&b.1)));
-        v
-    };
-    out.push_str("<aside id=facets aria-label=\"refine the results\"><h2>Refine</h2>");
-    out.push_str(&section(
-        "Labels",
-        "labels",
-        by_count(
-            labels
-                .iter()
-                .map(|(l, d)| (format!("label={l}"), l.clone(), d.len()))
-                .collect(),
-        ),
-    ));
-    out.push_str(&section(
-        "Entity types",
-        "types",
-        by_count(
-            types
-                .iter()
-                .map(|(t, d)| (format!("entity.{t}=*"), t.clone(), d.len()))
-                .collect(),
-        ),
-    ));
-    out.push_str(&section(
-        "Entities",
-        "entities",
-        by_count(
-            entities
-                .iter()
-                .map(|((t, _), (text, d))| {
-                    (
-                        format!("entity.{t}={text}"),
-                        format!("{text} ({t})"),
-                        d.len(),
-                    )
-                })
-                .collect(),
-        ),
-    ));
+        out.push_str("</ul></section>");
+    }
     out.push_str("</aside>");
 }
 
