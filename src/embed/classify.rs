@@ -166,10 +166,8 @@ impl SequenceClassifier {
     /// A string that changes whenever the results would: the bytes of the config, tokenizer
     /// and weights, and how texts are read.
     pub fn fingerprint(&self) -> Result<String, EmbedError> {
-        let mut h = blake3::Hasher::new();
-        self.files.hash_into(&mut h)?;
-        h.update(format!("|classify|{}|{:?}", self.max_len, self.function).as_bytes());
-        Ok(h.finalize().to_hex()[..16].to_string())
+        self.files
+            .fingerprint(&format!("|classify|{}|{:?}", self.max_len, self.function))
     }
 
     pub fn architecture(&self) -> &str {

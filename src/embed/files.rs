@@ -197,6 +197,15 @@ impl ModelFiles {
         })
     }
 
+    /// A fingerprint of the model's files and `how` (what else changes its outputs: pooling,
+    /// length limits): 16 hex digits of their hash.
+    pub fn fingerprint(&self, how: &str) -> Result<String, EmbedError> {
+        let mut h = blake3::Hasher::new();
+        self.hash_into(&mut h)?;
+        h.update(how.as_bytes());
+        Ok(h.finalize().to_hex()[..16].to_string())
+    }
+
     /// Hash the bytes of config.json, tokenizer.json and the weights (a single weights file
     /// as the first models did; shards in their order): what a model's fingerprint starts
     /// with.

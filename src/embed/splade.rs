@@ -198,10 +198,11 @@ impl SparseModel {
     /// A string that changes whenever the vectors would: the bytes of the config, tokenizer
     /// and weights, the pooling and the length limit (the `sparse` stage's fingerprint).
     pub fn fingerprint(&self) -> Result<String, EmbedError> {
-        let mut h = blake3::Hasher::new();
-        self.files.hash_into(&mut h)?;
-        h.update(format!("|sparse|{:?}|{}", self.pooling, self.tokenizer.max_len()).as_bytes());
-        Ok(h.finalize().to_hex()[..16].to_string())
+        self.files.fingerprint(&format!(
+            "|sparse|{:?}|{}",
+            self.pooling,
+            self.tokenizer.max_len()
+        ))
     }
 
     /// The vocabulary size: the sparse vectors' dimension.

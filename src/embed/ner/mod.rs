@@ -177,10 +177,8 @@ impl TokenClassifier {
     /// A string that changes whenever the results would: the bytes of the config, tokenizer
     /// and weights, and how texts are read.
     pub fn fingerprint(&self) -> Result<String, EmbedError> {
-        let mut h = blake3::Hasher::new();
-        self.files.hash_into(&mut h)?;
-        h.update(format!("|ner|{}|{}", self.max_len, self.stride).as_bytes());
-        Ok(h.finalize().to_hex()[..16].to_string())
+        self.files
+            .fingerprint(&format!("|ner|{}|{}", self.max_len, self.stride))
     }
 
     pub fn architecture(&self) -> &str {
