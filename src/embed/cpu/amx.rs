@@ -104,6 +104,14 @@ impl Drop for Tiles {
     }
 }
 
+/// A in tiles: row block `r / 32`'s lanes for step s (16 lanes of K) are two tiles of 16
+/// rows x 16 lanes, rows 64 bytes apart, stored together, the steps one after another: the
+/// kernel reads A as one stream (as it reads B) rather than 32 rows, whose lines the
+/// hardware prefetcher does not follow. Lanes (u32) per block of 32 rows.
+pub fn tiled(steps: usize) -> usize {
+    steps * 2 * 16 * 16
+}
+
 /// Bytes between the lane rows of a B panel (32 lanes of 4 bytes).
 const LDB: usize = 32 * 4;
 
@@ -114,9 +122,17 @@ macro_rules! block_kernel {
     ($name:ident, $op:literal, $out:ty) => {
         /// # Safety
         /// Tiles configured on this thread; `steps` >= 1; `a` holds 32 rows of steps x 16
-        /// lanes, `lda` bytes apart; `b` steps x 16 lane rows of 32 lanes, 128 bytes apart;
-        /// `out` 32 x 32 values (128-byte rows).
-        pub unsafe fn $name(steps: usize, a: *const u32, lda: usize, b: *const u32, out: *mut $out) {
+        /// lanes, `lda` bytes apart, each step's two tiles `a_step` bytes after the last's
+        /// (64 in row-major rows; 2,048 in [`tiled`] blocks, lda 64); `b` steps x 16 lane
+        /// rows of 32 lanes, 128 bytes apart; `out` 32 x 32 values (128-byte rows).
+        pub unsafe fn $name(
+            steps: usize,
+            a: *const u32,
+            lda: usize,
+            a_step: usize,
+            b: *const u32,
+            out: *mut $out,
+        ) {
             asm!(
                 "tilezero tmm0",
                 "tilezero tmm1",
@@ -131,8 +147,8 @@ macro_rules! block_kernel {
                 concat!($op, " tmm1, tmm4, tmm7"),
                 concat!($op, " tmm2, tmm5, tmm6"),
                 concat!($op, " tmm3, tmm5, tmm7"),
-                "add {a}, 64",
-                "add {a2}, 64",
+                "add {a}, {a_step}",
+                "add {a2}, {a_step}",
                 "add {b}, {step_b}",
                 "dec {n}",
                 "jnz 2b",
@@ -145,6 +161,7 @@ macro_rules! block_kernel {
                 b = inout(reg) b => _,
                 n = inout(reg) steps => _,
                 lda = in(reg) lda,
+                a_step = in(reg) a_step,
                 ldb = in(reg) LDB,
                 step_b = const STEP * LDB,
                 c = in(reg) out,

@@ -312,6 +312,9 @@ pub struct I8Scales {
 struct Converted {
     lanes: Vec<u32>,
     stride: usize,
+    /// Lanes per block of 32 rows where A is in AMX tiles ([`super::amx::tiled`]); 0 where
+    /// it is row-major.
+    block: usize,
     /// Per-row scale and zero point (int8 only).
     scale: Vec<f32>,
     zero: Vec<i32>,
@@ -344,14 +347,9 @@ pub(super) unsafe fn bf16_gemm_on(
     }
     // The tile kernels run at least one step of K (an empty K stays on AVX-512).
     let amx = amx && b.pairs > 0;
-    let pad = if amx { super::amx::MR } else { 1 };
-    let a = convert(ops, b.k, b.pairs, pad, |row, out| {
-        // SAFETY: the caller's contract (the CPU has AVX512-BF16).
-        unsafe { super::avx512::to_bf16_pairs(row, out) };
-        (1.0, 0)
-    });
     if amx {
-        let (steps, lda) = (b.panel_pairs / super::amx::STEP, a.stride * 4);
+        let steps = b.panel_pairs / super::amx::STEP;
+        let a = convert_tiles(ops, b.k, steps);
         drive_amx(
             ops,
             b.n,
@@ -359,14 +357,20 @@ pub(super) unsafe fn bf16_gemm_on(
             &a,
             epi,
             parallel,
-            // SAFETY: 32 rows of the converted A (padded to whole tiles with zeros), panel p
-            // of B (whole tiles of pair rows), a block of 32 x 32; the tiles are configured.
-            |ap, p, out| unsafe { super::amx::block_bf16(steps, ap, lda, b.panel(p, 0), out) },
+            // SAFETY: a block of 32 rows of the converted A in tiles (padded with zeros),
+            // panel p of B (whole tiles of pair rows), a block of 32 x 32; the tiles are
+            // configured.
+            |ap, p, out| unsafe { super::amx::block_bf16(steps, ap, 64, 2048, b.panel(p, 0), out) },
             // SAFETY: the block holds the tile's sums (`drive_amx`).
             |st, out, _, _| unsafe { super::avx512::store_block_f32(st, out) },
         );
         return;
     }
+    let a = convert(ops, b.k, b.pairs, 1, |row, out| {
+        // SAFETY: the caller's contract (the CPU has AVX512-BF16).
+        unsafe { super::avx512::to_bf16_pairs(row, out) };
+        (1.0, 0)
+    });
     drive(
         ops,
         b.n,
@@ -420,7 +424,7 @@ unsafe fn drive_amx<T, K, S>(
             // Every value is written by the kernel before `store` reads it.
             let mut block = std::mem::MaybeUninit::<Block<T>>::uninit();
             let out = block.as_mut_ptr().cast::<T>();
-            kernel(a.lanes[r * a.stride..].as_ptr(), p, out);
+            kernel(a.rows(r), p, out);
             store(st, out, r, p);
         },
     );
@@ -542,7 +546,7 @@ pub(super) unsafe fn i8_gemm_on(
             parallel,
             // SAFETY: 32 rows of the quantised A (padded to whole tiles), panel p of B (whole
             // tiles of quad rows), a block of 32 x 32; the tiles are configured.
-            |ap, p, out| unsafe { super::amx::block_i8(steps, ap, lda, b.panel(p), out) },
+            |ap, p, out| unsafe { super::amx::block_i8(steps, ap, lda, 64, b.panel(p), out) },
             // SAFETY: the block holds the tile's sums, the scales cover its rows and columns.
             |st, out, r, p| unsafe { super::avx512::store_block_i8(st, out, &scales(r, p)) },
         );
@@ -611,13 +615,17 @@ unsafe fn convert(
     // Converted rows are the micro-kernel's A too: at the stride that spreads them over L1.
     let stride = row_stride(lanes);
     let rows = ops.m.div_ceil(pad) * pad;
+    let m = ops.m;
     let mut out = Converted {
-        lanes: vec![0; rows * stride],
+        lanes: Converted::buffer(rows * stride),
         stride,
+        block: 0,
         scale: vec![0f32; rows],
         zero: vec![0i32; rows],
     };
-    let m = ops.m;
+    // The padding rows are zeros (the kernels read whole tiles); every other row's padding
+    // lanes are zeroed below as the row is written.
+    out.lanes[m * stride..rows * stride].fill(0);
     out.lanes[..m * stride]
         .par_chunks_mut(stride * 64)
         .zip(out.scale[..m].par_chunks_mut(64))
@@ -631,10 +639,104 @@ unsafe fn convert(
                 let r = block * 64 + i;
                 // SAFETY: r < m (the chunks cover m rows); row r of A has k values.
                 let row = unsafe { std::slice::from_raw_parts(ops.a.add(r * ops.lda), k) };
-                (*s, *z) = f(row, &mut row_out[..lanes]);
+                let (values, padding) = row_out.split_at_mut(lanes);
+                (*s, *z) = f(row, values);
+                padding.fill(0);
             }
         });
     out
+}
+
+/// Convert A (m rows of k values) to bf16 pairs in AMX tiles ([`super::amx::tiled`]): rows
+/// padded with zero rows to a multiple of 32, lanes with zeros to `steps` x 16; blocks of 32
+/// rows in parallel.
+///
+/// # Safety
+/// As [`bf16_gemm`]; `steps` x 32 >= k.
+#[cfg(target_arch = "x86_64")]
+unsafe fn convert_tiles(ops: Operands, k: usize, steps: usize) -> Converted {
+    let block = super::amx::tiled(steps);
+    let blocks = ops.m.div_ceil(32);
+    let mut out = Converted {
+        lanes: Converted::buffer(blocks * block),
+        stride: 0,
+        block,
+        scale: Vec::new(),
+        zero: Vec::new(),
+    };
+    out.lanes[..blocks * block]
+        .par_chunks_mut(block)
+        .enumerate()
+        .for_each(|(b, dst)| {
+            // The whole Operands (Sync), not its raw-pointer fields, is captured.
+            let ops = &ops;
+            for i in 0..32 {
+                let r = b * 32 + i;
+                // Row i's 16 lanes of step s: tile i / 16, row i % 16 of it.
+                let at = |s: usize| (s * 2 + i / 16) * 256 + (i % 16) * 16;
+                if r >= ops.m {
+                    (0..steps).for_each(|s| dst[at(s)..at(s) + 16].fill(0));
+                    continue;
+                }
+                // SAFETY: r < m; row r of A has k values (the caller's contract).
+                let row = unsafe { std::slice::from_raw_parts(ops.a.add(r * ops.lda), k) };
+                for s in 0..steps {
+                    let lanes = &mut dst[at(s)..at(s) + 16];
+                    let values = &row[(s * 32).min(k)..(s * 32 + 32).min(k)];
+                    let written = values.len().div_ceil(2);
+                    if written > 0 {
+                        // SAFETY: 16 lanes hold the pairs of up to 32 values; the CPU has
+                        // AVX512-BF16 (the caller's contract).
+                        unsafe { super::avx512::to_bf16_pairs(values, &mut lanes[..written]) };
+                    }
+                    lanes[written..].fill(0);
+                }
+            }
+        });
+    out
+}
+
+thread_local! {
+    /// The converted A of this thread's last GEMM, kept for its next one: a layer's A is
+    /// megabytes, and a fresh allocation of that size is fresh pages the OS zeroes first.
+    static CONVERTED: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+impl Converted {
+    /// Where rows r.. start (r a multiple of 32 where A is in tiles).
+    fn rows(&self, r: usize) -> *const u32 {
+        if self.block == 0 {
+            self.lanes[r * self.stride..].as_ptr()
+        } else {
+            debug_assert_eq!(r % 32, 0);
+            self.lanes[r / 32 * self.block..].as_ptr()
+        }
+    }
+
+    /// This thread's kept buffer, at least `len` lanes long (their values are whatever they
+    /// were; the lanes past `len` are not read).
+    fn buffer(len: usize) -> Vec<u32> {
+        let lanes = CONVERTED.take();
+        if lanes.len() >= len {
+            lanes
+        } else {
+            vec![0; len]
+        }
+    }
+}
+
+impl Drop for Converted {
+    fn drop(&mut self) {
+        let lanes = std::mem::take(&mut self.lanes);
+        // A nested GEMM's smaller buffer (a pool thread that ran one while waiting) does not
+        // replace a larger one.
+        let kept = CONVERTED.take();
+        CONVERTED.set(if kept.len() > lanes.len() {
+            kept
+        } else {
+            lanes
+        });
+    }
 }
 
 /// Rows of the portable micro-kernel.

@@ -560,6 +560,7 @@ impl CpuBert {
         linear(path, &l.qkv, x, total, None, None, &mut s.qkv);
         attention(
             path,
+            self.precision == Precision::Bf16,
             &s.qkv,
             starts,
             lengths,
@@ -702,9 +703,13 @@ const QUERY_BLOCK: usize = 256;
 
 /// Self-attention on our packed GEMM: per sequence and head,
 /// K^T and V are packed into the thread's buffers, then scores = Q K^T, softmax, P V.
+/// With `bf16` (the encoder's precision), both products take bf16 operands (Q, K, the
+/// softmax's weights and V rounded, as the dense layers' inputs are) with f32 sums, on the
+/// AMX tiles where the CPU has them; the scores and the softmax stay f32.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     path: KernelPath,
+    bf16: bool,
     qkv: &[f32],
     starts: &[usize],
     lengths: &[usize],
@@ -727,26 +732,12 @@ fn attention(
     let stride = row_stride(3 * h);
     let out_ptr = SendPtr(out.as_mut_ptr());
     (0..starts.len() * heads).into_par_iter().for_each_init(
-        || (Vec::new(), PackedF32::new(0, 0), PackedF32::new(0, 0)),
-        |(scores, kt, v), task| {
+        || (Vec::new(), Packed::new(bf16)),
+        |(scores, packed), task| {
             let (seq, head) = (task / heads, task % heads);
             let (start, len) = (starts[seq], lengths[seq]);
             let base = start * stride + head * hs;
-            // K^T [hs, len]: element (d, j) is K[j, d].
-            kt.fill(&qkv[base + h..], hs, len, 1, stride);
-            // V [len, hs]: read in place when the head is whole panels, else packed.
-            let v = if hs.is_multiple_of(pack::NR) {
-                pack::F32Panels {
-                    ptr: qkv[base + 2 * h..].as_ptr(),
-                    k: len,
-                    n: hs,
-                    panel_stride: pack::NR,
-                    row_stride: stride,
-                }
-            } else {
-                v.fill(&qkv[base + 2 * h..], len, hs, stride, 1);
-                v.view()
-            };
+            packed.fill(&qkv[base + h..], &qkv[base + 2 * h..], hs, len, stride);
             // SAFETY: each task reads rows start..start+len of qkv at its head's columns and
             // writes only its own head's columns of its rows of `out` (those rows, or with
             // Rows::First row `seq`); tasks never overlap.
@@ -769,7 +760,7 @@ fn attention(
                         c: scores.as_mut_ptr(),
                         ldc: ls,
                     };
-                    gemm::f32_gemm(path, q, kt.view(), Epilogue::NONE, false);
+                    packed.scores(path, q);
                     if let Some(r) = relative {
                         r.add(head, scores, q0, len, ls);
                     }
@@ -783,11 +774,103 @@ fn attention(
                         c: out_ptr.get().add((out_row + q0) * ldo + head * hs),
                         ldc: ldo,
                     };
-                    gemm::f32_gemm(path, p, v, Epilogue::NONE, false);
+                    packed.context(path, p);
                 }
             }
         },
     );
+}
+
+/// One attention task's K^T and V, packed for the precision's kernels (f32 panels, or bf16
+/// pairs for the bf16 GEMM).
+enum Packed {
+    F32 {
+        kt: PackedF32,
+        v: PackedF32,
+        /// V read in place from the QKV rows (a head of whole panels), else from `v`.
+        v_in_place: Option<pack::F32Panels>,
+    },
+    #[cfg(target_arch = "x86_64")]
+    Bf16 { kt: PackedBf16, v: PackedBf16 },
+}
+
+impl Packed {
+    fn new(bf16: bool) -> Packed {
+        #[cfg(target_arch = "x86_64")]
+        if bf16 {
+            return Packed::Bf16 {
+                kt: PackedBf16::empty(),
+                v: PackedBf16::empty(),
+            };
+        }
+        let _ = bf16;
+        Packed::F32 {
+            kt: PackedF32::new(0, 0),
+            v: PackedF32::new(0, 0),
+            v_in_place: None,
+        }
+    }
+
+    /// Pack K^T [hs, len] (element (d, j) is K[j, d]) and V [len, hs] of one sequence's
+    /// head, from its K and V columns in rows `stride` apart.
+    fn fill(&mut self, k: &[f32], v: &[f32], hs: usize, len: usize, stride: usize) {
+        match self {
+            Packed::F32 {
+                kt,
+                v: packed_v,
+                v_in_place,
+            } => {
+                kt.fill(k, hs, len, 1, stride);
+                // V is read in place when the head is whole panels, else packed.
+                *v_in_place = if hs.is_multiple_of(pack::NR) {
+                    Some(pack::F32Panels {
+                        ptr: v.as_ptr(),
+                        k: len,
+                        n: hs,
+                        panel_stride: pack::NR,
+                        row_stride: stride,
+                    })
+                } else {
+                    packed_v.fill(v, len, hs, stride, 1);
+                    None
+                };
+            }
+            #[cfg(target_arch = "x86_64")]
+            Packed::Bf16 { kt, v: packed_v } => {
+                kt.fill(k, hs, len, 1, stride);
+                packed_v.fill(v, len, hs, stride, 1);
+            }
+        }
+    }
+
+    /// scores = Q K^T for the query rows `q` names.
+    ///
+    /// # Safety
+    /// As [`gemm::f32_gemm`], with the K^T of the last [`Packed::fill`].
+    unsafe fn scores(&self, path: KernelPath, q: Operands) {
+        match self {
+            Packed::F32 { kt, .. } => gemm::f32_gemm(path, q, kt.view(), Epilogue::NONE, false),
+            // The encoder runs bf16 only where `Precision::check` found AVX512-BF16.
+            #[cfg(target_arch = "x86_64")]
+            Packed::Bf16 { kt, .. } => gemm::bf16_gemm(q, kt, Epilogue::NONE, false),
+        }
+    }
+
+    /// context = P V for the softmax rows `p` names.
+    ///
+    /// # Safety
+    /// As [`gemm::f32_gemm`], with the V of the last [`Packed::fill`] (whose rows, when read
+    /// in place, are still alive).
+    unsafe fn context(&self, path: KernelPath, p: Operands) {
+        match self {
+            Packed::F32 { v, v_in_place, .. } => {
+                let v = v_in_place.unwrap_or_else(|| v.view());
+                gemm::f32_gemm(path, p, v, Epilogue::NONE, false)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Packed::Bf16 { v, .. } => gemm::bf16_gemm(p, v, Epilogue::NONE, false),
+        }
+    }
 }
 
 #[derive(Clone, Copy)]

@@ -224,21 +224,8 @@ impl PackedBf16 {
         let pairs = k.div_ceil(2);
         let panel_pairs = tile_rows(pairs);
         let mut data = Aligned::zeroed(n.div_ceil(NR) * panel_pairs * NR);
-        let at = |r: usize, c: usize| {
-            if r < k {
-                src[r * row_stride + c * col_stride]
-            } else {
-                0.0
-            }
-        };
         in_parallel(&mut data, panel_pairs * NR, |p, panel| {
-            // Column by column: each reads one weight row (contiguous in [out, in]).
-            for j in 0..NR.min(n - p * NR) {
-                let c = p * NR + j;
-                for q in 0..pairs {
-                    panel[q * NR + j] = bf16_bits(at(2 * q, c)) | bf16_bits(at(2 * q + 1, c)) << 16;
-                }
-            }
+            fill_bf16_panel(panel, p, src, k, n, row_stride, col_stride);
         });
         PackedBf16 {
             data,
@@ -249,6 +236,42 @@ impl PackedBf16 {
         }
     }
 
+    /// Nothing packed yet: a buffer for [`PackedBf16::fill`].
+    pub fn empty() -> Self {
+        PackedBf16 {
+            data: Aligned::zeroed(0),
+            pairs: 0,
+            panel_pairs: 0,
+            k: 0,
+            n: 0,
+        }
+    }
+
+    /// Pack a matrix given by strides into this buffer on this thread, reusing its memory
+    /// (attention's K^T and V per sequence and head, inside a task of the pool).
+    pub fn fill(&mut self, src: &[f32], k: usize, n: usize, row_stride: usize, col_stride: usize) {
+        let pairs = k.div_ceil(2);
+        let panel_pairs = tile_rows(pairs);
+        let len = panel_pairs * NR;
+        let need = n.div_ceil(NR) * len;
+        if self.data.len < need {
+            self.data = Aligned::zeroed(need);
+        }
+        (self.pairs, self.panel_pairs, self.k, self.n) = (pairs, panel_pairs, k, n);
+        let data = self.data.as_mut_slice();
+        for p in 0..n.div_ceil(NR) {
+            fill_bf16_panel(
+                &mut data[p * len..(p + 1) * len],
+                p,
+                src,
+                k,
+                n,
+                row_stride,
+                col_stride,
+            );
+        }
+    }
+
     pub fn panels(&self) -> usize {
         self.n.div_ceil(NR)
     }
@@ -256,6 +279,69 @@ impl PackedBf16 {
     #[inline(always)]
     pub fn panel(&self, p: usize, q0: usize) -> *const u32 {
         self.data.as_slice()[(p * self.panel_pairs + q0) * NR..].as_ptr()
+    }
+}
+
+/// Write panel p of B [k, n] (given by strides) in bf16 pairs: every lane of the panel,
+/// zeros past k and past n, so a reused buffer holds nothing stale. The two layouts the
+/// encoder packs read their source in order: rows contiguous (V: a pair row's lanes are two
+/// source rows side by side) or columns contiguous (K^T and a linear layer's [out, in]
+/// weight: a column's pairs are consecutive values); any other is read value by value.
+fn fill_bf16_panel(
+    panel: &mut [u32],
+    p: usize,
+    src: &[f32],
+    k: usize,
+    n: usize,
+    row_stride: usize,
+    col_stride: usize,
+) {
+    let (pairs, whole) = (k.div_ceil(2), k / 2);
+    let (c0, cols) = (p * NR, NR.min(n - p * NR));
+    let pair = |a: f32, b: f32| bf16_bits(a) | bf16_bits(b) << 16;
+    if cols < NR {
+        panel.fill(0);
+    } else {
+        panel[pairs * NR..].fill(0);
+    }
+    if col_stride == 1 {
+        for q in 0..pairs {
+            let dst = &mut panel[q * NR..q * NR + cols];
+            let even = &src[2 * q * row_stride + c0..][..cols];
+            if q < whole {
+                let odd = &src[(2 * q + 1) * row_stride + c0..][..cols];
+                for ((d, &a), &b) in dst.iter_mut().zip(even).zip(odd) {
+                    *d = pair(a, b);
+                }
+            } else {
+                for (d, &a) in dst.iter_mut().zip(even) {
+                    *d = pair(a, 0.0);
+                }
+            }
+        }
+    } else if row_stride == 1 {
+        for j in 0..cols {
+            let column = &src[(c0 + j) * col_stride..][..k];
+            for (q, two) in column.chunks_exact(2).enumerate() {
+                panel[q * NR + j] = pair(two[0], two[1]);
+            }
+            if whole < pairs {
+                panel[whole * NR + j] = pair(column[k - 1], 0.0);
+            }
+        }
+    } else {
+        let at = |r: usize, c: usize| {
+            if r < k {
+                src[r * row_stride + c * col_stride]
+            } else {
+                0.0
+            }
+        };
+        for j in 0..cols {
+            for q in 0..pairs {
+                panel[q * NR + j] = pair(at(2 * q, c0 + j), at(2 * q + 1, c0 + j));
+            }
+        }
     }
 }
 
@@ -375,6 +461,37 @@ mod tests {
             d[4 * NR..16 * NR].iter().all(|&x| x == 0),
             "pad rows are zero"
         );
+    }
+
+    #[test]
+    fn a_reused_bf16_buffer_packs_as_a_fresh_one() {
+        // Attention packs K^T (columns contiguous) and V (rows contiguous) of every head into
+        // the same buffers: a larger matrix first, so stale lanes would show in the padding.
+        let src: Vec<f32> = (0..4000).map(|i| (i as f32 * 0.11).cos() * 3.0).collect();
+        let mut reused = PackedBf16::empty();
+        for (k, n, rs, cs) in [
+            (64, 70, 1, 48),
+            (9, 33, 48, 1),
+            (64, 17, 1, 40),
+            (5, 3, 7, 2),
+        ] {
+            reused.fill(&src, k, n, rs, cs);
+            let fresh = PackedBf16::from_strided(&src, k, n, rs, cs);
+            let len = fresh.data.as_slice().len();
+            assert_eq!(
+                (reused.pairs, reused.panel_pairs),
+                (fresh.pairs, fresh.panel_pairs)
+            );
+            assert_eq!(
+                &reused.data.as_slice()[..len],
+                fresh.data.as_slice(),
+                "{k} x {n} at strides ({rs}, {cs})"
+            );
+            // And what it holds is B: lane (q, c) = (B[2q, c], B[2q + 1, c]).
+            let (q, c) = (k / 2 - 1, n - 1);
+            let lane = fresh.data.as_slice()[(c / NR * fresh.panel_pairs + q) * NR + c % NR];
+            assert_eq!(lane & 0xFFFF, bf16_bits(src[2 * q * rs + c * cs]));
+        }
     }
 
     #[test]
