@@ -70,6 +70,7 @@ fn kernels(c: &mut Criterion) {
         };
         group.bench_function(BenchmarkId::new("gemm-crate", name), |bench| {
             let threads = gemm_crate_threads();
+            // SAFETY: A [M, k] at lda, B [k, n], C [M, n]: the vectors above, of those sizes.
             bench.iter(|| unsafe {
                 ::gemm::gemm(
                     M,

@@ -60,6 +60,8 @@ fn charge(delta: i64) {
 // SAFETY: every method forwards to the inner allocator with the same arguments; the
 // accounting only touches an atomic counter and never allocates or unwinds.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
+    /// # Safety
+    /// As [`GlobalAlloc::alloc`].
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if !INSTALLED.load(Ordering::Relaxed) {
             INSTALLED.store(true, Ordering::Relaxed);
@@ -71,6 +73,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         p
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::alloc_zeroed`].
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         let p = self.inner.alloc_zeroed(layout);
         if !p.is_null() {
@@ -79,11 +83,15 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         p
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::dealloc`].
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         self.inner.dealloc(ptr, layout);
         charge(-(layout.size() as i64));
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::realloc`].
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let p = self.inner.realloc(ptr, layout, new_size);
         if !p.is_null() {

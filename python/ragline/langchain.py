@@ -36,6 +36,9 @@ class RaglineEmbeddings(Embeddings):
 
     def __init__(self, model: str = ragline.DEFAULT_MODEL, *,
                  embedder: Optional[ragline.Embedder] = None, **kwargs: Any) -> None:
+        if "model_name" in kwargs:
+            raise TypeError("RaglineEmbeddings got an unexpected keyword argument 'model_name' "
+                            "(the model is model=, LangChain's spelling)")
         self.embedder = embedder if embedder is not None else ragline.Embedder(model, **kwargs)
 
     def embed_documents(self, texts: List[str]) -> List[List[float]]:
@@ -67,7 +70,8 @@ class RaglineRetriever(BaseRetriever):
     metadata holds the document id, chunk id, heading path, score, rank, source, title,
     pages and the document's own metadata."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    # A keyword that is no field (`top_k=`) is refused by name, not ignored.
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     index: str = "sqlite://ragline.db"
     k: int = 4

@@ -22,11 +22,16 @@ from llama_index.core.node_parser.interface import NodeParser
 from llama_index.core.node_parser.node_utils import build_nodes_from_splits
 from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle, TextNode
-from pydantic import Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr
 
 import ragline
 
 __all__ = ["RaglineEmbedding", "RaglineNodeParser", "RaglineRetriever"]
+
+
+#: The :class:`ragline.Embedder` arguments :class:`RaglineEmbedding` passes on.
+_EMBEDDER_OPTIONS = ("device", "dtype", "query_prompt", "document_prompt", "dimensions",
+                     "batch_tokens")
 
 
 class RaglineEmbedding(BaseEmbedding):
@@ -39,9 +44,15 @@ class RaglineEmbedding(BaseEmbedding):
     def __init__(self, model_name: str = ragline.DEFAULT_MODEL, *,
                  embedder: Optional[ragline.Embedder] = None, embed_batch_size: int = 256,
                  **kwargs: Any) -> None:
-        mine = {k: kwargs.pop(k) for k in list(kwargs)
-                if k in ("device", "dtype", "query_prompt", "document_prompt", "dimensions",
-                         "batch_tokens")}
+        # LlamaIndex's BaseEmbedding keeps keywords it does not know: refuse them here, or
+        # `model=PATH` (LangChain's spelling) would load the default model instead.
+        unknown = [k for k in kwargs
+                   if k not in _EMBEDDER_OPTIONS and k not in BaseEmbedding.model_fields]
+        if unknown:
+            hint = " (the model is model_name=, LlamaIndex's spelling)" if "model" in unknown else ""
+            raise TypeError(f"RaglineEmbedding got unexpected keyword argument(s) "
+                            f"{', '.join(map(repr, unknown))}{hint}")
+        mine = {k: kwargs.pop(k) for k in list(kwargs) if k in _EMBEDDER_OPTIONS}
         super().__init__(model_name=model_name, embed_batch_size=embed_batch_size, **kwargs)
         self._embedder = embedder if embedder is not None else ragline.Embedder(model_name, **mine)
 
@@ -69,6 +80,9 @@ class RaglineNodeParser(NodeParser):
     """A LlamaIndex node parser that cuts as ``ragline ingest`` does: by the model's tokens,
     within sections (markdown headings), code blocks and tables kept whole. Each node's
     metadata gets its ``heading_path``."""
+
+    # A keyword that is no field is refused by name (LlamaIndex's default keeps it silently).
+    model_config = ConfigDict(extra="forbid")
 
     model: str = Field(default=ragline.DEFAULT_MODEL, description="whose tokenizer counts")
     tokens: int = Field(default=256, description="tokens a chunk aims for")

@@ -112,3 +112,24 @@ def test_the_readme_examples_run_as_written(tmp_path, model_ready):
     finally:
         os.chdir(here)
     assert (tmp_path / "react.db").exists()
+
+
+def test_adapters_refuse_a_keyword_they_do_not_know_by_name():
+    # Each would otherwise be swallowed: RaglineEmbedding(model=PATH) silently loaded the
+    # default model (and offline failed with a hub error that did not name the mistake).
+    from ragline import langchain as lc
+    from ragline import llama_index as li
+
+    with pytest.raises(TypeError, match="'model'.*model_name="):
+        li.RaglineEmbedding(model="models/all-MiniLM-L6-v2")
+    with pytest.raises(TypeError, match="'model_name'.*model="):
+        lc.RaglineEmbeddings(model_name="models/all-MiniLM-L6-v2")
+    with pytest.raises(Exception, match="top_k"):
+        lc.RaglineRetriever(index="sqlite://unused.db", top_k=3)
+    with pytest.raises(Exception, match="chunk_size"):
+        li.RaglineNodeParser(chunk_size=3)
+    with pytest.raises(TypeError, match="top_k"):
+        li.RaglineRetriever(index="sqlite://unused.db", top_k=3)
+    # What they do know still works.
+    assert li.RaglineNodeParser(tokens=64).tokens == 64
+    assert lc.RaglineRetriever(index="sqlite://unused.db", k=3).k == 3

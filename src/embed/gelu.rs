@@ -51,6 +51,10 @@ fn bias_gelu_rows(out: &mut [f32], x: &[f32], bias: &[f32]) {
     }
 }
 
+/// [`bias_gelu_rows`] compiled for AVX2 and FMA.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn bias_gelu_rows_avx2(out: &mut [f32], x: &[f32], bias: &[f32]) {
@@ -74,6 +78,10 @@ fn gelu_slice(x: &mut [f32]) {
     }
 }
 
+/// [`gelu_slice`] compiled for AVX2 and FMA.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gelu_slice_avx2(x: &mut [f32]) {

@@ -18,7 +18,11 @@ pub mod ner;
 pub mod npy;
 pub mod pool;
 pub mod profile;
+// Random-weight models in the Hugging Face layout, for tests, parity scripts and benchmarks
+// (`ragline random-model`): never in a release build.
+#[cfg(any(test, feature = "test-hooks"))]
 pub mod random;
+#[cfg(any(test, feature = "test-hooks"))]
 pub mod random_heads;
 pub mod readback;
 pub mod rotary;

@@ -53,6 +53,9 @@ fn lanes(cols: usize) -> __m256i {
 }
 
 /// 16 values at `p`: two whole registers, or the first `cols` through lane masks.
+///
+/// # Safety
+/// `p` readable for `cols` (at most 16) values, `m` their masks; the CPU has AVX2.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn load(p: *const f32, cols: usize, m: (__m256i, __m256i)) -> [__m256; 2] {

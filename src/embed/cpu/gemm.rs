@@ -68,8 +68,11 @@ pub struct Operands {
 
 // SAFETY: tasks read A, the bias and the residual and write disjoint tiles of C (`tiles`).
 unsafe impl Send for Operands {}
+// SAFETY: as for Send: shared between tasks, A is only read and C written in disjoint tiles.
 unsafe impl Sync for Operands {}
+// SAFETY: the bias and the residual are only read while the GEMM runs.
 unsafe impl Send for Epilogue {}
+// SAFETY: as for Send: shared between tasks, only read.
 unsafe impl Sync for Epilogue {}
 
 /// Where one micro-kernel call stores its tile, and what it adds first.
@@ -291,10 +294,19 @@ pub(super) unsafe fn row_ptrs<T, const R: usize>(
 }
 
 /// An f32 micro-kernel: tile = A [rows][lda] (kc columns) · B [kc][32] (rows ldb apart).
+///
+/// # Safety
+/// A, B and the store valid for those shapes; the CPU has the kernel's instructions.
 pub type MicroF32 = unsafe fn(usize, *const f32, usize, *const f32, usize, &Store);
 /// A bf16 micro-kernel over `pairs` k-pairs of A rows (u32 pairs at row stride lda).
+///
+/// # Safety
+/// As [`MicroF32`].
 pub type MicroBf16 = unsafe fn(usize, *const u32, usize, *const u32, &Store);
 /// An int8 micro-kernel over `quads` k-quads, with the scales and the shift correction.
+///
+/// # Safety
+/// As [`MicroF32`], and the scales valid for the tile's rows and columns.
 pub type MicroI8 = unsafe fn(usize, *const u32, usize, *const u32, &Store, &I8Scales);
 
 /// What turns an int8 tile's i32 sums into f32: row scale x column scale x (sum - row zero
@@ -571,6 +583,9 @@ pub(super) unsafe fn i8_gemm_on(
 }
 
 /// The input channels of A whose |value| passes [`OUTLIER_THRESHOLD`] in some row.
+///
+/// # Safety
+/// A readable for m rows of k values at stride lda; the CPU has AVX-512.
 #[cfg(target_arch = "x86_64")]
 unsafe fn outlier_channels(ops: Operands, k: usize) -> Vec<usize> {
     let max = (0..ops.m.div_ceil(64))
@@ -605,6 +620,9 @@ unsafe fn outlier_channels(ops: Operands, k: usize) -> Vec<usize> {
 /// row's scale and zero point; rows in parallel. The rows are padded with zero rows to a
 /// multiple of `pad` (and every row with zero lanes to its stride, a multiple of 16): the
 /// AMX kernels read whole tiles.
+///
+/// # Safety
+/// A readable for m rows of k values at stride lda; `f` writes `lanes` lanes (k values).
 unsafe fn convert(
     ops: Operands,
     k: usize,

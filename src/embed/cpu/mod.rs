@@ -738,9 +738,6 @@ fn attention(
             let (start, len) = (starts[seq], lengths[seq]);
             let base = start * stride + head * hs;
             packed.fill(&qkv[base + h..], &qkv[base + 2 * h..], hs, len, stride);
-            // SAFETY: each task reads rows start..start+len of qkv at its head's columns and
-            // writes only its own head's columns of its rows of `out` (those rows, or with
-            // Rows::First row `seq`); tasks never overlap.
             // Query rows go QUERY_BLOCK at a time: scores are [block, len], never [len, len].
             // Score rows are A of P V: at the row stride that spreads them over L1's sets.
             let ls = row_stride(len);
@@ -752,6 +749,10 @@ fn attention(
             for q0 in (0..queries).step_by(QUERY_BLOCK) {
                 let block = QUERY_BLOCK.min(queries - q0);
                 sized(scores, block * ls);
+                // SAFETY: each task reads rows start..start+len of qkv at its head's columns
+                // and writes only its own head's columns of its rows of `out` (those rows, or
+                // with Rows::First row `seq`); tasks never overlap. The scores hold block rows
+                // at stride ls, and K^T and V were packed for this head above.
                 unsafe {
                     let q = Operands {
                         a: qkv[base + q0 * stride..].as_ptr(),
@@ -877,6 +878,7 @@ impl Packed {
 struct SendPtr(*mut f32);
 // SAFETY: the pointer is only used for disjoint writes (see `attention`).
 unsafe impl Send for SendPtr {}
+// SAFETY: as for Send: the tasks that share it write disjoint parts.
 unsafe impl Sync for SendPtr {}
 impl SendPtr {
     fn get(self) -> *mut f32 {
@@ -957,10 +959,11 @@ pub(crate) fn softmax_scalar(row: &mut [f32]) {
 }
 
 fn softmax(path: KernelPath, row: &mut [f32]) {
-    // SAFETY (all arms): the path was checked against the CPU when the encoder was built.
     match path {
+        // SAFETY: the path was checked against the CPU when the encoder was built.
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512 => unsafe { avx512::softmax(row) },
+        // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 => unsafe { avx2::softmax(row) },
         _ => softmax_generic(row),
@@ -991,6 +994,7 @@ fn layer_norm(path: KernelPath, x: &mut [f32], n: &Norm, h: usize) {
                 KernelPath::Avx512 => unsafe {
                     avx512::layer_norm_rows(row, h, &n.weight, &n.bias, n.eps)
                 },
+                // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
                 KernelPath::Avx2 => unsafe {
                     avx2::layer_norm_rows(row, h, &n.weight, &n.bias, n.eps)

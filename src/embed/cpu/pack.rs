@@ -170,6 +170,7 @@ pub struct F32Panels {
 
 // SAFETY: a read-only view of data the caller keeps alive for the GEMM.
 unsafe impl Send for F32Panels {}
+// SAFETY: as for Send: shared between the GEMM's tasks, only read.
 unsafe impl Sync for F32Panels {}
 
 impl F32Panels {
