@@ -277,6 +277,79 @@ pub unsafe fn to_bf16_pairs(row: &[f32], out: &mut [u32]) {
     }
 }
 
+/// Row `i` (of 32) of a block of A in AMX tiles ([`super::amx::tiled`]): the row's k values
+/// as bf16 pairs, 16 lanes a step at that step's tile row, zeros past k to `steps` x 16 lanes.
+///
+/// # Safety
+/// `block` holds [`super::amx::tiled`]`(steps)` lanes; k <= steps x 32; i < 32; the CPU has
+/// AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn to_bf16_tile_row(row: &[f32], steps: usize, block: &mut [u32], i: usize) {
+    let k = row.len();
+    debug_assert!(k <= steps * 32 && i < 32 && block.len() >= super::amx::tiled(steps));
+    let dst = block.as_mut_ptr().add((i / 16) * 256 + (i % 16) * 16);
+    for s in 0..steps {
+        let from = s * 32;
+        let left = k.saturating_sub(from).min(32);
+        let mask = |at: usize| -> u16 {
+            if left >= at + 16 {
+                0xFFFF
+            } else if left > at {
+                ((1u32 << (left - at)) - 1) as u16
+            } else {
+                0
+            }
+        };
+        // Masked loads read nothing past the row; lanes past it are zero pairs.
+        let lo = _mm512_maskz_loadu_ps(mask(0), row.as_ptr().add(from.min(k)));
+        let hi = _mm512_maskz_loadu_ps(mask(16), row.as_ptr().add((from + 16).min(k)));
+        let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+        _mm512_storeu_si512(dst.add(s * 512).cast(), packed);
+    }
+}
+
+/// Column j of a bf16 B panel from k values contiguous in memory (a key's row of K, for
+/// K^T): lane (q, j) = (x[2q], x[2q + 1]), lane rows [`NR`] lanes apart; a zero high half past
+/// an odd k.
+///
+/// # Safety
+/// `panel` holds ceil(k / 2) lane rows of NR lanes; j < NR; the CPU has AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn bf16_panel_column(x: &[f32], panel: &mut [u32], j: usize) {
+    let k = x.len();
+    debug_assert!(j < NR && panel.len() >= k.div_ceil(2) * NR);
+    // Lane q of a 16-lane group goes to lane row q: NR lanes apart.
+    let rows = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(NR as i32),
+    );
+    let mut from = 0;
+    while from < k {
+        let left = (k - from).min(32);
+        let mask = |at: usize| -> u16 {
+            if left >= at + 16 {
+                0xFFFF
+            } else if left > at {
+                ((1u32 << (left - at)) - 1) as u16
+            } else {
+                0
+            }
+        };
+        let lo = _mm512_maskz_loadu_ps(mask(0), x.as_ptr().add(from));
+        let hi = _mm512_maskz_loadu_ps(mask(16), x.as_ptr().add((from + 16).min(k)));
+        let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+        let lanes = left.div_ceil(2);
+        let keep = if lanes >= 16 {
+            0xFFFF
+        } else {
+            ((1u32 << lanes) - 1) as u16
+        };
+        let base = panel.as_mut_ptr().add((from / 2) * NR + j);
+        _mm512_mask_i32scatter_epi32::<4>(base.cast(), keep, rows, packed);
+        from += 32;
+    }
+}
+
 /// A row quantised to u8 with a zero point, four per lane (the zero point past the end):
 /// symmetric (x ~ (q - 128) s, s = max |x| / 127) or asymmetric (x ~ (q - z) s over
 /// [min(x, 0), max(x, 0)] in 255 steps: twice the resolution for one-signed data such as

@@ -160,10 +160,22 @@ fn k_blocks(k: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n).map(move |i| (i * size, size.min(k - i * size)))
 }
 
+/// Which loop of a task is outer. Panels outer: a weight panel (K x 32) is read from L1 or
+/// L2 by every row group, the f32 and AVX-512 kernels' order (their K blocks keep the panel
+/// in L1). Rows outer: a row group's A (32 x K, in AMX tiles) stays near while the task's
+/// panels pass under it: the AMX kernels, which read a whole K at once and would otherwise
+/// re-read all of the task's A per panel (measured: +7% to +50% on BERT-base's shapes).
+#[derive(Clone, Copy)]
+enum Order {
+    PanelsOuter,
+    RowsOuter,
+}
+
 /// The loops shared by every format: for each task's K block, column panel and row group of
 /// `mr`, call `micro(k0, kc, row, panel, store)`; `k` and the block size are in the format's
 /// K units (values, pairs, quads). `setup` runs on the task's thread before its first call,
-/// and what it returns is dropped after its last (the AMX tiles' configuration).
+/// and what it returns is dropped after its last (the AMX tiles' configuration). `Order`
+/// says which of panels and row groups is the outer loop.
 ///
 /// # Safety
 /// `ops.c` writable for m rows of n values at stride ldc; `epi` valid for those rows.
@@ -172,8 +184,7 @@ unsafe fn drive<F, S, G>(
     ops: Operands,
     n: usize,
     k: usize,
-    k_most: usize,
-    mr: usize,
+    (k_most, mr, order): (usize, usize, Order),
     epi: Epilogue,
     parallel: bool,
     setup: S,
@@ -188,8 +199,8 @@ unsafe fn drive<F, S, G>(
         let (ops, epi) = (ops, epi);
         let _state = setup();
         for (k0, kc) in k_blocks(k, k_most) {
-            for p in t.p0..t.p1 {
-                for r in (t.r0..t.r0 + t.rows).step_by(mr) {
+            let visit = |p: usize, r: usize| {
+                {
                     // SAFETY: r < m and p * NR < n: inside C, the bias and the residual.
                     let store = unsafe {
                         Store {
@@ -214,6 +225,19 @@ unsafe fn drive<F, S, G>(
                         }
                     };
                     micro(k0, kc, r, p, &store);
+                }
+            };
+            let rows = (t.r0..t.r0 + t.rows).step_by(mr);
+            match order {
+                Order::PanelsOuter => {
+                    for p in t.p0..t.p1 {
+                        rows.clone().for_each(|r| visit(p, r));
+                    }
+                }
+                Order::RowsOuter => {
+                    for r in rows {
+                        (t.p0..t.p1).for_each(|p| visit(p, r));
+                    }
                 }
             }
         }
@@ -252,8 +276,7 @@ pub unsafe fn f32_gemm(
         ops,
         b.n,
         b.k,
-        KC_F32,
-        mr,
+        (KC_F32, mr, Order::PanelsOuter),
         epi,
         parallel,
         || (),
@@ -387,8 +410,7 @@ pub(super) unsafe fn bf16_gemm_on(
         ops,
         b.n,
         b.pairs,
-        KC_PAIRS,
-        super::avx512::MR,
+        (KC_PAIRS, super::avx512::MR, Order::PanelsOuter),
         epi,
         parallel,
         || (),
@@ -400,8 +422,8 @@ pub(super) unsafe fn bf16_gemm_on(
     );
 }
 
-/// The loops of the AMX GEMMs: for each task (its tiles configured on its thread), each
-/// panel p and each 32 rows r of the converted A, `kernel(A at row r, p, block)` fills a
+/// The loops of the AMX GEMMs: for each task (its tiles configured on its thread), each 32
+/// rows r of the converted A and each panel p ([`Order::RowsOuter`]), `kernel(A at row r, p, block)` fills a
 /// 32 x 32 block with the sums over the whole of K, then `store(store, block, r, p)` writes
 /// the block's rows of C through the epilogue. `lanes`: K in the format's lanes.
 ///
@@ -426,8 +448,7 @@ unsafe fn drive_amx<T, K, S>(
         ops,
         n,
         lanes,
-        usize::MAX,
-        super::amx::MR,
+        (usize::MAX, super::amx::MR, Order::RowsOuter),
         epi,
         parallel,
         // SAFETY: the caller's contract (AMX granted).
@@ -569,8 +590,7 @@ pub(super) unsafe fn i8_gemm_on(
         ops,
         b.n,
         b.quads,
-        usize::MAX,
-        super::avx512::MR,
+        (usize::MAX, super::avx512::MR, Order::PanelsOuter),
         epi,
         parallel,
         || (),
@@ -690,24 +710,18 @@ unsafe fn convert_tiles(ops: Operands, k: usize, steps: usize) -> Converted {
             let ops = &ops;
             for i in 0..32 {
                 let r = b * 32 + i;
-                // Row i's 16 lanes of step s: tile i / 16, row i % 16 of it.
-                let at = |s: usize| (s * 2 + i / 16) * 256 + (i % 16) * 16;
                 if r >= ops.m {
+                    // Row i's 16 lanes of step s: tile i / 16, row i % 16 of it.
+                    let at = |s: usize| (s * 2 + i / 16) * 256 + (i % 16) * 16;
                     (0..steps).for_each(|s| dst[at(s)..at(s) + 16].fill(0));
                     continue;
                 }
-                // SAFETY: r < m; row r of A has k values (the caller's contract).
-                let row = unsafe { std::slice::from_raw_parts(ops.a.add(r * ops.lda), k) };
-                for s in 0..steps {
-                    let lanes = &mut dst[at(s)..at(s) + 16];
-                    let values = &row[(s * 32).min(k)..(s * 32 + 32).min(k)];
-                    let written = values.len().div_ceil(2);
-                    if written > 0 {
-                        // SAFETY: 16 lanes hold the pairs of up to 32 values; the CPU has
-                        // AVX512-BF16 (the caller's contract).
-                        unsafe { super::avx512::to_bf16_pairs(values, &mut lanes[..written]) };
-                    }
-                    lanes[written..].fill(0);
+                // SAFETY: r < m; row r of A has k values (the caller's contract); the block
+                // holds `tiled(steps)` lanes, steps x 32 >= k; the CPU has AVX512-BF16 (the
+                // caller's contract).
+                unsafe {
+                    let row = std::slice::from_raw_parts(ops.a.add(r * ops.lda), k);
+                    super::avx512::to_bf16_tile_row(row, steps, dst, i);
                 }
             }
         });

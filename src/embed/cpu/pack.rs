@@ -321,6 +321,16 @@ fn fill_bf16_panel(
             }
         }
     } else if row_stride == 1 {
+        #[cfg(target_arch = "x86_64")]
+        if super::kernels::features().avx512_bf16 {
+            for j in 0..cols {
+                let column = &src[(c0 + j) * col_stride..][..k];
+                // SAFETY: the panel holds `pairs` lane rows of NR lanes, j < NR; the CPU has
+                // AVX512-BF16 (checked above).
+                unsafe { super::avx512::bf16_panel_column(column, panel, j) };
+            }
+            return;
+        }
         for j in 0..cols {
             let column = &src[(c0 + j) * col_stride..][..k];
             for (q, two) in column.chunks_exact(2).enumerate() {
@@ -488,10 +498,16 @@ mod tests {
                 fresh.data.as_slice(),
                 "{k} x {n} at strides ({rs}, {cs})"
             );
-            // And what it holds is B: lane (q, c) = (B[2q, c], B[2q + 1, c]).
-            let (q, c) = (k / 2 - 1, n - 1);
-            let lane = fresh.data.as_slice()[(c / NR * fresh.panel_pairs + q) * NR + c % NR];
-            assert_eq!(lane & 0xFFFF, bf16_bits(src[2 * q * rs + c * cs]));
+            // And what it holds is B: lane (q, c) = (B[2q, c], B[2q + 1, c]), whichever way
+            // (vector or scalar) the layout was packed.
+            let at = |r: usize, c: usize| if r < k { src[r * rs + c * cs] } else { 0.0 };
+            for c in 0..n {
+                for q in 0..fresh.panel_pairs {
+                    let want = bf16_bits(at(2 * q, c)) | bf16_bits(at(2 * q + 1, c)) << 16;
+                    let got = fresh.data.as_slice()[(c / NR * fresh.panel_pairs + q) * NR + c % NR];
+                    assert_eq!(got, want, "lane ({q}, {c}) of {k} x {n}");
+                }
+            }
         }
     }
 
