@@ -242,6 +242,18 @@ pub unsafe fn store_block_i8(st: &Store, block: *const i32, s: &I8Scales) {
     }
 }
 
+/// The load mask of 16 lanes starting `at` values into a run of which `left` remain.
+#[inline(always)]
+fn lanes_left(left: usize, at: usize) -> u16 {
+    if left >= at + 16 {
+        0xFFFF
+    } else if left > at {
+        ((1u32 << (left - at)) - 1) as u16
+    } else {
+        0
+    }
+}
+
 /// A row of f32 as bf16 pairs (round to nearest even): lane q = (x[2q], x[2q+1]), a zero
 /// high half past the end of an odd row.
 ///
@@ -254,15 +266,7 @@ pub unsafe fn to_bf16_pairs(row: &[f32], out: &mut [u32]) {
     let mut i = 0;
     while i < n {
         let left = n - i;
-        let m = |from: usize| {
-            if left >= from + 16 {
-                0xFFFFu16
-            } else if left > from {
-                ((1u32 << (left - from)) - 1) as u16
-            } else {
-                0
-            }
-        };
+        let m = |from: usize| lanes_left(left, from);
         let lo = _mm512_maskz_loadu_ps(m(0), src.add(i));
         let hi = _mm512_maskz_loadu_ps(m(16), src.add(i + 16));
         let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
@@ -291,15 +295,7 @@ pub unsafe fn to_bf16_tile_row(row: &[f32], steps: usize, block: &mut [u32], i: 
     for s in 0..steps {
         let from = s * 32;
         let left = k.saturating_sub(from).min(32);
-        let mask = |at: usize| -> u16 {
-            if left >= at + 16 {
-                0xFFFF
-            } else if left > at {
-                ((1u32 << (left - at)) - 1) as u16
-            } else {
-                0
-            }
-        };
+        let mask = |at: usize| lanes_left(left, at);
         // Masked loads read nothing past the row; lanes past it are zero pairs.
         let lo = _mm512_maskz_loadu_ps(mask(0), row.as_ptr().add(from.min(k)));
         let hi = _mm512_maskz_loadu_ps(mask(16), row.as_ptr().add((from + 16).min(k)));
@@ -326,15 +322,7 @@ pub unsafe fn bf16_panel_column(x: &[f32], panel: &mut [u32], j: usize) {
     let mut from = 0;
     while from < k {
         let left = (k - from).min(32);
-        let mask = |at: usize| -> u16 {
-            if left >= at + 16 {
-                0xFFFF
-            } else if left > at {
-                ((1u32 << (left - at)) - 1) as u16
-            } else {
-                0
-            }
-        };
+        let mask = |at: usize| lanes_left(left, at);
         let lo = _mm512_maskz_loadu_ps(mask(0), x.as_ptr().add(from));
         let hi = _mm512_maskz_loadu_ps(mask(16), x.as_ptr().add((from + 16).min(k)));
         let packed: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
