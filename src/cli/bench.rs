@@ -83,7 +83,7 @@ pub struct BenchArgs {
     /// With --write to sqlite://: the ANN to keep (auto, hnsw, none; see `ingest --ann`).
     /// With --queries, recall@10 against the exact scan is measured too.
     #[arg(long, value_name = "auto|hnsw|none")]
-    ann: Option<ragline::indexers::sqlite::ann::AnnMode>,
+    ann: Option<ragline::indexers::ann::AnnMode>,
 
     /// With --queries: search only among the chunks this filter lets through (`search
     /// --where`; synthetic documents are `doc0`, `doc1`..., 10 chunks each, so
@@ -93,7 +93,7 @@ pub struct BenchArgs {
 
     /// With --write to sqlite://: what the ANN stores (f16, int8, binary).
     #[arg(long, value_name = "f16|int8|binary")]
-    ann_dtype: Option<ragline::indexers::sqlite::ann::AnnDtype>,
+    ann_dtype: Option<ragline::indexers::ann::AnnDtype>,
 }
 
 #[derive(Serialize)]
@@ -351,7 +351,7 @@ fn bench_write(args: &BenchArgs, uri: &str) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let mut identity = synthetic::identity(args.dim);
-    identity.ann = ragline::indexers::sqlite::ann::AnnChoice {
+    identity.ann = ragline::indexers::ann::AnnChoice {
         mode: args.ann,
         dtype: args.ann_dtype,
     };

@@ -76,7 +76,7 @@ pub struct EvalArgs {
     /// The ingest keeps a sqlite:// index's ANN: auto (past 50,000 chunks), hnsw (always),
     /// none (see `ingest --ann`). [default: what the index records; auto]
     #[arg(long, value_name = "auto|hnsw|none")]
-    ann: Option<ragline::indexers::sqlite::ann::AnnMode>,
+    ann: Option<ragline::indexers::ann::AnnMode>,
 
     /// Print the scores as JSON instead of a table.
     #[arg(long)]

@@ -73,12 +73,12 @@ pub struct IngestArgs {
     /// they write: `auto` builds it once a vector set passes 50,000 chunks, `hnsw` always,
     /// `none` never (and drops one). Recorded in the index for later runs. [default: auto]
     #[arg(long, value_name = "auto|hnsw|none")]
-    pub(super) ann: Option<ragline::indexers::sqlite::ann::AnnMode>,
+    pub(super) ann: Option<ragline::indexers::ann::AnnMode>,
 
     /// What the ANN stores: f16 (2 bytes a dimension), int8 (1) or binary (1 bit); answers
     /// are re-scored against the f32 vectors either way. [default: f16]
     #[arg(long, value_name = "f16|int8|binary")]
-    pub(super) ann_dtype: Option<ragline::indexers::sqlite::ann::AnnDtype>,
+    pub(super) ann_dtype: Option<ragline::indexers::ann::AnnDtype>,
 
     /// CPU worker threads (extract, chunk, tokenize) [default: the number of cores].
     #[arg(long)]

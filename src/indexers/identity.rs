@@ -19,7 +19,7 @@ pub struct IndexIdentity {
     /// The approximate nearest-neighbour index the run keeps (sqlite:// only; `index.ann`,
     /// `--ann`): recorded in the index, so later writers keep it the same way. `None`: as the
     /// index records it.
-    pub ann: crate::indexers::sqlite::ann::AnnChoice,
+    pub ann: crate::indexers::ann::AnnChoice,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,11 +8,13 @@
 //! after the backend has accepted it.
 
 mod admin;
+pub mod ann;
 pub mod batch;
 pub mod facets;
 pub mod filter;
 mod identity;
 pub mod jsonl;
+pub mod meta;
 pub mod null;
 #[cfg(feature = "parquet")]
 pub mod parquet;
@@ -32,7 +34,7 @@ use crate::document::Document;
 pub use crate::lifecycle::{KnownDocument, KnownPage, StoredVectors};
 pub use batch::{BatchConfig, Indexer};
 pub use identity::{IndexIdentity, ModelIdentity};
-pub use sqlite::{ChunkRow, IndexMeta};
+pub use meta::{ChunkRow, IndexMeta};
 pub use store::{open_store, Burial, IndexStore, SetState, StoredCopy, VectorSet};
 pub use uri::IndexUri;
 

@@ -2,10 +2,9 @@
 
 use std::path::Path;
 
-use crate::indexers::sqlite::SqliteReader;
-use crate::indexers::IndexUri;
 #[cfg(feature = "postgres")]
-use crate::indexers::{self, BackendError, IndexReader};
+use crate::indexers::BackendError;
+use crate::indexers::{self, IndexReader, IndexUri};
 
 use super::model::{devices, load_model, model_files};
 use super::{service_embedder, JobError, PipelineConfig};
@@ -41,20 +40,10 @@ pub fn check(config: &PipelineConfig) -> Result<CheckReport, JobError> {
 /// What the index holds (opened read-only), or that the first ingest will create it.
 fn check_index(config: &PipelineConfig) -> Result<String, JobError> {
     Ok(match &config.index.uri.value {
-        IndexUri::Sqlite(path) if path.exists() => {
-            let reader = SqliteReader::open(path)?;
-            let (docs, chunks, vectors) = reader.counts()?;
-            format!(
-                "{}: {docs} documents, {chunks} chunks, {vectors} embedded{}",
-                config.index.uri.value,
-                reader
-                    .meta()
-                    .model
-                    .as_ref()
-                    .map(|m| format!(", model `{m}`"))
-                    .unwrap_or_default()
-            )
-        }
+        IndexUri::Sqlite(path) if path.exists() => described(
+            &config.index.uri.value,
+            &*indexers::open_reader(&config.index.uri.value, true)?,
+        )?,
         IndexUri::Sqlite(path) => {
             let dir = path
                 .parent()
@@ -75,19 +64,8 @@ fn check_index(config: &PipelineConfig) -> Result<String, JobError> {
         #[cfg(feature = "postgres")]
         IndexUri::Postgres(target) => {
             // Connects, and reads the index if the schema holds one (nothing is created).
-            match indexers::postgres::PgReader::open(target, true) {
-                Ok(reader) => {
-                    let (docs, chunks, vectors) = reader.counts()?;
-                    format!(
-                        "{target}: {docs} documents, {chunks} chunks, {vectors} embedded{}",
-                        reader
-                            .meta()
-                            .model
-                            .as_ref()
-                            .map(|m| format!(", model `{m}`"))
-                            .unwrap_or_default()
-                    )
-                }
+            match indexers::open_reader(&config.index.uri.value, true) {
+                Ok(reader) => described(target, &*reader)?,
                 Err(BackendError::NoIndex(_)) => {
                     format!("{target}: reachable; new (created by the first ingest)")
                 }
@@ -96,6 +74,20 @@ fn check_index(config: &PipelineConfig) -> Result<String, JobError> {
         }
         _ => config.index.uri.value.to_string(),
     })
+}
+
+/// An existing index in a line: its counts and model.
+fn described(name: &dyn std::fmt::Display, reader: &dyn IndexReader) -> Result<String, JobError> {
+    let (docs, chunks, vectors) = reader.counts()?;
+    Ok(format!(
+        "{name}: {docs} documents, {chunks} chunks, {vectors} embedded{}",
+        reader
+            .meta()
+            .model
+            .as_ref()
+            .map(|m| format!(", model `{m}`"))
+            .unwrap_or_default()
+    ))
 }
 
 /// The embedding service answers (one probe), and the tokenizer that sizes chunks loads.

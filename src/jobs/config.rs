@@ -235,10 +235,10 @@ pub struct IndexConfig {
     /// sqlite:// only: the approximate nearest-neighbour index the indexers keep. `auto`
     /// (once a vector set passes 50,000 chunks), `hnsw` (always) or `none`; unset: what the
     /// index records (auto for a new one).
-    pub ann: Option<crate::indexers::sqlite::ann::AnnMode>,
+    pub ann: Option<crate::indexers::ann::AnnMode>,
     /// sqlite:// only: how the ANN stores vectors: `f16`, `int8` or `binary` (answers are
     /// re-scored against the f32 vectors); unset: what the index records (f16).
-    pub ann_dtype: Option<crate::indexers::sqlite::ann::AnnDtype>,
+    pub ann_dtype: Option<crate::indexers::ann::AnnDtype>,
 }
 
 /// The index used when none is named.

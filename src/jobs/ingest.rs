@@ -85,7 +85,7 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, JobErr
         pipeline_fingerprint: setup.fingerprint.clone(),
         defer_embed: defer,
         priority: config.stages.embed.priority,
-        ann: indexers::sqlite::ann::AnnChoice {
+        ann: indexers::ann::AnnChoice {
             mode: config.index.ann,
             dtype: config.index.ann_dtype,
         },

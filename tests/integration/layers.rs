@@ -132,3 +132,74 @@ fn the_layer_check_sees_upward_uses() {
     let got: Vec<String> = uses(text).into_iter().collect();
     assert_eq!(got, ["document", "embed", "run"]);
 }
+
+/// The index backends, each a folder of `src/indexers/`, beside each other.
+const BACKENDS: &[&str] = &["sqlite", "postgres", "parquet", "jsonl", "null"];
+
+/// Which other backend `text`, a file of backend `own`, names: through `indexers::X` or
+/// `super::super::X` (from the backend's own folder) or a `use` group of `indexers::{..}`.
+fn other_backends(own: &str, text: &str) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    for other in BACKENDS.iter().filter(|b| **b != own) {
+        let named = [
+            format!("indexers::{other}::"),
+            format!("super::super::{other}::"),
+        ]
+        .iter()
+        .any(|p| text.contains(p.as_str()))
+            || text.match_indices("indexers::{").any(|(i, _)| {
+                let group = &text[i..];
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                group
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .any(|w| w == *other)
+            });
+        if named {
+            out.push(*other);
+        }
+    }
+    out
+}
+
+/// A backend imports only the neutral files of `src/indexers/` (the contract below it), never
+/// another backend: their shared rules live once, in the neutral files (STYLE.md, "Contracts
+/// at the bottom, one dispatch on top").
+#[test]
+fn backends_name_no_other_backend() {
+    let indexers = root().join("src").join("indexers");
+    let mut bad = Vec::new();
+    for own in BACKENDS {
+        let dir = indexers.join(own);
+        if !dir.is_dir() {
+            continue;
+        }
+        let mut list = Vec::new();
+        files(&dir, &mut list);
+        for f in list {
+            let text = fs::read_to_string(&f).unwrap();
+            for other in other_backends(own, &text) {
+                bad.push(format!(
+                    "{} names the {other} backend",
+                    f.strip_prefix(root()).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "backends importing each other:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_backend_check_sees_a_backend_named() {
+    let text = "let m = crate::indexers::sqlite::reader::metadata_of(None);";
+    assert_eq!(other_backends("postgres", text), ["sqlite"]);
+    assert_eq!(
+        other_backends("sqlite", "use crate::indexers::{meta, postgres::PgReader};"),
+        ["postgres"]
+    );
+    assert!(other_backends("sqlite", "use crate::indexers::meta::ChunkRow;").is_empty());
+    assert!(other_backends("sqlite", "use super::super::sqlite::x;").is_empty());
+}

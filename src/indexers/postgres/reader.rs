@@ -143,7 +143,7 @@ impl PgReader {
     /// The hit's document's entities and labels.
     fn annotate(&self, row: &mut ChunkRow) -> Result<(), BackendError> {
         let s = self.target.schema_sql();
-        let (entities, labels) = crate::indexers::sqlite::reader::annotation_sql(
+        let (entities, labels) = crate::indexers::meta::annotation_sql(
             &format!("{s}.document_entities"),
             &format!("{s}.document_labels"),
         );
@@ -477,9 +477,7 @@ impl IndexReader for PgReader {
             outputs: Default::default(),
             entities: Vec::new(),
             labels: Vec::new(),
-            metadata: crate::indexers::sqlite::reader::metadata_of(
-                r.get::<_, Option<String>>(11).as_deref(),
-            ),
+            metadata: crate::indexers::meta::metadata_of(r.get::<_, Option<String>>(11).as_deref()),
         }))
         .and_then(|row| match row {
             Some(mut row) => {

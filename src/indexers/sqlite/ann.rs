@@ -22,76 +22,20 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::Instant;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
-use serde::{Deserialize, Serialize};
 use usearch::{Index, IndexOptions, MetricKind, ScalarKind};
 
 use super::sets::{self, SetState, VectorSet};
 use super::vector_from_bytes;
+pub(super) use crate::indexers::ann::{AnnDtype, AnnMode, AnnSettings, AUTO_MIN_CHUNKS};
 use crate::lifecycle::now_ms;
 
-/// When a vector set gets an ANN.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AnnMode {
-    /// Once the set holds [`AUTO_MIN_CHUNKS`] vectors.
-    #[default]
-    Auto,
-    /// Always.
-    Hnsw,
-    /// Never (an existing one is dropped).
-    None,
-}
-
-impl AnnMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AnnMode::Auto => "auto",
-            AnnMode::Hnsw => "hnsw",
-            AnnMode::None => "none",
-        }
-    }
-}
-
-impl FromStr for AnnMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(AnnMode::Auto),
-            "hnsw" => Ok(AnnMode::Hnsw),
-            "none" => Ok(AnnMode::None),
-            _ => Err(format!("unknown ANN mode `{s}`: use auto, hnsw or none")),
-        }
-    }
-}
-
-/// How the graph stores vectors (answers are re-scored in f32 either way).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AnnDtype {
-    /// Half precision: 2 bytes a dimension.
-    #[default]
-    F16,
-    /// 8-bit integers: 1 byte a dimension.
-    Int8,
-    /// One bit a dimension (Hamming distance): for large sets where memory counts most.
-    Binary,
-}
-
+/// How a stored vector kind is held by usearch.
 impl AnnDtype {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AnnDtype::F16 => "f16",
-            AnnDtype::Int8 => "int8",
-            AnnDtype::Binary => "binary",
-        }
-    }
-
-    fn scalar(self) -> ScalarKind {
+    pub(super) fn scalar(self) -> ScalarKind {
         match self {
             AnnDtype::F16 => ScalarKind::F16,
             AnnDtype::Int8 => ScalarKind::I8,
@@ -99,7 +43,7 @@ impl AnnDtype {
         }
     }
 
-    fn metric(self) -> MetricKind {
+    pub(super) fn metric(self) -> MetricKind {
         match self {
             AnnDtype::Binary => MetricKind::Hamming,
             _ => MetricKind::Cos,
@@ -107,49 +51,6 @@ impl AnnDtype {
     }
 }
 
-impl FromStr for AnnDtype {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "f16" => Ok(AnnDtype::F16),
-            "int8" | "i8" => Ok(AnnDtype::Int8),
-            "binary" | "b1" => Ok(AnnDtype::Binary),
-            _ => Err(format!("unknown ANN dtype `{s}`: use f16, int8 or binary")),
-        }
-    }
-}
-
-/// What the operator asked for (`index.ann`, `index.ann_dtype`, `--ann`, `--ann-dtype`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AnnSettings {
-    pub mode: AnnMode,
-    pub dtype: AnnDtype,
-}
-
-/// What a run asked for, each part `None` where it left the index's recorded choice alone.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AnnChoice {
-    pub mode: Option<AnnMode>,
-    pub dtype: Option<AnnDtype>,
-}
-
-impl AnnChoice {
-    pub fn is_empty(&self) -> bool {
-        self.mode.is_none() && self.dtype.is_none()
-    }
-
-    /// `recorded` with this choice's parts in it.
-    pub fn over(&self, recorded: AnnSettings) -> AnnSettings {
-        AnnSettings {
-            mode: self.mode.unwrap_or(recorded.mode),
-            dtype: self.dtype.unwrap_or(recorded.dtype),
-        }
-    }
-}
-
-/// `auto` builds the ANN of a set once it holds this many vectors: below it the exact scan
-/// takes a few milliseconds (31 ms at 100k on 2 cores).
-pub const AUTO_MIN_CHUNKS: u64 = 50_000;
 /// Graph degree (HNSW M).
 const CONNECTIVITY: usize = 16;
 /// Candidate list while building (efConstruction).

@@ -28,7 +28,9 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 pub use queue::SqliteStore;
-pub use reader::{ChunkRow, IndexMeta, SqliteReader};
+pub use reader::SqliteReader;
+
+use crate::indexers::IndexMeta;
 pub use sets::{SetState, VectorSet};
 
 use super::identity::HeldModel;

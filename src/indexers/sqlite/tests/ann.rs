@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 
 use super::*;
-use crate::indexers::sqlite::ann::{self, AnnChoice, AnnDtype, AnnMode};
+use crate::indexers::ann::{AnnChoice, AnnDtype, AnnMode};
+use crate::indexers::sqlite::ann;
 use crate::indexers::synthetic::{self, Rng};
 
 const DIM: usize = 32;
