@@ -15,7 +15,6 @@ Adapters: :mod:`ragline.langchain` and :mod:`ragline.llama_index`.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -105,29 +104,13 @@ class RunReport(dict):
         )
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _argv(paths: Sequence[PathLike], index: str, model: Optional[str],
-          config: Optional[PathLike], options: Dict[str, Any]) -> List[str]:
-    argv = ["ragline"]
-    if config is not None:
-        argv += ["--config", os.fspath(config)]
-    argv += ["ingest", *[os.fspath(p) for p in paths], "--index", index]
-    if model is not None:
-        argv += ["--model", model]
-    for name, value in options.items():
-        if value is None or value is False:
-            continue
-        if value is True:
-            argv.append(_flag(name))
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                argv += [_flag(name), str(v)]
-        else:
-            argv += [_flag(name), str(value)]
-    return argv
+def _plain(value: Any) -> Any:
+    """An option's value as the typed request takes it: paths as str, tuples as lists."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _tqdm_progress() -> Optional[Tuple[Callable[[Dict[str, Any]], None], Callable[[], None]]]:
@@ -160,8 +143,9 @@ def ingest(
 
     ``options`` are ingest's flags with underscores: ``chunk_tokens=512``, ``prune=True``,
     ``defer="embed"``, ``exclude=["drafts/*"]`` (a list repeats the flag), ``workers=4``,
-    ``ann="hnsw"``, ``device="cpu"``, ``report="run.json"``... An unknown option raises
-    :class:`RaglineError` with ragline's own message. ``model`` defaults to the config's, else
+    ``ann="hnsw"``, ``device="cpu"``, ``report="run.json"``... They fill the same typed request
+    the CLI's flags fill: an unknown option or a value of the wrong type raises
+    :class:`TypeError` naming it. ``model`` defaults to the config's, else
     sentence-transformers/all-MiniLM-L6-v2.
 
     ``progress``: a callable (called five times a second with a dict: ``documents_done``,
@@ -172,7 +156,8 @@ def ingest(
     """
     if isinstance(paths, (str, bytes, os.PathLike)):
         paths = [paths]  # type: ignore[list-item]
-    argv = _argv(list(paths), index, model, config, options)  # type: ignore[arg-type]
+    paths = [os.fspath(p) for p in paths]  # type: ignore[union-attr]
+    options = {name: _plain(v) for name, v in options.items() if v is not None}
     close: Optional[Callable[[], None]] = None
     callback: Optional[Callable[[Dict[str, Any]], None]]
     if callable(progress):
@@ -185,7 +170,9 @@ def ingest(
     else:
         callback = None
     try:
-        return RunReport(json.loads(_ragline.ingest(argv, callback)))
+        return RunReport(_ragline.ingest(
+            paths, index, model, os.fspath(config) if config is not None else None, callback,
+            options))
     finally:
         if close is not None:
             close()
@@ -260,19 +247,19 @@ class Index:
         if isinstance(where, str):
             where = [where]
         raw = self._index.search(query, k, mode, list(where) if where else None)
-        return [Hit._of(h) for h in json.loads(raw)]
+        return [Hit._of(h) for h in raw]
 
     def search_json(self, query: str, k: int = 10, mode: str = "hybrid",
                     where: Union[None, str, Sequence[str]] = None) -> List[Dict[str, Any]]:
         """The hits as ``ragline search --json`` prints them (plain dicts)."""
         if isinstance(where, str):
             where = [where]
-        return json.loads(self._index.search(query, k, mode, list(where) if where else None))
+        return self._index.search(query, k, mode, list(where) if where else None)
 
     def status(self) -> Dict[str, Any]:
         """The index's lifecycle, as ``ragline status --json``: documents, chunks, per-stage
         counts, vector sets, backfill progress."""
-        return json.loads(self._index.status())
+        return self._index.status()
 
     def __repr__(self) -> str:
         return f"Index({self.uri!r})"

@@ -13,7 +13,7 @@ use pyo3::types::{PyDict, PyString};
 use ragline::embed::tokenizer::TextTokenizer;
 use ragline::embed::{DTypeChoice, DeviceChoice, EmbeddingModel};
 use ragline::jobs::config::{ModelConfig, Parsed};
-use ragline::jobs::PipelineConfig;
+use ragline::jobs::{IngestRequest, PipelineConfig};
 use ragline::run::{Observer, Snapshot};
 use ragline::search::{Mode, Searcher, Where};
 use ragline::stages::chunk::{ChunkConfig, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
@@ -36,6 +36,11 @@ pyo3::create_exception!(
 /// A library error as a Python exception, with its causes (`a: b: c`) as the CLI prints them.
 fn error(e: impl Into<anyhow::Error>) -> PyErr {
     RaglineError::new_err(format!("{:#}", e.into()))
+}
+
+/// A report of the library (a run's summary, hits, a status) as Python dicts and lists.
+fn to_python<'py, T: serde::Serialize>(py: Python<'py>, value: &T) -> PyResult<Bound<'py, PyAny>> {
+    pythonize::pythonize(py, value).map_err(|e| RaglineError::new_err(e.to_string()))
 }
 
 fn model_config(model: &str, device: &str, dtype: &str) -> PyResult<ModelConfig> {
@@ -407,11 +412,26 @@ impl Observer for Callback {
     }
 }
 
-/// `ingest(argv, progress)`: the run of `ragline ingest` with this command line; its
-/// summary as the JSON `--report` writes.
+/// `ingest(paths, index, model, config, progress, options)`: the run of `ragline ingest`,
+/// with `options` its flags by name (underscores for dashes); its summary (what `--report`
+/// writes) as a dict.
 #[pyfunction]
-#[pyo3(signature = (argv, progress = None))]
-fn ingest(py: Python<'_>, argv: Vec<String>, progress: Option<Py<PyAny>>) -> PyResult<String> {
+#[pyo3(signature = (paths, index, model = None, config = None, progress = None, options = None))]
+fn ingest<'py>(
+    py: Python<'py>,
+    paths: Vec<std::path::PathBuf>,
+    index: String,
+    model: Option<String>,
+    config: Option<std::path::PathBuf>,
+    progress: Option<Py<PyAny>>,
+    options: Option<Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut request = ingest_request(options.as_ref())?;
+    request.paths = paths;
+    request.index = Some(index);
+    if model.is_some() {
+        request.model.model = model;
+    }
     let mut callback = progress.map(|callable| Callback {
         callable,
         raised: None,
@@ -423,13 +443,42 @@ fn ingest(py: Python<'_>, argv: Vec<String>, progress: Option<Py<PyAny>>) -> PyR
                 Some(c) => c,
                 None => &mut silent,
             };
-            ragline::cli::ingest::summary(argv, observer)
+            let config = request.config(config.as_deref())?;
+            ragline::jobs::request::ingest(&request, &config, observer)
         })
         .map_err(error)?;
     if let Some(e) = callback.and_then(|c| c.raised) {
         return Err(e);
     }
-    serde_json::to_string(&summary).map_err(error)
+    to_python(py, &summary)
+}
+
+/// The keywords of `ingest()` as the library's typed request: an unknown one is refused by
+/// name, a value of the wrong type names its keyword.
+fn ingest_request(options: Option<&Bound<'_, PyDict>>) -> PyResult<IngestRequest> {
+    let Some(options) = options else {
+        return Ok(IngestRequest::default());
+    };
+    let known = IngestRequest::keywords();
+    for key in options.keys() {
+        let key: String = key.extract()?;
+        if !known.contains(&key) {
+            let hint = match key.as_str() {
+                "follow" | "poll_interval" => {
+                    " (--follow never returns: run `ragline ingest --follow` as a process, or \
+                     call ingest() in a loop)"
+                }
+                _ => " (ingest's options are its flags with underscores: `ragline ingest --help`)",
+            };
+            return Err(PyTypeError::new_err(format!(
+                "ingest() got an unknown option `{key}`{hint}"
+            )));
+        }
+    }
+    let mut from = pythonize::Depythonizer::from_object(options.as_any());
+    serde_path_to_error::deserialize::<_, IngestRequest>(&mut from).map_err(|e| {
+        PyTypeError::new_err(format!("ingest(): option `{}`: {}", e.path(), e.inner()))
+    })
 }
 
 /// An index opened for searching: its own model loaded once for vector and hybrid search.
@@ -459,7 +508,7 @@ impl Index {
         {
             return Ok(Arc::clone(s));
         }
-        let s = Arc::new(Mutex::new(ragline::cli::search::open(
+        let s = Arc::new(Mutex::new(ragline::jobs::open_searcher(
             &self.config,
             &self.model,
             self.exact,
@@ -481,9 +530,10 @@ impl Index {
         exact: bool,
         config: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
-        let mut pipeline = ragline::cli::load_config(config.as_deref()).map_err(error)?;
-        ragline::cli::apply_index(&mut pipeline, &Some(uri.to_string()))
-            .map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
+        let (mut pipeline, _) = PipelineConfig::load(config.as_deref()).map_err(error)?;
+        pipeline
+            .set_index(uri)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let mut model = model_config(&pipeline.model.name, device, dtype)?;
         model.query_prompt = pipeline.model.query_prompt.clone();
         model.batch_tokens = pipeline.model.batch_tokens;
@@ -496,16 +546,17 @@ impl Index {
         })
     }
 
-    /// `search(query, k, mode, where)`: the hits as `ragline search --json` prints them.
+    /// `search(query, k, mode, where)`: the hits as `ragline search --json` prints them, as
+    /// dicts.
     #[pyo3(signature = (query, k = 10, mode = "hybrid", r#where = None))]
-    fn search(
+    fn search<'py>(
         &self,
-        py: Python<'_>,
-        query: &Bound<'_, PyAny>,
+        py: Python<'py>,
+        query: &Bound<'py, PyAny>,
         k: usize,
         mode: &str,
         r#where: Option<Vec<String>>,
-    ) -> PyResult<String> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let query: String = query.extract().map_err(|_| {
             PyTypeError::new_err(format!("query must be a str, not {}", type_name(query)))
         })?;
@@ -520,22 +571,22 @@ impl Index {
             .map_err(|e| PyValueError::new_err(format!("mode={mode:?}: {e}")))?;
         let filter = Where::parse(&r#where.unwrap_or_default())
             .map_err(|e| PyValueError::new_err(format!("where: {e}")))?;
-        py.detach(|| -> anyhow::Result<String> {
-            let searcher = self.searcher(mode)?;
-            let searcher = searcher.lock().unwrap_or_else(|e| e.into_inner());
-            let hits = searcher.search_where(&query, mode, k, &filter)?;
-            Ok(serde_json::to_string(&hits)?)
-        })
-        .map_err(error)
+        let hits = py
+            .detach(|| -> anyhow::Result<_> {
+                let searcher = self.searcher(mode)?;
+                let searcher = searcher.lock().unwrap_or_else(|e| e.into_inner());
+                Ok(searcher.search_where(&query, mode, k, &filter)?)
+            })
+            .map_err(error)?;
+        to_python(py, &hits)
     }
 
-    /// `status()`: the index's lifecycle as `ragline status --json` prints it.
-    fn status(&self, py: Python<'_>) -> PyResult<String> {
-        py.detach(|| -> anyhow::Result<String> {
-            let report = ragline::jobs::status(&self.config)?;
-            Ok(serde_json::to_string(&report)?)
-        })
-        .map_err(error)
+    /// `status()`: the index's lifecycle as `ragline status --json` prints it, as a dict.
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let report = py
+            .detach(|| ragline::jobs::status(&self.config))
+            .map_err(error)?;
+        to_python(py, &report)
     }
 
     #[getter]

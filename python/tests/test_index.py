@@ -93,12 +93,26 @@ def test_a_second_run_embeds_nothing(index, corpus):
 
 
 def test_ingest_options_are_the_clis_flags(corpus, tmp_path, model_ready):
-    with pytest.raises(ragline.RaglineError, match="--no-such-flag"):
+    with pytest.raises(TypeError, match="unknown option `no_such_flag`"):
         ragline.ingest(corpus, index=f"sqlite://{tmp_path}/x.db", no_such_flag=3, progress=False)
+    with pytest.raises(TypeError, match="option `chunk_tokens`: .*integer"):
+        ragline.ingest(corpus, index=f"sqlite://{tmp_path}/x.db", chunk_tokens="many",
+                       progress=False)
+    with pytest.raises(TypeError, match="--follow never returns"):
+        ragline.ingest(corpus, index=f"sqlite://{tmp_path}/x.db", follow=True, progress=False)
+    with pytest.raises(ragline.RaglineError, match="--defer tokenize: only `embed`"):
+        ragline.ingest(corpus, index=f"sqlite://{tmp_path}/x.db", defer="tokenize",
+                       progress=False)
+    assert not (tmp_path / "x.db").exists()
     r = ragline.ingest(corpus, index=f"jsonl:{tmp_path}/out.jsonl", no_chunk=True,
                        progress=False, report=tmp_path / "report.json")
     assert r.counts["indexed"] == len(list(corpus.glob("*.md")))
     assert json.loads((tmp_path / "report.json").read_text())["counts"] == r.counts
+    # The options a list or one string, paths as path objects: as the flags take them.
+    first = sorted(corpus.glob("*.md"))[0]
+    r = ragline.ingest(corpus, index=f"jsonl:{tmp_path}/two.jsonl", no_chunk=True,
+                       progress=False, exclude=first.name, ext=["md"])
+    assert r.counts["indexed"] == len(list(corpus.glob("*.md"))) - 1
 
 
 def test_a_progress_callback_that_raises_is_raised_at_the_end(corpus, tmp_path, model_ready):

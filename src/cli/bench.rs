@@ -17,6 +17,8 @@ use ragline::stages::Stage;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use ragline::jobs::bench::WriteBenchReport;
+
 use super::model_args::{load_first, ModelArgs};
 
 /// The page benchmarked when no --corpus is given (react.dev, CC BY 4.0).
@@ -199,7 +201,7 @@ pub fn run(args: BenchArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         seconds: secs,
         tokens_per_s: tokens as f64 / secs,
         chunks_per_s: seqs.len() as f64 / secs,
-        peak_rss_mb: peak_rss_mb(),
+        peak_rss_mb: ragline::jobs::bench::peak_rss_mb(),
         device_memory_used_mb: device_memory_mb(&device.device),
         gflops,
         peak_gflops,
@@ -331,109 +333,73 @@ fn print_report(report: &Report) {
 
 /// `--write URI`: chunks/s into an index.
 fn bench_write(args: &BenchArgs, uri: &str) -> anyhow::Result<ExitCode> {
-    use ragline::indexers::synthetic::{self, CHUNKS_PER_DOCUMENT};
-    let uri: ragline::indexers::IndexUri = uri.parse().context("bad --write")?;
-    let filter = ragline::search::Where::parse(&args.filters)?;
-    let chunks = args.chunks.unwrap_or(100_000);
-    let like = match &args.like {
-        Some(path) => {
-            let like = synthetic::Like::from_npy(path, args.noise)?;
-            if like.dim() != args.dim {
-                bail!(
-                    "--like {} holds vectors of {} dimensions; give --dim {}",
-                    path.display(),
-                    like.dim(),
-                    like.dim()
-                );
-            }
-            Some(like)
-        }
-        None => None,
-    };
-    let mut identity = synthetic::identity(args.dim);
-    identity.ann = ragline::indexers::ann::AnnChoice {
-        mode: args.ann,
-        dtype: args.ann_dtype,
-    };
-    let factory = ragline::indexers::open(&uri, identity)?;
-    let report = synthetic::write_throughput(
-        factory.as_ref(),
-        chunks.div_ceil(CHUNKS_PER_DOCUMENT),
-        args.dim,
-        args.writers,
-        args.batch_size.map_or(synthetic::BATCH, |n| n as usize),
-        args.seed,
-        like.as_ref(),
-    )?;
-    let latency = if args.queries > 0 {
-        let reader = ragline::indexers::open_reader(&uri, false)?;
-        // Recall needs the exact answers beside the approximate ones.
-        let exact = if uri.is_store() {
-            Some(ragline::indexers::open_reader(&uri, true)?)
-        } else {
-            None
-        };
-        Some(synthetic::search_latency(
-            reader.as_ref(),
-            exact.as_deref(),
-            args.queries,
-            10,
-            args.dim,
-            like.as_ref(),
-            &filter,
-        )?)
-    } else {
-        None
-    };
-    let peak_rss_mb = peak_rss_mb();
-    let files_mb = match &uri {
-        ragline::indexers::IndexUri::Sqlite(path) => Some(index_files_bytes(path) as f64 / 1e6),
-        _ => None,
-    };
+    let report = ragline::jobs::bench::write(&ragline::jobs::bench::WriteBench {
+        uri,
+        chunks: args.chunks.unwrap_or(100_000),
+        dim: args.dim,
+        writers: args.writers,
+        batch_size: args.batch_size.map(|n| n as usize),
+        seed: args.seed,
+        like: args.like.as_deref(),
+        noise: args.noise,
+        queries: args.queries,
+        filters: &args.filters,
+        ann: ragline::indexers::ann::AnnChoice {
+            mode: args.ann,
+            dtype: args.ann_dtype,
+        },
+    })?;
     if args.json {
-        let mut v = serde_json::to_value(&report)?;
-        if let Some(l) = &latency {
-            v["search"] = serde_json::to_value(l)?;
-            v["recall_at_10"] = serde_json::to_value(l.recall_at_10)?;
-            v["search_p50_ms"] = serde_json::to_value(l.vector_p50_ms)?;
-            v["search_p99_ms"] = serde_json::to_value(l.vector_p99_ms)?;
-            if !args.filters.is_empty() {
-                v["where"] = serde_json::to_value(&args.filters)?;
-            }
-        }
-        v["peak_rss_mb"] = serde_json::to_value(peak_rss_mb)?;
-        v["files_mb"] = serde_json::to_value(files_mb)?;
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        if let Some(l) = &latency {
-            println!(
-                "search over {} queries: vector p50 {:.2} ms, p99 {:.2} ms; keyword p50 {:.2} ms, p99 {:.2} ms",
-                l.queries, l.vector_p50_ms, l.vector_p99_ms, l.keyword_p50_ms, l.keyword_p99_ms
-            );
-            if let (Some(r), Some(e)) = (l.recall_at_10, l.exact_p50_ms) {
-                println!("recall@10 against the exact scan {r:.4} (exact scan p50 {e:.2} ms)");
-            }
-        }
-        if let Some(mb) = files_mb {
-            println!("index files {mb:.1} MB");
-        }
-        println!("peak RSS {peak_rss_mb:.0} MB");
         println!(
-            "{}: {} chunks ({} dimensions) in {:.2}s: {:.0} chunks/s with {} writers; \
-             finishing {:.1}s",
-            report.index,
-            report.chunks,
-            report.dimension,
-            report.seconds,
-            report.chunks_per_s,
-            report.writers,
-            report.finish_seconds
+            "{}",
+            serde_json::to_string_pretty(&write_json(args, &report)?)?
         );
-        for n in &report.notes {
-            println!("  {n}");
-        }
+    } else {
+        print_write(&report);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `bench --write --json`: the write report's fields, the search's beside them.
+fn write_json(args: &BenchArgs, r: &WriteBenchReport) -> anyhow::Result<serde_json::Value> {
+    let mut v = serde_json::to_value(&r.write)?;
+    if let Some(l) = &r.search {
+        v["search"] = serde_json::to_value(l)?;
+        v["recall_at_10"] = serde_json::to_value(l.recall_at_10)?;
+        v["search_p50_ms"] = serde_json::to_value(l.vector_p50_ms)?;
+        v["search_p99_ms"] = serde_json::to_value(l.vector_p99_ms)?;
+        if !args.filters.is_empty() {
+            v["where"] = serde_json::to_value(&args.filters)?;
+        }
+    }
+    v["peak_rss_mb"] = serde_json::to_value(r.peak_rss_mb)?;
+    v["files_mb"] = serde_json::to_value(r.files_mb)?;
+    Ok(v)
+}
+
+fn print_write(r: &WriteBenchReport) {
+    if let Some(l) = &r.search {
+        println!(
+            "search over {} queries: vector p50 {:.2} ms, p99 {:.2} ms; keyword p50 {:.2} ms, p99 {:.2} ms",
+            l.queries, l.vector_p50_ms, l.vector_p99_ms, l.keyword_p50_ms, l.keyword_p99_ms
+        );
+        if let (Some(recall), Some(e)) = (l.recall_at_10, l.exact_p50_ms) {
+            println!("recall@10 against the exact scan {recall:.4} (exact scan p50 {e:.2} ms)");
+        }
+    }
+    if let Some(mb) = r.files_mb {
+        println!("index files {mb:.1} MB");
+    }
+    println!("peak RSS {:.0} MB", r.peak_rss_mb);
+    let w = &r.write;
+    println!(
+        "{}: {} chunks ({} dimensions) in {:.2}s: {:.0} chunks/s with {} writers; \
+         finishing {:.1}s",
+        w.index, w.chunks, w.dimension, w.seconds, w.chunks_per_s, w.writers, w.finish_seconds
+    );
+    for n in &w.notes {
+        println!("  {n}");
+    }
 }
 
 fn read_corpus(dir: Option<&std::path::Path>) -> anyhow::Result<Vec<Document>> {
@@ -470,17 +436,6 @@ fn read_corpus(dir: Option<&std::path::Path>) -> anyhow::Result<Vec<Document>> {
 }
 
 /// Peak resident memory of this process, from /proc (0 where there is none).
-fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 #[cfg(feature = "cuda")]
 fn device_memory_mb(device: &candle_core::Device) -> Option<f64> {
     if !device.is_cuda() {
@@ -506,19 +461,4 @@ fn cpu_model() -> String {
                 .map(|(_, v)| v.trim().to_string())
         })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}
-
-/// Bytes of an SQLite index with its WAL and its ANN files.
-fn index_files_bytes(path: &std::path::Path) -> u64 {
-    let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-    let mut total = size(path);
-    for suffix in ["-wal", "-shm"] {
-        let mut p = path.as_os_str().to_os_string();
-        p.push(suffix);
-        total += size(std::path::Path::new(&p));
-    }
-    if let Ok(dir) = std::fs::read_dir(ragline::indexers::sqlite::ann::dir_of(path)) {
-        total += dir.flatten().map(|e| size(&e.path())).sum::<u64>();
-    }
-    total
 }

@@ -130,8 +130,7 @@ pub fn run(args: EnrichArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
             std::sync::Arc::new(move || m.render())
         };
         #[cfg(feature = "serve")]
-        let bound =
-            ragline::serve::metrics::serve_metrics(addr, render).map_err(anyhow::Error::msg)?;
+        let bound = ragline::serve::metrics::serve_metrics(addr, render)?;
         #[cfg(not(feature = "serve"))]
         let bound: std::net::SocketAddr = {
             let _ = (render, addr);

@@ -10,7 +10,7 @@ mod enrich;
 mod entities;
 mod eval;
 mod extract;
-pub mod ingest;
+mod ingest;
 mod labels;
 mod model_args;
 mod pause;
@@ -21,7 +21,7 @@ mod remote_args;
 mod rerank;
 #[cfg(feature = "nats")]
 mod role;
-pub mod search;
+mod search;
 #[cfg(feature = "serve")]
 mod serve;
 mod status;
@@ -199,15 +199,17 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// ragline.toml (or `--config`), or the defaults.
-pub fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<PipelineConfig> {
+pub(crate) fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<PipelineConfig> {
     Ok(PipelineConfig::load(path)?.0)
 }
 
 /// Put `--index` over the config.
-pub fn apply_index(config: &mut PipelineConfig, index: &Option<String>) -> anyhow::Result<()> {
+pub(crate) fn apply_index(
+    config: &mut PipelineConfig,
+    index: &Option<String>,
+) -> anyhow::Result<()> {
     if let Some(uri) = index {
-        config.index.uri = ragline::jobs::config::Parsed::parse(uri)
-            .map_err(|e| anyhow::anyhow!("bad --index: {e}"))?;
+        config.set_index(uri)?;
     }
     Ok(())
 }

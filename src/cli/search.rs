@@ -7,8 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 use ragline::indexers::IndexUri;
-use ragline::jobs::config::ModelConfig;
-use ragline::jobs::{self, PipelineConfig};
+use ragline::jobs;
 use ragline::search::{Fuse, Mode, Searcher};
 
 use super::model_args::ModelArgs;
@@ -83,7 +82,7 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
     let model_config = args.model.resolve(&config);
     let mut args = args;
     args.mode = with_fuse(args.mode, args.fuse)?;
-    let searcher = open(&config, &model_config, args.exact, args.mode)?;
+    let searcher = jobs::open_searcher(&config, &model_config, args.exact, args.mode)?;
     let hits = match &args.rerank {
         None => searcher.search_where(&args.query, args.mode, args.k, &filter)?,
         Some(spec) => {
@@ -146,25 +145,6 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The index `config` names, opened for searching in `mode`: vector and hybrid search load
-/// the index's own model (on `model`'s device, with its dtype and query prompt). The Python
-/// package's `ragline.Index`.
-pub fn open(
-    config: &PipelineConfig,
-    model: &ModelConfig,
-    exact: bool,
-    mode: Mode,
-) -> anyhow::Result<Searcher> {
-    let reader = Searcher::open(&config.index.uri.value, exact)?;
-    // The query is embedded with the index's own models (not --model's default).
-    Ok(jobs::searcher(
-        reader,
-        model,
-        mode.needs_dense(),
-        mode.needs_sparse(),
-    )?)
 }
 
 /// `--mode hybrid --fuse ...`: the mode with what it fuses; --fuse with another mode is

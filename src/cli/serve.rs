@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use ragline::embed::device::SelectedDevice;
+use ragline::embed::{EmbeddingModel, ModelFiles};
 use ragline::serve::{self, LongInputs, ModelThread, ServeOptions};
 
 use super::model_args::{load_first, ModelArgs};
@@ -248,28 +250,12 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         eprintln!("embedding on {} ({})", d.label, d.reason);
     }
     eprintln!("encoder: {}", first.encoder_kind());
-    let mut models = vec![ModelThread {
-        encoder: Box::new(first),
-        label: devices[0].label.clone(),
-    }];
-    for d in &devices[1..] {
-        models.push(ModelThread {
-            encoder: Box::new(ragline::jobs::load_model(&files, d, &model_config)?),
-            label: d.label.clone(),
-        });
-    }
+    let models = model_threads(first, &files, &devices, &model_config)?;
     let options = ServeOptions {
-        addr: SocketAddr::new(args.host, args.port),
         model_name: args
             .served_model_name
             .clone()
             .unwrap_or_else(|| model_config.name.clone()),
-        long_inputs: match args.long_inputs {
-            Long::Truncate => LongInputs::Truncate,
-            Long::Refuse => LongInputs::Refuse,
-        },
-        max_inputs: args.max_inputs,
-        max_body_bytes: args.max_body_bytes,
         max_queued_tokens: args.max_queued_tokens.unwrap_or(batch_tokens * 32),
         batch_tokens,
         max_wait: Duration::from_millis(model_config.max_wait_ms),
@@ -277,14 +263,8 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         prompts,
         normalized,
         api_key,
-        max_concurrent_requests: args.max_concurrent_requests,
-        // Each request holds a connection; idle keep-alive connections on top of those.
-        max_connections: args.max_concurrent_requests.saturating_mul(4).max(64),
-        cors_origin: args.cors_origin.clone(),
-        header_timeout: ServeOptions::DEFAULT_HEADER_TIMEOUT,
-        request_timeout: Duration::from_secs(args.request_timeout),
         index,
-        allowed_hosts: args.allowed_host.clone(),
+        ..serve_options(&args)
     };
     if let Some(d) = options.index.as_ref().and_then(|i| i.dimension) {
         if d > dimension {
@@ -315,9 +295,57 @@ pub fn run(args: ServeArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             }
         );
     })
-    .map_err(anyhow::Error::msg)
     .context("ragline serve")?;
     Ok(ExitCode::from(EXIT_OK))
+}
+
+/// One model thread per device: `first` on the first, the model loaded again on each other.
+fn model_threads(
+    first: EmbeddingModel,
+    files: &ModelFiles,
+    devices: &[SelectedDevice],
+    model_config: &ragline::jobs::config::ModelConfig,
+) -> anyhow::Result<Vec<ModelThread>> {
+    let mut models = vec![ModelThread {
+        encoder: Box::new(first),
+        label: devices[0].label.clone(),
+    }];
+    for d in &devices[1..] {
+        models.push(ModelThread {
+            encoder: Box::new(ragline::jobs::load_model(files, d, model_config)?),
+            label: d.label.clone(),
+        });
+    }
+    Ok(models)
+}
+
+/// The server's limits and addresses from the flags; the model's part filled by the caller.
+fn serve_options(args: &ServeArgs) -> ServeOptions {
+    ServeOptions {
+        addr: SocketAddr::new(args.host, args.port),
+        model_name: String::new(),
+        long_inputs: match args.long_inputs {
+            Long::Truncate => LongInputs::Truncate,
+            Long::Refuse => LongInputs::Refuse,
+        },
+        max_inputs: args.max_inputs,
+        max_body_bytes: args.max_body_bytes,
+        max_queued_tokens: 0,
+        batch_tokens: 0,
+        max_wait: Duration::ZERO,
+        prompt: Vec::new(),
+        prompts: Default::default(),
+        normalized: false,
+        api_key: None,
+        max_concurrent_requests: args.max_concurrent_requests,
+        // Each request holds a connection; idle keep-alive connections on top of those.
+        max_connections: args.max_concurrent_requests.saturating_mul(4).max(64),
+        cors_origin: args.cors_origin.clone(),
+        header_timeout: ServeOptions::DEFAULT_HEADER_TIMEOUT,
+        request_timeout: Duration::from_secs(args.request_timeout),
+        index: None,
+        allowed_hosts: args.allowed_host.clone(),
+    }
 }
 
 /// The task models `serve` runs beside the embedder, loaded on `device` (`sparse_spec`:

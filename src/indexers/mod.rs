@@ -16,6 +16,7 @@ mod identity;
 pub mod jsonl;
 pub mod meta;
 pub mod null;
+mod open;
 #[cfg(feature = "parquet")]
 pub mod parquet;
 #[cfg(feature = "postgres")]
@@ -35,7 +36,8 @@ pub use crate::lifecycle::{KnownDocument, KnownPage, StoredVectors};
 pub use batch::{BatchConfig, Indexer};
 pub use identity::{IndexIdentity, ModelIdentity};
 pub use meta::{ChunkRow, IndexMeta};
-pub use store::{open_store, Burial, IndexStore, SetState, StoredCopy, VectorSet};
+pub use open::{files_bytes, open, open_reader, open_store};
+pub use store::{Burial, IndexStore, SetState, StoredCopy, VectorSet};
 pub use uri::IndexUri;
 
 /// Why one item of a bulk write failed.
@@ -179,28 +181,6 @@ pub trait BackendFactory: Send + Sync {
     }
 }
 
-/// Open the backend a URI names for a run with `identity`, checking it is usable before the
-/// run starts.
-pub fn open(
-    uri: &IndexUri,
-    identity: IndexIdentity,
-) -> Result<Box<dyn BackendFactory>, BackendError> {
-    match uri {
-        IndexUri::Jsonl(path) => Ok(Box::new(jsonl::JsonlFactory::create(path)?)),
-        IndexUri::Null { delay } => Ok(Box::new(null::NullFactory { delay: *delay })),
-        IndexUri::Sqlite(path) => Ok(Box::new(sqlite::SqliteFactory::open(path, identity)?)),
-        #[cfg(feature = "postgres")]
-        IndexUri::Postgres(target) => {
-            Ok(Box::new(postgres::PostgresFactory::open(target, identity)?))
-        }
-        #[cfg(feature = "parquet")]
-        IndexUri::Parquet(path) => Ok(Box::new(parquet::ParquetFactory::create(
-            path,
-            identity.model.as_ref().map(|m| m.dimension),
-        )?)),
-    }
-}
-
 /// What search reads of an index.
 pub trait IndexReader: Send {
     fn meta(&self) -> &IndexMeta;
@@ -334,22 +314,6 @@ pub(crate) fn no_filters(index: &str) -> BackendError {
     BackendError::Invalid(format!(
         "--where is not supported by {index} yet; filter a sqlite:// index, or search without it"
     ))
-}
-
-/// Open an index for search. `exact`: vector search compares with every vector, not an
-/// approximate index (the ANN of sqlite://, HNSW of postgres://).
-pub fn open_reader(uri: &IndexUri, exact: bool) -> Result<Box<dyn IndexReader>, BackendError> {
-    match uri {
-        IndexUri::Sqlite(path) => Ok(Box::new(
-            sqlite::SqliteReader::open(path)?.with_exact(exact),
-        )),
-        #[cfg(feature = "postgres")]
-        IndexUri::Postgres(target) => Ok(Box::new(postgres::PgReader::open(target, exact)?)),
-        _ => Err(BackendError::Invalid(format!(
-            "{} is an output file, not a searchable index: search sqlite:// or postgres://",
-            uri
-        ))),
-    }
 }
 
 /// The version stamp shared by a document and the chunks made from that content with that

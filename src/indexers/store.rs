@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{IndexUri, ModelIdentity};
+use super::ModelIdentity;
 use crate::lifecycle::report::{
     BackfillProgress, CircuitOpen, DeadLetter, DocumentLifecycle, MinuteActivity, StatusReport,
     VectorSetStatus,
@@ -424,25 +424,4 @@ pub(crate) fn maintain<Q: BackfillSql>(q: &mut Q, now: i64) -> Result<Maintenanc
         return Ok(Maintenance::Blocked { set: set.id, dead });
     }
     Ok(Maintenance::Nothing)
-}
-
-/// Open the lifecycle store of an existing index.
-pub fn open_store(uri: &IndexUri) -> Result<Box<dyn IndexStore>, StoreError> {
-    match uri {
-        IndexUri::Sqlite(path) => {
-            if !path.is_file() {
-                return Err(StoreError::Invalid(format!(
-                    "no index at `{}`: run `ragline ingest` first, or give --index",
-                    path.display()
-                )));
-            }
-            Ok(Box::new(super::sqlite::SqliteStore::open(path)?))
-        }
-        #[cfg(feature = "postgres")]
-        IndexUri::Postgres(target) => Ok(Box::new(super::postgres::PgStore::open(target)?)),
-        _ => Err(StoreError::Invalid(format!(
-            "{uri} keeps no lifecycle: enrich, backfill, status, dlq, pause and promote \
-                 work on sqlite:// and postgres:// indexes"
-        ))),
-    }
 }

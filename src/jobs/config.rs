@@ -610,6 +610,13 @@ impl PipelineConfig {
         Ok(())
     }
 
+    /// Write to the index at `uri` (`--index`, `index=`).
+    pub fn set_index(&mut self, uri: &str) -> Result<(), ConfigError> {
+        self.index.uri =
+            Parsed::parse(uri).map_err(|e| ConfigError::Value(format!("bad --index: {e}")))?;
+        Ok(())
+    }
+
     /// The resolved pipeline as TOML (for `ragline check`).
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot show the pipeline: {e}"))
@@ -642,6 +649,16 @@ where
         text.parse::<T>()
             .map(|value| Parsed::new(text, value))
             .map_err(|e| e.to_string())
+    }
+}
+
+impl<'de, T: FromStr> Deserialize<'de> for Parsed<T>
+where
+    T::Err: fmt::Display,
+{
+    /// From the text a flag or a keyword gives (`"cuda:0"`, `"bf16"`).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        parsed(d)
     }
 }
 

@@ -2,6 +2,7 @@
 //! from a [`PipelineConfig`] (the defaults, `ragline.toml`, then the flags). Commands parse
 //! their flags into the config and call a function here; they assemble nothing themselves.
 
+pub mod bench;
 pub mod check;
 pub mod config;
 #[cfg(feature = "nats")]
@@ -12,6 +13,7 @@ pub mod metrics;
 pub mod model;
 pub mod model_stages;
 pub mod places;
+pub mod request;
 pub mod requeue;
 pub mod service_embedder;
 pub mod services;
@@ -23,8 +25,9 @@ pub use ingest::{ingest, prepare, Build, Prepared};
 pub(crate) use ingest::{ingest_from, Scope};
 pub use model::{
     batch_tokens, devices, load_model, load_reranker, load_sparse, model_files, model_identity,
-    searcher,
+    open_searcher, searcher,
 };
+pub use request::{IngestRequest, ModelRequest, RemoteRequest};
 
 use thiserror::Error;
 
@@ -60,6 +63,14 @@ pub enum JobError {
          it with `--features {feature}` (the default build has it)"
     )]
     NotBuilt { what: String, feature: &'static str },
+    /// A file the job was asked to write (`--report`) cannot be written.
+    #[error("cannot write {what} {}: {source}", path.display())]
+    Write {
+        what: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// A service's endpoint that cannot be made (its URL, a key over plain http).
     #[error(transparent)]
     Endpoint(#[from] crate::http::EndpointError),

@@ -92,6 +92,20 @@ pub fn load_sparse(
     )
 }
 
+/// The index `config` names, opened for searching in `mode`: vector and hybrid search load
+/// the index's own model (on `model`'s device, with its dtype and query prompt). What
+/// `ragline search` and the Python package's `ragline.Index` search with.
+pub fn open_searcher(
+    config: &config::PipelineConfig,
+    model: &config::ModelConfig,
+    exact: bool,
+    mode: crate::search::Mode,
+) -> Result<crate::search::Searcher, JobError> {
+    let reader = crate::search::Searcher::open(&config.index.uri.value, exact)?;
+    // The query is embedded with the index's own models (not --model's default).
+    searcher(reader, model, mode.needs_dense(), mode.needs_sparse())
+}
+
 /// A searcher over `reader` with what `dense` and `sparse` search need: the index's own dense
 /// model (fitted to its `--dimensions`) and its sparse model, each loaded on `model`'s first
 /// device in its dtype (not `model`'s name: a query is encoded as the index's chunks were).

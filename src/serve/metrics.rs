@@ -197,17 +197,20 @@ impl Default for ServeMetrics {
 pub fn serve_metrics(
     addr: SocketAddr,
     render: Arc<dyn Fn() -> String + Send + Sync>,
-) -> Result<SocketAddr, String> {
+) -> Result<SocketAddr, super::ServeError> {
+    use super::ServeError;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the metrics server: {e}"))?;
+        .map_err(|e| ServeError::start("the metrics server", e))?;
+    let listen = |source| ServeError::Listen {
+        addr: format!("--metrics-addr {addr}"),
+        source,
+    };
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(addr))
-        .map_err(|e| format!("cannot listen on --metrics-addr {addr}: {e}"))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| format!("--metrics-addr {addr}: {e}"))?;
+        .map_err(listen)?;
+    let bound = listener.local_addr().map_err(listen)?;
     std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
@@ -226,6 +229,6 @@ pub fn serve_metrics(
             );
             let _ = rt.block_on(async move { axum::serve(listener, app).await });
         })
-        .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
+        .map_err(|e| ServeError::start("the metrics thread", e))?;
     Ok(bound)
 }

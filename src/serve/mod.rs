@@ -140,6 +140,34 @@ struct App {
     logins: auth::LoginThrottle,
 }
 
+/// Why the server could not start. Once it serves, a request's failure is that request's
+/// answer, never the server's end.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A setting that cannot work: the message names the flag and the fix.
+    #[error("{0}")]
+    Setting(String),
+    /// A thread or the runtime could not start (the process is out of threads or memory).
+    #[error("cannot start {what}: {reason}")]
+    Start { what: String, reason: String },
+    /// The address cannot be listened on (in use, not this machine's, a port below 1024).
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ServeError {
+    fn start(what: impl Into<String>, reason: impl std::fmt::Display) -> ServeError {
+        ServeError::Start {
+            what: what.into(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
 /// Serve until SIGTERM/SIGINT or until `stop` resolves; `ready` hears the address bound.
 pub fn serve(
     models: Vec<ModelThread>,
@@ -148,36 +176,9 @@ pub fn serve(
     task_models: tasks::TaskModels,
     options: ServeOptions,
     ready: impl FnOnce(SocketAddr),
-) -> Result<(), String> {
+) -> Result<(), ServeError> {
     let batcher = Batcher::new(options.max_queued_tokens);
-    let shared_models = tasks::SharedModels::from(task_models);
-    let task_queues = tasks::TaskQueues::for_models(&shared_models, options.max_queued_tokens);
-    let metrics = ServeMetrics::new();
-    let tokenize_pool = rayon::ThreadPoolBuilder::new()
-        .thread_name(|i| format!("serve-tokenize-{i}"))
-        .build()
-        .map_err(|e| format!("cannot start the tokenizer threads: {e}"))?;
-    let app = Arc::new(App {
-        tokenizer,
-        dimension,
-        batcher: Arc::clone(&batcher),
-        metrics: metrics.clone(),
-        options: options.clone(),
-        stopping: AtomicBool::new(false),
-        requests: Arc::new(tokio::sync::Semaphore::new(
-            options.max_concurrent_requests.max(1),
-        )),
-        tokenize_pool,
-        search: options
-            .index
-            .clone()
-            .map(|setup| Arc::new(pages::SearchService::new(setup))),
-        tasks: task_queues,
-        models: shared_models,
-        hosts: auth::HostPolicy::new(options.addr.ip(), &options.allowed_hosts),
-        sessions: auth::Sessions::default(),
-        logins: auth::LoginThrottle::default(),
-    });
+    let app = app(tokenizer, dimension, task_models, &batcher, &options)?;
     let cors = match &options.cors_origin {
         None => None,
         Some(origin) => Some(cors_layer(origin)?),
@@ -187,30 +188,18 @@ pub fn serve(
         .thread_name("serve-io")
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the server runtime: {e}"))?;
+        .map_err(|e| ServeError::start("the server runtime", e))?;
+    let listen = |source| ServeError::Listen {
+        addr: options.addr.to_string(),
+        source,
+    };
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(options.addr))
-        .map_err(|e| format!("cannot listen on {}: {e}", options.addr))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| format!("cannot listen on {}: {e}", options.addr))?;
-    std::thread::scope(|scope| -> Result<(), String> {
+        .map_err(listen)?;
+    let bound = listener.local_addr().map_err(listen)?;
+    std::thread::scope(|scope| -> Result<(), ServeError> {
         for m in models {
-            let (batcher, metrics, options) = (Arc::clone(&batcher), metrics.clone(), &options);
-            std::thread::Builder::new()
-                .name(format!("model-{}", m.label))
-                .spawn_scoped(scope, move || {
-                    let report = |r: &WindowReport| observe_window(&metrics, r);
-                    batcher.run_model(
-                        m.encoder.as_ref(),
-                        &m.label,
-                        options.batch_tokens,
-                        options.batch_tokens * crate::embed::pool::WINDOW_BATCHES,
-                        options.max_wait,
-                        &report,
-                    );
-                })
-                .map_err(|e| format!("cannot start a model thread: {e}"))?;
+            spawn_model(scope, m, &batcher, &app.metrics, &options)?;
         }
         app.tasks
             .spawn(scope, &app.models, options.batch_tokens, options.max_wait)?;
@@ -227,6 +216,69 @@ pub fn serve(
         app.tasks.close();
         Ok(())
     })
+}
+
+/// What the handlers share: the queues, the models' tasks, the limits and the sessions.
+fn app(
+    tokenizer: TextTokenizer,
+    dimension: usize,
+    task_models: tasks::TaskModels,
+    batcher: &Arc<Batcher>,
+    options: &ServeOptions,
+) -> Result<Arc<App>, ServeError> {
+    let shared_models = tasks::SharedModels::from(task_models);
+    let task_queues = tasks::TaskQueues::for_models(&shared_models, options.max_queued_tokens);
+    let tokenize_pool = rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("serve-tokenize-{i}"))
+        .build()
+        .map_err(|e| ServeError::start("the tokenizer threads", e))?;
+    Ok(Arc::new(App {
+        tokenizer,
+        dimension,
+        batcher: Arc::clone(batcher),
+        metrics: ServeMetrics::new(),
+        options: options.clone(),
+        stopping: AtomicBool::new(false),
+        requests: Arc::new(tokio::sync::Semaphore::new(
+            options.max_concurrent_requests.max(1),
+        )),
+        tokenize_pool,
+        search: options
+            .index
+            .clone()
+            .map(|setup| Arc::new(pages::SearchService::new(setup))),
+        tasks: task_queues,
+        models: shared_models,
+        hosts: auth::HostPolicy::new(options.addr.ip(), &options.allowed_hosts),
+        sessions: auth::Sessions::default(),
+        logins: auth::LoginThrottle::default(),
+    }))
+}
+
+/// The thread of one embedding model: it takes windows of the batcher's queue until it closes.
+fn spawn_model<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    m: ModelThread,
+    batcher: &Arc<Batcher>,
+    metrics: &ServeMetrics,
+    options: &'scope ServeOptions,
+) -> Result<(), ServeError> {
+    let (batcher, metrics) = (Arc::clone(batcher), metrics.clone());
+    std::thread::Builder::new()
+        .name(format!("model-{}", m.label))
+        .spawn_scoped(scope, move || {
+            let report = |r: &WindowReport| observe_window(&metrics, r);
+            batcher.run_model(
+                m.encoder.as_ref(),
+                &m.label,
+                options.batch_tokens,
+                options.batch_tokens * crate::embed::pool::WINDOW_BATCHES,
+                options.max_wait,
+                &report,
+            );
+        })
+        .map(drop)
+        .map_err(|e| ServeError::start("a model thread", e))
 }
 
 /// A model thread's window in the metrics: its requests' waits, the compute, its size.
@@ -347,14 +399,15 @@ async fn accept(
 }
 
 /// CORS for one origin: its pages may POST JSON with an Authorization header.
-fn cors_layer(origin: &str) -> Result<tower_http::cors::CorsLayer, String> {
+fn cors_layer(origin: &str) -> Result<tower_http::cors::CorsLayer, ServeError> {
     use tower_http::cors::{AllowOrigin, CorsLayer};
-    let value = HeaderValue::from_str(origin.trim_end_matches('/'))
-        .map_err(|_| format!("--cors-origin `{origin}` is not a valid origin"))?;
+    let value = HeaderValue::from_str(origin.trim_end_matches('/')).map_err(|_| {
+        ServeError::Setting(format!("--cors-origin `{origin}` is not a valid origin"))
+    })?;
     if !(origin.starts_with("http://") || origin.starts_with("https://")) {
-        return Err(format!(
+        return Err(ServeError::Setting(format!(
             "--cors-origin `{origin}` must be an origin such as https://app.example.com"
-        ));
+        )));
     }
     // Allowed only for that origin: another one's request gets no CORS headers at all.
     Ok(CorsLayer::new()
@@ -380,26 +433,8 @@ async fn guard(
             return refused;
         }
     }
-    if let Some(key) = &app.options.api_key {
-        let open =
-            path == "/health" || (app.search.is_some() && (path == "/login" || path == "/logout"));
-        if !open && !authorized(&app.sessions, request.headers(), key) {
-            if app.search.is_some() && pages::is_page(&path) {
-                // A browser: to the login form.
-                return pages::to_login();
-            }
-            app.metrics.error("unauthorized");
-            let mut r = ApiError {
-                status: StatusCode::UNAUTHORIZED,
-                kind: "unauthorized",
-                message: "this server needs an API key: send `Authorization: Bearer KEY`".into(),
-                retry_after: None,
-            }
-            .into_response();
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return r;
-        }
+    if let Some(refused) = unauthorized(&app, &request, &path) {
+        return refused;
     }
     let embeds = request.method() == axum::http::Method::POST
         && path != "/login"
@@ -457,6 +492,32 @@ async fn guard(
             .into_response()
         }
     }
+}
+
+/// With an API key: 401 for a request without it (a page: to the login form). `/health`,
+/// and the login and logout of the search pages, are open.
+fn unauthorized(app: &App, request: &axum::extract::Request, path: &str) -> Option<Response> {
+    let key = app.options.api_key.as_ref()?;
+    let open =
+        path == "/health" || (app.search.is_some() && (path == "/login" || path == "/logout"));
+    if open || authorized(&app.sessions, request.headers(), key) {
+        return None;
+    }
+    if app.search.is_some() && pages::is_page(path) {
+        // A browser: to the login form.
+        return Some(pages::to_login());
+    }
+    app.metrics.error("unauthorized");
+    let mut r = ApiError {
+        status: StatusCode::UNAUTHORIZED,
+        kind: "unauthorized",
+        message: "this server needs an API key: send `Authorization: Bearer KEY`".into(),
+        retry_after: None,
+    }
+    .into_response();
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(r)
 }
 
 /// 421 for a request whose Host (or HTTP/2 authority) this server does not answer to.
@@ -986,46 +1047,8 @@ async fn queue_and_wait(
         interactive: endpoint == "search",
         reply,
     };
-    match app.batcher.submit(job).0 {
-        Admission::Queued => {}
-        Admission::Full { tokens: queued } => {
-            app.metrics.error("overloaded");
-            return Err(ApiError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                kind: "overloaded",
-                message: format!(
-                    "the queue holds {queued} tokens, its limit: retry after a moment"
-                ),
-                retry_after: Some(1),
-            });
-        }
-        Admission::Closed => {
-            app.metrics.error("shutting_down");
-            return Err(ApiError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                kind: "shutting_down",
-                message: "the server is stopping".into(),
-                retry_after: Some(1),
-            });
-        }
-        Admission::NoModel => {
-            app.metrics.error("model");
-            return Err(ApiError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                kind: "model",
-                message: "no model thread is running (they failed; see the server's log): \
-                          restart the server"
-                    .into(),
-                retry_after: None,
-            });
-        }
-    }
-    app.metrics
-        .queue_tokens
-        .set(app.batcher.queued_tokens() as i64);
-    app.metrics
-        .queue_requests
-        .set(app.batcher.queued_jobs() as i64);
+    refused(app, app.batcher.submit(job).0)?;
+    observe_queue(app);
     let vectors = answer
         .await
         .map_err(|_| ApiError {
@@ -1054,13 +1077,45 @@ async fn queue_and_wait(
         .tokens
         .get_or_create(&labels)
         .inc_by(tokens as u64);
+    observe_queue(app);
+    Ok((vectors, tokens))
+}
+
+/// The batcher's queue, in the metrics.
+fn observe_queue(app: &App) {
     app.metrics
         .queue_tokens
         .set(app.batcher.queued_tokens() as i64);
     app.metrics
         .queue_requests
         .set(app.batcher.queued_jobs() as i64);
-    Ok((vectors, tokens))
+}
+
+/// The answer to a job the batcher did not queue (503), counted.
+fn refused(app: &App, admission: Admission) -> Result<(), ApiError> {
+    let (kind, message, retry_after) = match admission {
+        Admission::Queued => return Ok(()),
+        Admission::Full { tokens: queued } => (
+            "overloaded",
+            format!("the queue holds {queued} tokens, its limit: retry after a moment"),
+            Some(1),
+        ),
+        Admission::Closed => ("shutting_down", "the server is stopping".into(), Some(1)),
+        Admission::NoModel => (
+            "model",
+            "no model thread is running (they failed; see the server's log): restart the \
+             server"
+                .into(),
+            None,
+        ),
+    };
+    app.metrics.error(kind);
+    Err(ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        kind,
+        message,
+        retry_after,
+    })
 }
 
 /// Time and count a request, whatever its answer.

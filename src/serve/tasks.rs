@@ -165,13 +165,16 @@ impl TaskQueues {
         models: &'scope SharedModels,
         batch_tokens: usize,
         max_wait: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), super::ServeError> {
         let start = |name: &str, f: Box<dyn FnOnce() + Send + 'scope>| {
             std::thread::Builder::new()
                 .name(format!("model-{name}"))
                 .spawn_scoped(scope, f)
                 .map(|_| ())
-                .map_err(|e| format!("cannot start the {name}'s thread: {e}"))
+                .map_err(|e| super::ServeError::Start {
+                    what: format!("the {name}'s thread"),
+                    reason: e.to_string(),
+                })
         };
         if let (Some(model), Some((queue, _))) = (&models.reranker, &self.rerank) {
             start(

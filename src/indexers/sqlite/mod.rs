@@ -465,6 +465,22 @@ impl StoredVectors for SqliteVectors {
 
 use super::content_version as version;
 
+/// The bytes of the index at `path` on disk: the database, its WAL and shared memory, and
+/// the ANN's files.
+pub fn files_bytes(path: &Path) -> u64 {
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let mut total = size(path);
+    for suffix in ["-wal", "-shm"] {
+        let mut p = path.as_os_str().to_os_string();
+        p.push(suffix);
+        total += size(Path::new(&p));
+    }
+    if let Ok(dir) = std::fs::read_dir(ann::dir_of(path)) {
+        total += dir.flatten().map(|e| size(&e.path())).sum::<u64>();
+    }
+    total
+}
+
 pub fn vector_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
