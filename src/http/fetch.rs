@@ -29,6 +29,28 @@ pub struct Page {
     pub body: Vec<u8>,
 }
 
+impl Page {
+    /// The document format of the page, from its content type (HTML when it says nothing).
+    pub fn format(&self) -> &'static str {
+        let media = self
+            .content_type
+            .as_deref()
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        if media.is_empty() || media.contains("html") {
+            "html"
+        } else if media.contains("markdown") {
+            "markdown"
+        } else if media.contains("pdf") {
+            "pdf"
+        } else if media.contains("wordprocessingml") {
+            "docx"
+        } else {
+            "text"
+        }
+    }
+}
+
 /// What a conditional GET sends: the validators of the copy the index holds.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Validators<'a> {

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use super::ModelIdentity;
 use crate::lifecycle::report::{
-    BackfillProgress, CircuitOpen, DeadLetter, DocumentLifecycle, MinuteActivity, StatusReport,
-    VectorSetStatus,
+    BackfillProgress, CircuitOpen, DeadLetter, DocumentLifecycle, MinuteActivity, StageCounts,
+    StatusReport, VectorSetStatus,
 };
 use crate::lifecycle::rules::{self, QueueSql, StatusGroup};
 use crate::lifecycle::{EnrichStore, Maintenance, Priority, StoreError, CHUNK, EMBED};
@@ -310,22 +310,7 @@ pub(crate) fn status_report<Q: StatusSql>(
         });
         if set.state == SetState::Backfill && backfill.is_none() {
             let stage = counts(q, EMBED, set.id)?;
-            backfill = Some(BackfillProgress {
-                vector_set: set.id,
-                model: set.model.clone(),
-                watermark: set.watermark.clone(),
-                all_queued: set.backfill_done,
-                documents_total: documents,
-                documents_queued: stage.pending
-                    + stage.in_progress
-                    + stage.failed
-                    + stage.dead
-                    + stage.done,
-                documents_done: stage.done,
-                chunks_embedded: embedded,
-                chunks_total: chunks,
-                stage,
-            });
+            backfill = Some(backfill_progress(set, stage, documents, embedded, chunks));
         }
     }
     let activity = q
@@ -347,6 +332,32 @@ pub(crate) fn status_report<Q: StatusSql>(
         activity,
         sparse_model: None,
     })
+}
+
+/// How far the backfill into `set` is: its embed stage's counts over the index's documents.
+fn backfill_progress(
+    set: &VectorSet,
+    stage: StageCounts,
+    documents: u64,
+    embedded: u64,
+    chunks: u64,
+) -> BackfillProgress {
+    BackfillProgress {
+        vector_set: set.id,
+        model: set.model.clone(),
+        watermark: set.watermark.clone(),
+        all_queued: set.backfill_done,
+        documents_total: documents,
+        documents_queued: stage.pending
+            + stage.in_progress
+            + stage.failed
+            + stage.dead
+            + stage.done,
+        documents_done: stage.done,
+        chunks_embedded: embedded,
+        chunks_total: chunks,
+        stage,
+    }
 }
 
 /// The statements of a backfill (a model migration), run in one write transaction of the

@@ -211,31 +211,7 @@ fn role_parts(
     record: &RunRecord,
     request: &RoleRequest,
 ) -> Result<RoleParts, JobError> {
-    if record.wire != WIRE_VERSION {
-        return Err(JobError::Setup(format!(
-            "run {} was published by ragline {} with message format {}; this is ragline {} \
-             with format {WIRE_VERSION}: run the same ragline version in every process",
-            record.run,
-            record.version,
-            record.wire,
-            env!("CARGO_PKG_VERSION")
-        )));
-    }
-    let theirs = PipelineConfig::parse(&record.config).map_err(|e| {
-        JobError::Setup(format!(
-            "run {}: its settings do not parse: {e}",
-            record.run
-        ))
-    })?;
-    let uses = match role {
-        Role::Embedder => Uses::ServicesOnly,
-        Role::Worker | Role::Indexer => Uses::IndexAndServices,
-    };
-    let mut config = adopt(theirs, &request.own, uses, &format!("this {}", role.name()))
-        .map_err(|e| JobError::Setup(format!("run {}: {e}", record.run)))?;
-    if let Some(model) = &request.model {
-        config.model.name = model.clone();
-    }
+    let mut config = run_config(role, record, request)?;
     let refuse = |found: &str| {
         JobError::Setup(format!(
             "run {} embeds with model `{}` (fingerprint {}), but this {} loaded `{}` \
@@ -295,4 +271,40 @@ fn role_parts(
             }
         }
     }
+}
+
+/// The settings of the run `record` publishes, with this process's own (its index, its
+/// services, `--model`) where the role takes them; refused when the publisher ran another
+/// message format.
+fn run_config(
+    role: Role,
+    record: &RunRecord,
+    request: &RoleRequest,
+) -> Result<PipelineConfig, JobError> {
+    if record.wire != WIRE_VERSION {
+        return Err(JobError::Setup(format!(
+            "run {} was published by ragline {} with message format {}; this is ragline {} \
+             with format {WIRE_VERSION}: run the same ragline version in every process",
+            record.run,
+            record.version,
+            record.wire,
+            env!("CARGO_PKG_VERSION")
+        )));
+    }
+    let theirs = PipelineConfig::parse(&record.config).map_err(|e| {
+        JobError::Setup(format!(
+            "run {}: its settings do not parse: {e}",
+            record.run
+        ))
+    })?;
+    let uses = match role {
+        Role::Embedder => Uses::ServicesOnly,
+        Role::Worker | Role::Indexer => Uses::IndexAndServices,
+    };
+    let mut config = adopt(theirs, &request.own, uses, &format!("this {}", role.name()))
+        .map_err(|e| JobError::Setup(format!("run {}: {e}", record.run)))?;
+    if let Some(model) = &request.model {
+        config.model.name = model.clone();
+    }
+    Ok(config)
 }

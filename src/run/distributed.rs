@@ -145,6 +145,23 @@ pub fn publish(
     if let Some(reason) = signal.abort_reason() {
         return Err(RunError::Aborted(reason));
     }
+    Ok(summary_of(
+        &publisher,
+        run_id,
+        backend_name,
+        started,
+        &stats,
+    ))
+}
+
+/// The run's summary, from what its events said.
+fn summary_of(
+    publisher: &Publisher,
+    run_id: RunId,
+    backend_name: String,
+    started: Instant,
+    stats: &RunStats,
+) -> RunSummary {
     let tracker = publisher.tracker();
     let mut summary = RunSummary::new(
         run_id,
@@ -153,10 +170,11 @@ pub fn publish(
         tracker.counts().clone(),
         tracker.failures().to_vec(),
         tracker.drops().to_vec(),
-        &stats,
+        stats,
     );
     // The embedders are other processes: what they did is what the chunks' FINISHes say.
     let (chunks, tokens) = tracker.embedded();
+    summary.unreadable = tracker.unreadable().to_vec();
     drop(tracker);
     summary.chunks_embedded = chunks;
     summary.tokens_embedded = tokens;
@@ -164,8 +182,7 @@ pub fn publish(
     summary.published_ids = publisher.published_ids();
     summary.gone_ids = publisher.gone_ids();
     summary.fetched = publisher.fetched_counts();
-    summary.unreadable = publisher.tracker().unreadable().to_vec();
-    Ok(summary)
+    summary
 }
 
 /// [`JOIN_WARNING`], or with the `test-hooks` feature `RAGLINE_TEST_JOIN_WARNING_SECS` (a test

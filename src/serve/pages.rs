@@ -596,25 +596,9 @@ pub(super) async fn admin(
             .map(|(_, v)| v.trim().to_string())
     };
     let token = field("csrf").unwrap_or_default();
-    let same_origin = match (headers.get(header::ORIGIN), headers.get(header::HOST)) {
-        (Some(origin), Some(host)) => origin
-            .to_str()
-            .ok()
-            .and_then(|o| o.split_once("://"))
-            .is_some_and(|(_, o)| host.to_str().is_ok_and(|h| h == o)),
-        _ => true,
-    };
-    if !same_origin || !bool::from(token.as_bytes().ct_eq(service.csrf.as_bytes())) {
+    if !same_origin(&headers) || !bool::from(token.as_bytes().ct_eq(service.csrf.as_bytes())) {
         app.metrics.error("forbidden");
-        let mut r = html(
-            "ragline: refused",
-            "<p class=error role=alert>Refused: this form did not come from this server's \
-             status page (its CSRF token or origin is wrong). Reload <a href=/status>the status \
-             page</a> and try again.</p>",
-            None,
-        );
-        *r.status_mut() = StatusCode::FORBIDDEN;
-        return r;
+        return forbidden();
     }
     let uri = service.setup.uri.clone();
     let stage = field("stage");
@@ -652,22 +636,50 @@ pub(super) async fn admin(
     .await;
     match done {
         Ok(Ok(said)) if said.is_empty() => StatusCode::NOT_FOUND.into_response(),
-        Ok(Ok(said)) => {
-            let to = format!(
-                "/status?{}",
-                url::form_urlencoded::Serializer::new(String::new())
-                    .append_pair("done", &said)
-                    .finish()
-            );
-            let mut r = StatusCode::SEE_OTHER.into_response();
-            if let Ok(v) = HeaderValue::from_str(&to) {
-                r.headers_mut().insert(header::LOCATION, v);
-            }
-            r
-        }
+        Ok(Ok(said)) => back_to_status(&said),
         Ok(Err(e)) => ApiError::bad(e.to_string()).into_response(),
         Err(e) => ApiError::bad(format!("the action failed: {e}")).into_response(),
     }
+}
+
+/// A browser's form from this server: its Origin (when sent) names the Host it was sent to.
+fn same_origin(headers: &axum::http::HeaderMap) -> bool {
+    match (headers.get(header::ORIGIN), headers.get(header::HOST)) {
+        (Some(origin), Some(host)) => origin
+            .to_str()
+            .ok()
+            .and_then(|o| o.split_once("://"))
+            .is_some_and(|(_, o)| host.to_str().is_ok_and(|h| h == o)),
+        _ => true,
+    }
+}
+
+/// 403 for an admin form that did not come from this server's status page.
+fn forbidden() -> Response {
+    let mut r = html(
+        "ragline: refused",
+        "<p class=error role=alert>Refused: this form did not come from this server's \
+         status page (its CSRF token or origin is wrong). Reload <a href=/status>the status \
+         page</a> and try again.</p>",
+        None,
+    );
+    *r.status_mut() = StatusCode::FORBIDDEN;
+    r
+}
+
+/// 303 to the status page, saying what was done.
+fn back_to_status(said: &str) -> Response {
+    let to = format!(
+        "/status?{}",
+        url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("done", said)
+            .finish()
+    );
+    let mut r = StatusCode::SEE_OTHER.into_response();
+    if let Ok(v) = HeaderValue::from_str(&to) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    r
 }
 
 /// Bars of the last hour, one a minute, for one series; an SVG drawn on the server.
@@ -812,49 +824,8 @@ fn status_html(r: &crate::lifecycle::report::StatusReport) -> String {
         r.documents,
         r.chunks
     );
-    for (name, c) in &r.stages {
-        let state = match (&c.circuit, c.paused) {
-            (Some(open), _) => format!("circuit open: {}", escape(&open.reason)),
-            (None, true) => "paused".into(),
-            (None, false) => "running".into(),
-        };
-        let state = match c.waiting_on_dependency {
-            0 => state,
-            n => format!("{state}; {n} wait for a stage it depends on"),
-        };
-        out.push_str(&format!(
-            "<tr data-stage=\"{0}\"><th scope=row>{0}<td>{1}<td>{2}<td>{3}<td>{4}<td>{5}<td>{6}<td>{7}</tr>",
-            escape(name),
-            c.pending,
-            c.in_progress,
-            c.failed,
-            c.dead,
-            c.done,
-            c.oldest_pending_secs
-                .map(|s| format!("{s:.0} s"))
-                .unwrap_or_else(|| "-".into()),
-            state
-        ));
-    }
-    out.push_str("</table>");
-    if !r.vector_sets.is_empty() {
-        out.push_str(
-            "<table id=vector-sets><caption>Vector sets</caption><tr><th scope=col>set\
-             <th scope=col>model<th scope=col>dimensions<th scope=col>embedded<th scope=col>state</tr>",
-        );
-        for s in &r.vector_sets {
-            out.push_str(&format!(
-                "<tr><td>{}<td>{}<td>{}<td>{} of {}<td>{}</tr>",
-                s.id,
-                escape(&s.model),
-                s.dimension,
-                s.embedded,
-                s.total,
-                escape(&s.state)
-            ));
-        }
-        out.push_str("</table>");
-    }
+    stage_rows(&mut out, r);
+    vector_set_rows(&mut out, r);
     let now_minute = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -890,6 +861,58 @@ fn status_html(r: &crate::lifecycle::report::StatusReport) -> String {
         ));
     }
     out
+}
+
+/// The stages' table rows, and its end.
+fn stage_rows(out: &mut String, r: &crate::lifecycle::report::StatusReport) {
+    for (name, c) in &r.stages {
+        let state = match (&c.circuit, c.paused) {
+            (Some(open), _) => format!("circuit open: {}", escape(&open.reason)),
+            (None, true) => "paused".into(),
+            (None, false) => "running".into(),
+        };
+        let state = match c.waiting_on_dependency {
+            0 => state,
+            n => format!("{state}; {n} wait for a stage it depends on"),
+        };
+        out.push_str(&format!(
+            "<tr data-stage=\"{0}\"><th scope=row>{0}<td>{1}<td>{2}<td>{3}<td>{4}<td>{5}<td>{6}<td>{7}</tr>",
+            escape(name),
+            c.pending,
+            c.in_progress,
+            c.failed,
+            c.dead,
+            c.done,
+            c.oldest_pending_secs
+                .map(|s| format!("{s:.0} s"))
+                .unwrap_or_else(|| "-".into()),
+            state
+        ));
+    }
+    out.push_str("</table>");
+}
+
+/// The vector sets' table, when the index has any.
+fn vector_set_rows(out: &mut String, r: &crate::lifecycle::report::StatusReport) {
+    if r.vector_sets.is_empty() {
+        return;
+    }
+    out.push_str(
+        "<table id=vector-sets><caption>Vector sets</caption><tr><th scope=col>set\
+         <th scope=col>model<th scope=col>dimensions<th scope=col>embedded<th scope=col>state</tr>",
+    );
+    for s in &r.vector_sets {
+        out.push_str(&format!(
+            "<tr><td>{}<td>{}<td>{}<td>{} of {}<td>{}</tr>",
+            s.id,
+            escape(&s.model),
+            s.dimension,
+            s.embedded,
+            s.total,
+            escape(&s.state)
+        ));
+    }
+    out.push_str("</table>");
 }
 
 /// A page: the shared head and styles, `body`, and a refresh every `refresh` seconds.

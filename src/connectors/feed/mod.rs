@@ -322,7 +322,7 @@ async fn fetch_page(
             reason: e.to_string(),
         },
     })?;
-    let format = super::web::format_of_page(&page);
+    let format = page.format();
     match document_of(id.to_string(), page.body.clone(), format) {
         Ok(doc) => Ok((page, doc)),
         Err(Unusable::Failed(reason)) => Err(Made::Failed {

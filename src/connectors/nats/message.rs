@@ -56,18 +56,7 @@ pub fn parse(payload: &[u8]) -> Result<Message, Malformed> {
     let Value::Object(mut map) = value else {
         return Err(bad(None, format!("not a JSON object; {SHAPE}")));
     };
-    let id = match map.remove("id") {
-        Some(Value::String(s)) if !s.trim().is_empty() => s,
-        Some(Value::Number(n)) => n.to_string(),
-        Some(Value::String(_)) => return Err(bad(None, format!("an empty \"id\"; {SHAPE}"))),
-        Some(other) => {
-            return Err(bad(
-                None,
-                format!("\"id\" is {}, not a string; {SHAPE}", kind(&other)),
-            ))
-        }
-        None => return Err(bad(None, format!("no \"id\"; {SHAPE}"))),
-    };
+    let id = id_of(&mut map)?;
     let fail = |reason: String| Malformed {
         id: Some(id.clone()),
         reason,
@@ -106,27 +95,7 @@ pub fn parse(payload: &[u8]) -> Result<Message, Malformed> {
         (false, Some(_), Some(_)) => {
             return Err(fail("both \"text\" and \"url\": give one of them".into()))
         }
-        (false, Some(Value::String(text)), None) => Body::Text {
-            text,
-            title: optional_string(&mut map, "title")
-                .map_err(|k| fail(format!("\"title\" is {k}, not a string")))?,
-            format: match optional_string(&mut map, "format")
-                .map_err(|k| fail(format!("\"format\" is {k}, not a string")))?
-            {
-                None => None,
-                Some(f) => Some(
-                    FORMATS
-                        .into_iter()
-                        .find(|known| known.eq_ignore_ascii_case(&f))
-                        .ok_or_else(|| {
-                            fail(format!(
-                                "\"format\": \"{}\" is not one of text, markdown, html",
-                                f.chars().take(40).collect::<String>()
-                            ))
-                        })?,
-                ),
-            },
-        },
+        (false, Some(Value::String(text)), None) => text_body(text, &mut map, &fail)?,
         (false, None, Some(Value::String(url))) => Body::Url(url),
         (false, Some(other), None) => {
             return Err(fail(format!("\"text\" is {}, not a string", kind(&other))))
@@ -137,6 +106,52 @@ pub fn parse(payload: &[u8]) -> Result<Message, Malformed> {
         (false, None, None) => return Err(fail(format!("neither \"text\" nor \"url\"; {SHAPE}"))),
     };
     Ok(Message { id, body, metadata })
+}
+
+/// The message's `"id"`: a non-empty string or a number.
+fn id_of(map: &mut Map<String, Value>) -> Result<String, Malformed> {
+    let bad = |reason: String| Malformed { id: None, reason };
+    match map.remove("id") {
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(s),
+        Some(Value::Number(n)) => Ok(n.to_string()),
+        Some(Value::String(_)) => Err(bad(format!("an empty \"id\"; {SHAPE}"))),
+        Some(other) => Err(bad(format!(
+            "\"id\" is {}, not a string; {SHAPE}",
+            kind(&other)
+        ))),
+        None => Err(bad(format!("no \"id\"; {SHAPE}"))),
+    }
+}
+
+/// A message that gives its text: with its optional title and format.
+fn text_body(
+    text: String,
+    map: &mut Map<String, Value>,
+    fail: &dyn Fn(String) -> Malformed,
+) -> Result<Body, Malformed> {
+    let title = optional_string(map, "title")
+        .map_err(|k| fail(format!("\"title\" is {k}, not a string")))?;
+    let format = match optional_string(map, "format")
+        .map_err(|k| fail(format!("\"format\" is {k}, not a string")))?
+    {
+        None => None,
+        Some(f) => Some(
+            FORMATS
+                .into_iter()
+                .find(|known| known.eq_ignore_ascii_case(&f))
+                .ok_or_else(|| {
+                    fail(format!(
+                        "\"format\": \"{}\" is not one of text, markdown, html",
+                        f.chars().take(40).collect::<String>()
+                    ))
+                })?,
+        ),
+    };
+    Ok(Body::Text {
+        text,
+        title,
+        format,
+    })
 }
 
 /// A string field that may be absent (or null, or empty); the kind of value it is otherwise.

@@ -104,44 +104,8 @@ impl NatsSource {
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let name = |what: &str| -> Result<String, ConnectorError> {
-                if value.is_empty()
-                    || !value
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-                {
-                    return Err(bad(format!(
-                        "{what} `{value}` must be letters, digits, - or _"
-                    )));
-                }
-                Ok(value.to_string())
-            };
-            let positive = || -> Result<u64, ConnectorError> {
-                value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| bad(format!("`{key}={value}` must be a positive number")))
-            };
-            match key {
-                "stream" => source.stream = Some(name("stream")?),
-                "durable" => source.durable = name("durable")?,
-                "max_messages" => source.max_messages = positive()? as usize,
-                "ack_wait" => source.ack_wait = Duration::from_secs(positive()?.max(3)),
-                "fetch_hosts" => {
-                    source.fetch_hosts = value
-                        .split(',')
-                        .filter(|h| !h.is_empty())
-                        .map(|h| h.to_ascii_lowercase())
-                        .collect()
-                }
-                "creds" | "tls" | "tls_ca" | "tls_cert" | "tls_key" => broker_query.push(pair),
-                _ => {
-                    return Err(bad(format!(
-                        "unknown setting `{key}` (stream, durable, max_messages, ack_wait, \
-                         fetch_hosts, creds, tls, tls_ca, tls_cert, tls_key)"
-                    )))
-                }
+            if !source.setting(key, value, &bad)? {
+                broker_query.push(pair);
             }
         }
         let servers = servers
@@ -155,6 +119,56 @@ impl NatsSource {
             source.durable = format!("ragline-{}", &version_key(&[index, &subject])[..16]);
         }
         Ok(source)
+    }
+
+    /// One `key=value` of the URL's query, onto `self`: false when it is the broker's own
+    /// (`creds`, `tls`...). `bad` makes the error that names the URL.
+    fn setting(
+        &mut self,
+        key: &str,
+        value: &str,
+        bad: &dyn Fn(String) -> ConnectorError,
+    ) -> Result<bool, ConnectorError> {
+        let name = |what: &str| -> Result<String, ConnectorError> {
+            if value.is_empty()
+                || !value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(bad(format!(
+                    "{what} `{value}` must be letters, digits, - or _"
+                )));
+            }
+            Ok(value.to_string())
+        };
+        let positive = || -> Result<u64, ConnectorError> {
+            value
+                .parse::<u64>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| bad(format!("`{key}={value}` must be a positive number")))
+        };
+        match key {
+            "stream" => self.stream = Some(name("stream")?),
+            "durable" => self.durable = name("durable")?,
+            "max_messages" => self.max_messages = positive()? as usize,
+            "ack_wait" => self.ack_wait = Duration::from_secs(positive()?.max(3)),
+            "fetch_hosts" => {
+                self.fetch_hosts = value
+                    .split(',')
+                    .filter(|h| !h.is_empty())
+                    .map(|h| h.to_ascii_lowercase())
+                    .collect()
+            }
+            "creds" | "tls" | "tls_ca" | "tls_cert" | "tls_key" => return Ok(false),
+            _ => {
+                return Err(bad(format!(
+                    "unknown setting `{key}` (stream, durable, max_messages, ack_wait, \
+                     fetch_hosts, creds, tls, tls_ca, tls_cert, tls_key)"
+                )))
+            }
+        }
+        Ok(true)
     }
 
     /// The consumer's settings.
@@ -431,19 +445,7 @@ impl Consume<'_> {
         let read: Vec<(Taken, Result<message::Message, Malformed>)> = taken
             .into_iter()
             .map(|t| {
-                let m = if t.payload.len() as u64 > self.fetch.max_bytes {
-                    Err(Malformed {
-                        id: None,
-                        reason: format!(
-                            "{} bytes, over --max-file-bytes={} (the limit of one document); \
-                             raise it to read this message",
-                            t.payload.len(),
-                            self.fetch.max_bytes
-                        ),
-                    })
-                } else {
-                    message::parse(&t.payload)
-                };
+                let m = self.read(&t.payload);
                 (t, m)
             })
             .collect();
@@ -496,20 +498,41 @@ impl Consume<'_> {
         }))
         .buffered(self.fetch.concurrency.max(1));
         while let Some((id, source, made)) = made.next().await {
-            match made {
-                Made::Document(doc) => self.publisher.publish(*doc)?,
-                Made::Gone(reason) => {
-                    self.publisher
-                        .publish_gone(&id, Some(&source), "read", &reason)
-                }
-                Made::Failed(reason) => {
-                    self.publisher
-                        .publish_failed(&id, Some(&source), "read", &reason)
-                }
-                Made::Dropped(reason) => {
-                    self.publisher
-                        .publish_dropped(&id, Some(&source), "read", &reason)
-                }
+            self.publish_made(&id, &source, made)?;
+        }
+        Ok(())
+    }
+
+    /// A message's payload read, within the size of one document.
+    fn read(&self, payload: &[u8]) -> Result<message::Message, Malformed> {
+        if payload.len() as u64 > self.fetch.max_bytes {
+            return Err(Malformed {
+                id: None,
+                reason: format!(
+                    "{} bytes, over --max-file-bytes={} (the limit of one document); raise it \
+                     to read this message",
+                    payload.len(),
+                    self.fetch.max_bytes
+                ),
+            });
+        }
+        message::parse(payload)
+    }
+
+    /// What a message made, published.
+    fn publish_made(&self, id: &str, source: &str, made: Made) -> Result<(), ConnectorError> {
+        match made {
+            Made::Document(doc) => self.publisher.publish(*doc)?,
+            Made::Gone(reason) => self
+                .publisher
+                .publish_gone(id, Some(source), "read", &reason),
+            Made::Failed(reason) => {
+                self.publisher
+                    .publish_failed(id, Some(source), "read", &reason)
+            }
+            Made::Dropped(reason) => {
+                self.publisher
+                    .publish_dropped(id, Some(source), "read", &reason)
             }
         }
         Ok(())
@@ -697,54 +720,57 @@ impl Settlement for NatsSettlement {
                 .map_err(std::io::Error::other)?;
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
         });
-        let mut notes = Vec::new();
         let messages = held.taken.len() + held.given_back.len();
-        match sent {
-            Err(e) => notes.push(format!(
+        let note = match sent {
+            Err(e) => format!(
                 "{}: the acknowledgements of {messages} messages were not all sent ({e}); the \
                  broker gives them again after ack_wait, and a document with the same content \
                  is unchanged",
                 self.shown
-            )),
-            Ok(()) if accounted => {
-                let mut note = format!(
-                    "{}: {} messages from stream {} acknowledged (consumer {})",
-                    self.shown,
-                    held.taken.len(),
-                    held.stream,
-                    self.durable
-                );
-                if held.superseded > 0 {
-                    note.push_str(&format!(
-                        "; {} superseded by a later message for the same document",
-                        held.superseded
-                    ));
-                }
-                if !held.given_back.is_empty() {
-                    note.push_str(&format!(
-                        "; {} given back for the next run (a document this run already \
-                         published)",
-                        held.given_back.len()
-                    ));
-                }
-                if held.capped || held.pending > 0 {
-                    note.push_str(&format!(
-                        "; {} more waiting (a run takes at most ?max_messages=): the next run \
-                         or --follow pass takes them",
-                        held.pending
-                    ));
-                }
-                notes.push(note);
-            }
-            Ok(()) => notes.push(format!(
+            ),
+            Ok(()) if accounted => self.acknowledged(&held),
+            Ok(()) => format!(
                 "{}: the run stopped: {messages} messages given back to the broker for the \
                  next run",
                 self.shown
-            )),
-        }
+            ),
+        };
         drop(client);
         session.rt.shutdown_timeout(Duration::from_secs(1));
-        notes
+        vec![note]
+    }
+}
+
+impl NatsSettlement {
+    /// The note of a run whose messages were all acknowledged or given back.
+    fn acknowledged(&self, held: &Held) -> String {
+        let mut note = format!(
+            "{}: {} messages from stream {} acknowledged (consumer {})",
+            self.shown,
+            held.taken.len(),
+            held.stream,
+            self.durable
+        );
+        if held.superseded > 0 {
+            note.push_str(&format!(
+                "; {} superseded by a later message for the same document",
+                held.superseded
+            ));
+        }
+        if !held.given_back.is_empty() {
+            note.push_str(&format!(
+                "; {} given back for the next run (a document this run already published)",
+                held.given_back.len()
+            ));
+        }
+        if held.capped || held.pending > 0 {
+            note.push_str(&format!(
+                "; {} more waiting (a run takes at most ?max_messages=): the next run or \
+                 --follow pass takes them",
+                held.pending
+            ));
+        }
+        note
     }
 }
 

@@ -432,6 +432,33 @@ fn id_text(v: &Value) -> Option<String> {
     }
 }
 
+/// The non-empty values of the text columns, taken out of `columns`.
+fn text_parts(spec: &TableSpec, columns: &mut Map<String, Value>) -> Vec<String> {
+    let mut parts = Vec::new();
+    for c in &spec.text {
+        match columns.remove(c) {
+            Some(Value::String(s)) if !s.trim().is_empty() => parts.push(s),
+            Some(Value::Null | Value::String(_)) | None => {}
+            Some(other) => parts.push(other.to_string()),
+        }
+    }
+    parts
+}
+
+/// Why a row with no text is dropped.
+fn no_text(spec: &TableSpec) -> String {
+    format!(
+        "the text column{} {} NULL or empty",
+        if spec.text.len() > 1 { "s" } else { "" },
+        spec.text
+            .iter()
+            .map(|c| format!("`{c}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+            + if spec.text.len() > 1 { " are" } else { " is" }
+    )
+}
+
 /// The document a row makes, or why it makes none.
 fn row_document(spec: &TableSpec, row: Row, number: usize, max_bytes: u64) -> Made {
     let Row {
@@ -467,28 +494,9 @@ fn row_document(spec: &TableSpec, row: Row, number: usize, max_bytes: u64) -> Ma
         Some(Value::Null | Value::String(_)) | None => None,
         Some(other) => Some(other.to_string()),
     });
-    let mut parts = Vec::new();
-    for c in &spec.text {
-        match columns.remove(c) {
-            Some(Value::String(s)) if !s.trim().is_empty() => parts.push(s),
-            Some(Value::Null | Value::String(_)) | None => {}
-            Some(other) => parts.push(other.to_string()),
-        }
-    }
+    let parts = text_parts(spec, &mut columns);
     if parts.is_empty() {
-        return Made::Dropped(
-            doc_id,
-            format!(
-                "the text column{} {} NULL or empty",
-                if spec.text.len() > 1 { "s" } else { "" },
-                spec.text
-                    .iter()
-                    .map(|c| format!("`{c}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-                    + if spec.text.len() > 1 { " are" } else { " is" }
-            ),
-        );
+        return Made::Dropped(doc_id, no_text(spec));
     }
     let text = parts.join("\n\n");
     if text.len() as u64 > max_bytes {

@@ -127,26 +127,6 @@ struct CrawlState {
     known: HashMap<Url, KnownPage>,
 }
 
-/// The format of a downloaded page, from its content type (HTML when it says nothing).
-pub fn format_of_page(page: &Page) -> &'static str {
-    let media = page
-        .content_type
-        .as_deref()
-        .unwrap_or("")
-        .to_ascii_lowercase();
-    if media.is_empty() || media.contains("html") {
-        "html"
-    } else if media.contains("markdown") {
-        "markdown"
-    } else if media.contains("pdf") {
-        "pdf"
-    } else if media.contains("wordprocessingml") {
-        "docx"
-    } else {
-        "text"
-    }
-}
-
 fn looks_like_html(page: &Page) -> bool {
     let media = page
         .content_type
@@ -675,7 +655,7 @@ fn validators(page: &KnownPage) -> Validators<'_> {
 
 /// The document of a downloaded page, with its URL, validators and content type as metadata.
 pub(crate) fn page_document(id: &str, page: &Page) -> Result<Document, Unusable> {
-    let mut doc = document_of(id.to_string(), page.body.clone(), format_of_page(page))?;
+    let mut doc = document_of(id.to_string(), page.body.clone(), page.format())?;
     let m = &mut doc.fields.metadata;
     m.insert("url".into(), shown_url(&page.url).into());
     for (key, value) in [

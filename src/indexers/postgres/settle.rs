@@ -77,20 +77,8 @@ fn transition() -> &'static str {
                        THEN excluded.updated_at ELSE e.updated_at END"
 }
 
-/// Settle the rows of `ids` (distinct); new rows get `priority`. Documents no longer in the
-/// index lose their rows.
-pub fn settle(
-    c: &mut impl GenericClient,
-    s: &str,
-    ids: &[String],
-    all: &[VectorSet],
-    priority: Priority,
-    now: i64,
-) -> Result<(), postgres::Error> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let level = priority.level() as i32;
+/// The stage rows of those of `ids` no longer in the index.
+fn forget_gone(c: &mut impl GenericClient, s: &str, ids: &[String]) -> Result<(), postgres::Error> {
     for table in [
         "enrichment",
         "enrichment_errors",
@@ -106,6 +94,24 @@ pub fn settle(
             &[&ids],
         )?;
     }
+    Ok(())
+}
+
+/// Settle the rows of `ids` (distinct); new rows get `priority`. Documents no longer in the
+/// index lose their rows.
+pub fn settle(
+    c: &mut impl GenericClient,
+    s: &str,
+    ids: &[String],
+    all: &[VectorSet],
+    priority: Priority,
+    now: i64,
+) -> Result<(), postgres::Error> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let level = priority.level() as i32;
+    forget_gone(c, s, ids)?;
     let insert = "(document_id, stage, vector_set, status, priority, seq, fingerprint, \
                   input_version, todo_chunks, todo_tokens, enqueued_at, done_at, updated_at)";
     c.execute(

@@ -444,53 +444,7 @@ fn build(
     );
     // 2. One snapshot: its log position and every vector.
     let index = new_graph(set.dimension, dtype)?;
-    let (seq, vectors) = {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
-        let seq: i64 = tx.query_row("SELECT COALESCE(MAX(seq), 0) FROM ann_log", [], |r| {
-            r.get(0)
-        })?;
-        let n = vectors_in(&tx, set)? as usize;
-        index
-            .reserve_capacity_and_threads(n.max(16), rayon::current_num_threads().max(1))
-            .map_err(graph)?;
-        let mut stmt = tx.prepare(&format!("SELECT rowid, embedding FROM {}", set.vec_table))?;
-        let mut rows = stmt.query([])?;
-        let mut batch: Vec<(u64, Vec<f32>)> = Vec::with_capacity(BUILD_BATCH);
-        let mut added = 0usize;
-        loop {
-            let row = rows.next()?;
-            let done = row.is_none();
-            if let Some(r) = row {
-                let rowid: i64 = r.get(0)?;
-                let bytes: Vec<u8> = r.get(1)?;
-                if bytes.len() == set.dimension * 4 {
-                    batch.push((rowid as u64, vector_from_bytes(&bytes)));
-                }
-            }
-            if batch.len() >= BUILD_BATCH || (done && !batch.is_empty()) {
-                if index.size() + batch.len() > index.capacity() {
-                    index
-                        .reserve((index.size() + batch.len()).next_power_of_two())
-                        .map_err(graph)?;
-                }
-                use rayon::prelude::*;
-                batch
-                    .par_iter()
-                    .try_for_each(|(key, v)| add(&index, dtype, *key, v))?;
-                added += batch.len();
-                batch.clear();
-                #[cfg(feature = "failpoints")]
-                fail::fail_point!("ann::build-batch");
-            }
-            if done {
-                break;
-            }
-        }
-        drop(rows);
-        drop(stmt);
-        tx.commit()?;
-        (seq, added)
-    };
+    let (seq, vectors) = fill(conn, set, &index, dtype)?;
     // 3. The file, then the record that points at it.
     save(db, conn, set.id, &index, dtype, seq, !rebuild)?;
     let built = Maintained::Built {
@@ -502,6 +456,61 @@ fn build(
         update_loaded(db, conn, set, &row, Some(index))?;
     }
     Ok(built)
+}
+
+/// Every vector of one snapshot added to `index`, in parallel batches: the snapshot's log
+/// position and how many were added.
+fn fill(
+    conn: &mut Connection,
+    set: &VectorSet,
+    index: &usearch::Index,
+    dtype: AnnDtype,
+) -> Result<(i64, usize), AnnError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+    let seq: i64 = tx.query_row("SELECT COALESCE(MAX(seq), 0) FROM ann_log", [], |r| {
+        r.get(0)
+    })?;
+    let n = vectors_in(&tx, set)? as usize;
+    index
+        .reserve_capacity_and_threads(n.max(16), rayon::current_num_threads().max(1))
+        .map_err(graph)?;
+    let mut stmt = tx.prepare(&format!("SELECT rowid, embedding FROM {}", set.vec_table))?;
+    let mut rows = stmt.query([])?;
+    let mut batch: Vec<(u64, Vec<f32>)> = Vec::with_capacity(BUILD_BATCH);
+    let mut added = 0usize;
+    loop {
+        let row = rows.next()?;
+        let done = row.is_none();
+        if let Some(r) = row {
+            let rowid: i64 = r.get(0)?;
+            let bytes: Vec<u8> = r.get(1)?;
+            if bytes.len() == set.dimension * 4 {
+                batch.push((rowid as u64, vector_from_bytes(&bytes)));
+            }
+        }
+        if batch.len() >= BUILD_BATCH || (done && !batch.is_empty()) {
+            if index.size() + batch.len() > index.capacity() {
+                index
+                    .reserve((index.size() + batch.len()).next_power_of_two())
+                    .map_err(graph)?;
+            }
+            use rayon::prelude::*;
+            batch
+                .par_iter()
+                .try_for_each(|(key, v)| add(index, dtype, *key, v))?;
+            added += batch.len();
+            batch.clear();
+            #[cfg(feature = "failpoints")]
+            fail::fail_point!("ann::build-batch");
+        }
+        if done {
+            break;
+        }
+    }
+    drop(rows);
+    drop(stmt);
+    tx.commit()?;
+    Ok((seq, added))
 }
 
 /// Apply the log past the file to the graph and save it (rebuilding when much changed).
@@ -875,28 +884,9 @@ pub fn search(
     if row.state != "ready" || query.len() != set.dimension {
         return Ok(None);
     }
-    let fresh = cache.as_ref().is_some_and(|v| {
-        Some(&v.file) == row.file.as_ref() && v.set == set.id && v.size == row.size
-    });
-    if !fresh {
-        *cache = None;
-        match load(db, &row, set.dimension, true) {
-            Ok(index) => {
-                *cache = Some(AnnView {
-                    file: row.file.clone().unwrap_or_default(),
-                    set: set.id,
-                    dtype: row.dtype,
-                    size: row.size,
-                    index,
-                })
-            }
-            Err(e) => {
-                tracing::warn!("{e}; searching exactly until a writer rebuilds it");
-                return Ok(None);
-            }
-        }
-    }
-    let view = cache.as_ref().expect("loaded above");
+    let Some(view) = loaded(db, cache, &row, set) else {
+        return Ok(None);
+    };
     let (_, dirty) = dirty_since(conn, set.id, row.seq)?;
     if dirty.len() > dirty_limit(row.size) {
         tracing::debug!(
@@ -921,26 +911,7 @@ pub fn search(
             stats.scanned = true;
             scan_allowed(view, query, allowed, &dirty, rescore)?
         }
-        _ => {
-            let query_bits;
-            let keep = |key: u64| !dirty.contains(&key) && allowed.is_none_or(|a| a.contains(&key));
-            let matches = match (view.dtype, dirty.is_empty() && allowed.is_none()) {
-                (AnnDtype::Binary, plain) => {
-                    query_bits = sign_bits(query);
-                    let q = usearch::b1x8::from_u8s(&query_bits);
-                    if plain {
-                        view.index.search::<usearch::b1x8>(q, rescore)
-                    } else {
-                        view.index
-                            .filtered_search::<usearch::b1x8, _>(q, rescore, keep)
-                    }
-                }
-                (_, true) => view.index.search::<f32>(query, rescore),
-                (_, false) => view.index.filtered_search::<f32, _>(query, rescore, keep),
-            }
-            .map_err(graph)?;
-            matches.keys
-        }
+        _ => walk(view, query, rescore, allowed, &dirty)?,
     };
     stats.candidates = candidates.len();
     candidates.extend(
@@ -949,8 +920,82 @@ pub fn search(
             .copied()
             .filter(|c| allowed.is_none_or(|a| a.contains(c))),
     );
-    // Exact scores from the f32 vectors SQLite holds now; a candidate it no longer holds is
-    // gone.
+    Ok(Some((
+        exact_scores(conn, set, query, candidates, k)?,
+        stats,
+    )))
+}
+
+/// The set's ANN as `cache` holds it, loaded again when the file on record changed; None
+/// (and a warning) when it cannot be loaded.
+fn loaded<'a>(
+    db: &Path,
+    cache: &'a mut Option<AnnView>,
+    row: &AnnRow,
+    set: &VectorSet,
+) -> Option<&'a AnnView> {
+    let fresh = cache.as_ref().is_some_and(|v| {
+        Some(&v.file) == row.file.as_ref() && v.set == set.id && v.size == row.size
+    });
+    if !fresh {
+        *cache = None;
+        match load(db, row, set.dimension, true) {
+            Ok(index) => {
+                *cache = Some(AnnView {
+                    file: row.file.clone().unwrap_or_default(),
+                    set: set.id,
+                    dtype: row.dtype,
+                    size: row.size,
+                    index,
+                })
+            }
+            Err(e) => {
+                tracing::warn!("{e}; searching exactly until a writer rebuilds it");
+                return None;
+            }
+        }
+    }
+    cache.as_ref()
+}
+
+/// Candidates from a walk of the graph, the chunks changed since the file was cut (`dirty`)
+/// and those `allowed` leaves out masked.
+fn walk(
+    view: &AnnView,
+    query: &[f32],
+    rescore: usize,
+    allowed: Allowed<'_>,
+    dirty: &HashSet<u64>,
+) -> Result<Vec<u64>, AnnError> {
+    let query_bits;
+    let keep = |key: u64| !dirty.contains(&key) && allowed.is_none_or(|a| a.contains(&key));
+    let matches = match (view.dtype, dirty.is_empty() && allowed.is_none()) {
+        (AnnDtype::Binary, plain) => {
+            query_bits = sign_bits(query);
+            let q = usearch::b1x8::from_u8s(&query_bits);
+            if plain {
+                view.index.search::<usearch::b1x8>(q, rescore)
+            } else {
+                view.index
+                    .filtered_search::<usearch::b1x8, _>(q, rescore, keep)
+            }
+        }
+        (_, true) => view.index.search::<f32>(query, rescore),
+        (_, false) => view.index.filtered_search::<f32, _>(query, rescore, keep),
+    }
+    .map_err(graph)?;
+    Ok(matches.keys)
+}
+
+/// The `k` nearest of `candidates` by their exact scores, from the f32 vectors SQLite holds
+/// now; a candidate it no longer holds is gone.
+fn exact_scores(
+    conn: &Connection,
+    set: &VectorSet,
+    query: &[f32],
+    candidates: Vec<u64>,
+    k: usize,
+) -> Result<Vec<(i64, f64)>, AnnError> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT embedding FROM {} WHERE rowid = ?1",
         set.vec_table
@@ -966,7 +1011,7 @@ pub fn search(
     }
     scored.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
     scored.truncate(k);
-    Ok(Some((scored, stats)))
+    Ok(scored)
 }
 
 /// The `keep` chunks among `allowed` nearest to `query` by the graph's own (quantized)

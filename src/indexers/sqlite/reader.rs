@@ -31,6 +31,33 @@ type AllowedCache = (
     std::sync::Arc<std::collections::HashSet<u64>>,
 );
 
+/// The index's `meta` table: the schema version and the models it was built with.
+fn read_meta(conn: &Connection) -> rusqlite::Result<IndexMeta> {
+    let rows: Vec<(String, String)> = conn
+        .prepare("SELECT key, value FROM meta")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut meta = IndexMeta {
+        vec_table: "chunk_vectors".into(),
+        active_bit: 2,
+        ..IndexMeta::default()
+    };
+    for (k, v) in rows {
+        match k.as_str() {
+            "schema_version" => meta.schema_version = v.parse().unwrap_or(0),
+            "model" => meta.model = Some(v),
+            "model_dir" => meta.model_dir = Some(v),
+            "model_fingerprint" => meta.model_fingerprint = Some(v),
+            "dimension" => meta.dimension = v.parse().ok(),
+            "sparse_model" => meta.sparse_model = Some(v),
+            "sparse_model_dir" => meta.sparse_model_dir = Some(v),
+            "sparse_dimension" => meta.sparse_dimension = v.parse().ok(),
+            _ => {}
+        }
+    }
+    Ok(meta)
+}
+
 impl SqliteReader {
     /// Open an existing index read-only; a file that is not a ragline index is an error that
     /// says so.
@@ -54,47 +81,18 @@ impl SqliteReader {
         // A writer's lock (another process's commit, its first set-up) is waited for.
         conn.busy_timeout(super::BUSY_TIMEOUT)
             .map_err(|e| not_index(e.to_string()))?;
-        let has_meta = has_table(&conn, "meta").map_err(|e| match e.sqlite_error_code() {
+        let unreadable = |e: rusqlite::Error| match e.sqlite_error_code() {
             Some(rusqlite::ErrorCode::NotADatabase) => {
                 not_index("not an SQLite database, or a corrupted one".into())
             }
             _ => not_index(e.to_string()),
-        })?;
-        if !has_meta {
+        };
+        if !has_table(&conn, "meta").map_err(unreadable)? {
             return Err(not_index(
                 "an SQLite database without ragline's tables".into(),
             ));
         }
-        let rows: Vec<(String, String)> = conn
-            .prepare("SELECT key, value FROM meta")
-            .and_then(|mut s| {
-                s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                    .collect::<rusqlite::Result<_>>()
-            })
-            .map_err(|e| match e.sqlite_error_code() {
-                Some(rusqlite::ErrorCode::NotADatabase) => {
-                    not_index("not an SQLite database, or a corrupted one".into())
-                }
-                _ => not_index(e.to_string()),
-            })?;
-        let mut meta = IndexMeta {
-            vec_table: "chunk_vectors".into(),
-            active_bit: 2,
-            ..IndexMeta::default()
-        };
-        for (k, v) in rows {
-            match k.as_str() {
-                "schema_version" => meta.schema_version = v.parse().unwrap_or(0),
-                "model" => meta.model = Some(v),
-                "model_dir" => meta.model_dir = Some(v),
-                "model_fingerprint" => meta.model_fingerprint = Some(v),
-                "dimension" => meta.dimension = v.parse().ok(),
-                "sparse_model" => meta.sparse_model = Some(v),
-                "sparse_model_dir" => meta.sparse_model_dir = Some(v),
-                "sparse_dimension" => meta.sparse_dimension = v.parse().ok(),
-                _ => {}
-            }
-        }
+        let mut meta = read_meta(&conn).map_err(unreadable)?;
         if meta.schema_version > SCHEMA_VERSION {
             return Err(BackendError::Invalid(format!(
                 "index `{}` has schema version {}, newer than this ragline understands ({}); \
