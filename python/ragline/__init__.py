@@ -145,7 +145,8 @@ def ingest(
     ``defer="embed"``, ``exclude=["drafts/*"]`` (a list repeats the flag), ``workers=4``,
     ``ann="hnsw"``, ``device="cpu"``, ``report="run.json"``... They fill the same typed request
     the CLI's flags fill: an unknown option or a value of the wrong type raises
-    :class:`TypeError` naming it. ``model`` defaults to the config's, else
+    :class:`TypeError` naming it, a value that cannot work (``defer="tokenize"``)
+    :class:`ValueError`. ``model`` defaults to the config's, else
     sentence-transformers/all-MiniLM-L6-v2.
 
     ``progress``: a callable (called five times a second with a dict: ``documents_done``,

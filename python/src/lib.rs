@@ -13,10 +13,10 @@ use pyo3::types::{PyDict, PyString};
 use ragline::embed::tokenizer::TextTokenizer;
 use ragline::embed::{DTypeChoice, DeviceChoice, EmbeddingModel};
 use ragline::jobs::config::{ModelConfig, Parsed};
-use ragline::jobs::{IngestRequest, PipelineConfig};
+use ragline::jobs::{ConfigError, IngestRequest, JobError, PipelineConfig};
 use ragline::run::{Observer, Snapshot};
 use ragline::search::{Mode, Searcher, Where};
-use ragline::stages::chunk::{ChunkConfig, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
+use ragline::stages::chunk::{ChunkConfig, SizeError, DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_TOKENS};
 
 /// As the binary: mimalloc, and the counting that holds a parser to `--max-extract-mb`.
 #[global_allocator]
@@ -353,10 +353,18 @@ fn chunk(
         }
         .validate(limit, tokens != DEFAULT_CHUNK_TOKENS)
         .map_err(|e| {
-            PyValueError::new_err(
-                e.replace("--chunk-tokens", "tokens")
-                    .replace("--chunk-overlap", "overlap"),
-            )
+            // The keywords' names, not the flags'.
+            PyValueError::new_err(match e {
+                SizeError::OverLimit { target, limit } => format!(
+                    "tokens={target} exceeds the model's limit of {limit} tokens per chunk; \
+                     lower it to at most {limit}"
+                ),
+                SizeError::Zero => "tokens must be at least 1".into(),
+                SizeError::Overlap { overlap, target } => format!(
+                    "overlap={overlap} must be less than half of the chunk size ({target}); \
+                     lower it"
+                ),
+            })
         })?;
         let (extracted, children) =
             ragline::stages::chunk::chunk_text(&text, format, (*tokenizer).clone(), sizes)
@@ -446,7 +454,12 @@ fn ingest<'py>(
             let config = request.config(config.as_deref())?;
             ragline::jobs::request::ingest(&request, &config, observer)
         })
-        .map_err(error)?;
+        .map_err(|e| match e {
+            // A value that cannot work (`defer="tokenize"`, `chunk_overlap` over half the
+            // chunk): the caller's argument.
+            JobError::Config(ConfigError::Value(message)) => PyValueError::new_err(message),
+            e => error(e),
+        })?;
     if let Some(e) = callback.and_then(|c| c.raised) {
         return Err(e);
     }

@@ -100,7 +100,7 @@ def test_ingest_options_are_the_clis_flags(corpus, tmp_path, model_ready):
                        progress=False)
     with pytest.raises(TypeError, match="--follow never returns"):
         ragline.ingest(corpus, index=f"sqlite://{tmp_path}/x.db", follow=True, progress=False)
-    with pytest.raises(ragline.RaglineError, match="--defer tokenize: only `embed`"):
+    with pytest.raises(ValueError, match="--defer tokenize: only `embed`"):
         ragline.ingest(corpus, index=f"sqlite://{tmp_path}/x.db", defer="tokenize",
                        progress=False)
     assert not (tmp_path / "x.db").exists()

@@ -261,8 +261,7 @@ fn chunk_corpus(
         target: chunk_tokens,
         overlap: DEFAULT_CHUNK_OVERLAP,
     }
-    .validate(limit, chunk_tokens != DEFAULT_CHUNK_TOKENS)
-    .map_err(anyhow::Error::msg)?;
+    .validate(limit, chunk_tokens != DEFAULT_CHUNK_TOKENS)?;
     let tokenizer = &model.tokenizer;
     Ok(docs
         .into_par_iter()

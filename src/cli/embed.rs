@@ -169,7 +169,7 @@ impl Engine {
                 let vectors = remote
                     .embed(&inputs)
                     .into_iter()
-                    .map(|v| v.map(Output::Dense))
+                    .map(|v| v.map(Output::Dense).map_err(|e| e.0))
                     .collect();
                 Ok((vectors, sizes.iter().sum()))
             }

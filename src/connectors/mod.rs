@@ -67,6 +67,12 @@ pub enum ConnectorError {
     Source(String),
 }
 
+/// Why one record (a JSONL line, a table's cell) cannot be a document: the reason, for the
+/// record's FAIL. The run goes on.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct BadRecord(pub String);
+
 /// A source of documents.
 pub trait Connector: Send {
     /// The connector's name, for messages.

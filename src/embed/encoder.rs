@@ -50,11 +50,15 @@ pub trait Encoder: Send {
     /// One result per text (`tokens`: each text's size, for the service's limits), for an
     /// encoder that [`Encoder::embeds_text`]: a service may refuse one input and not its
     /// neighbours.
-    fn embed_texts(&self, texts: &[&str], tokens: &[usize]) -> Vec<Result<Vec<f32>, String>> {
+    fn embed_texts(
+        &self,
+        texts: &[&str],
+        tokens: &[usize],
+    ) -> Vec<Result<Vec<f32>, crate::http::Unanswered>> {
         let _ = tokens;
         texts
             .iter()
-            .map(|_| Err("this encoder embeds token ids, not texts: a bug".to_string()))
+            .map(|_| Err("this encoder embeds token ids, not texts: a bug".into()))
             .collect()
     }
 }

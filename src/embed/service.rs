@@ -119,7 +119,11 @@ impl Encoder for RemoteEncoder {
         true
     }
 
-    fn embed_texts(&self, texts: &[&str], tokens: &[usize]) -> Vec<Result<Vec<f32>, String>> {
+    fn embed_texts(
+        &self,
+        texts: &[&str],
+        tokens: &[usize],
+    ) -> Vec<Result<Vec<f32>, crate::http::Unanswered>> {
         let inputs: Vec<Input<'_>> = texts
             .iter()
             .zip(tokens)

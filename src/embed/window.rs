@@ -62,7 +62,7 @@ pub fn embed_window<E: Encoder + ?Sized>(
 }
 
 /// The outcomes of the inputs that copies in the window take, by input key.
-type Originals = HashMap<InputKey, Result<Vec<f32>, String>>;
+type Originals = HashMap<InputKey, Result<Vec<f32>, crate::http::Unanswered>>;
 
 /// One window on its way through [`embed_window`]; each step returns false as soon as the
 /// sink does.
@@ -170,7 +170,7 @@ impl<E: Encoder + ?Sized> Window<'_, '_, E> {
                             key,
                             match &outcome {
                                 Outcome::Embedded(v) | Outcome::Reused(v) => Ok(v.clone()),
-                                Outcome::Failed(r) => Err(r.clone()),
+                                Outcome::Failed(r) => Err(crate::http::Unanswered(r.clone())),
                             },
                         );
                     }
@@ -218,7 +218,7 @@ impl<E: Encoder + ?Sized> Window<'_, '_, E> {
                     self.stats.chunks_reused.fetch_add(1, Ordering::Relaxed);
                     Outcome::Reused(vector.clone())
                 }
-                Some(Err(reason)) => Outcome::Failed(reason.clone()),
+                Some(Err(reason)) => Outcome::Failed(reason.0.clone()),
                 None => unreachable!("every copy's original was embedded or failed: a bug"),
             };
             if !(self.sink)(i, outcome) {
@@ -234,7 +234,7 @@ impl<E: Encoder + ?Sized> Window<'_, '_, E> {
 /// batch counted in `stats`.
 fn outcomes<E: Encoder + ?Sized>(
     encoder: &E,
-    result: Result<Vec<Result<Vec<f32>, String>>, super::EmbedError>,
+    result: Result<Vec<Result<Vec<f32>, crate::http::Unanswered>>, super::EmbedError>,
     plan: &[usize],
     lengths: &[usize],
     stats: &RunStats,

@@ -72,7 +72,7 @@ impl ChatClient {
 }
 
 /// The assistant's text of an answer; an error is a malformed answer (retried).
-pub fn parse(body: &[u8]) -> Result<String, String> {
+pub fn parse(body: &[u8]) -> Result<String, super::Unanswered> {
     #[derive(Deserialize)]
     struct Message {
         content: Option<String>,
@@ -94,7 +94,7 @@ pub fn parse(body: &[u8]) -> Result<String, String> {
         .and_then(|c| c.message.content)
         .map(|t| t.trim().to_string())
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| "a chat completion without text".to_string())
+        .ok_or_else(|| "a chat completion without text".into())
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{CallError, Endpoint};
+use super::{CallError, Endpoint, Unanswered};
 
 /// Which API the service speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,7 +94,7 @@ pub struct RemoteEmbedder {
     dimension: AtomicUsize,
 }
 
-type Results = Vec<(usize, Result<Vec<f32>, String>)>;
+type Results = Vec<(usize, Result<Vec<f32>, Unanswered>)>;
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 impl RemoteEmbedder {
@@ -125,7 +125,7 @@ impl RemoteEmbedder {
     }
 
     /// Embed one text to learn the service's dimension (and that it answers at all).
-    pub fn probe(&self) -> Result<usize, String> {
+    pub fn probe(&self) -> Result<usize, Unanswered> {
         let input = Input {
             text: "ragline probe",
             tokens: 4,
@@ -138,18 +138,18 @@ impl RemoteEmbedder {
     }
 
     /// One result per input, in order: its vector, or why it has none.
-    pub fn embed(&self, inputs: &[Input<'_>]) -> Vec<Result<Vec<f32>, String>> {
+    pub fn embed(&self, inputs: &[Input<'_>]) -> Vec<Result<Vec<f32>, Unanswered>> {
         self.endpoint.block_on(self.embed_async(inputs))
     }
 
     /// [`RemoteEmbedder::embed`] for async callers (`ragline serve`'s tests, the server).
-    pub async fn embed_async(&self, inputs: &[Input<'_>]) -> Vec<Result<Vec<f32>, String>> {
+    pub async fn embed_async(&self, inputs: &[Input<'_>]) -> Vec<Result<Vec<f32>, Unanswered>> {
         let groups = self.plan(inputs);
         let sent = groups
             .into_iter()
             .map(|g| self.send_group(inputs, g))
             .collect::<Vec<_>>();
-        let mut out: Vec<Option<Result<Vec<f32>, String>>> = vec![None; inputs.len()];
+        let mut out: Vec<Option<Result<Vec<f32>, Unanswered>>> = vec![None; inputs.len()];
         for results in futures::future::join_all(sent).await {
             for (i, r) in results {
                 out[i] = Some(r);
@@ -224,7 +224,8 @@ impl RemoteEmbedder {
                     a
                 }
                 Err(e) => {
-                    let reason = format!("{}: {e}", self.endpoint.shown_url(api.path()));
+                    let reason =
+                        Unanswered(format!("{}: {e}", self.endpoint.shown_url(api.path())));
                     group
                         .into_iter()
                         .map(|i| (i, Err(reason.clone())))
@@ -235,7 +236,7 @@ impl RemoteEmbedder {
     }
 
     /// Every vector of the expected dimension and finite; normalised if asked.
-    fn check(&self, mut vectors: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>, String> {
+    fn check(&self, mut vectors: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>, Unanswered> {
         for v in &mut vectors {
             let expected = self.dimension.load(Ordering::Relaxed);
             if expected == 0 {
@@ -246,18 +247,18 @@ impl RemoteEmbedder {
                     Ordering::Relaxed,
                 );
             } else if v.len() != expected {
-                return Err(format!(
+                return Err(Unanswered(format!(
                     "{} answered a {}-dimensional vector where {expected} dimensions were \
                      expected: is it serving another model than the index was built with?",
                     self.endpoint.settings().url,
                     v.len()
-                ));
+                )));
             }
             if v.is_empty() || v.iter().any(|x| !x.is_finite()) {
-                return Err(format!(
+                return Err(Unanswered(format!(
                     "{} answered a vector with non-finite values (or none)",
                     self.endpoint.settings().url
-                ));
+                )));
             }
             if self.settings.normalize {
                 let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
@@ -271,7 +272,7 @@ impl RemoteEmbedder {
 }
 
 /// The vectors of an answer, in input order; an error is a malformed answer (retried).
-pub fn parse(api: EmbedApi, body: &[u8], expected: usize) -> Result<Vec<Vec<f32>>, String> {
+pub fn parse(api: EmbedApi, body: &[u8], expected: usize) -> Result<Vec<Vec<f32>>, Unanswered> {
     let vectors = match api {
         EmbedApi::Openai => {
             #[derive(Deserialize)]
@@ -299,7 +300,7 @@ pub fn parse(api: EmbedApi, body: &[u8], expected: usize) -> Result<Vec<Vec<f32>
             .map_err(|e| format!("not a TEI /embed answer: {e}"))?,
     };
     if vectors.len() != expected {
-        return Err(format!("{} vectors for {expected} inputs", vectors.len()));
+        return Err(format!("{} vectors for {expected} inputs", vectors.len()).into());
     }
     Ok(vectors)
 }
@@ -323,6 +324,7 @@ mod tests {
         );
         assert!(parse(EmbedApi::Tei, b"[[1.0,2.0]]", 2)
             .unwrap_err()
+            .0
             .contains("1 vectors for 2 inputs"));
         assert!(parse(EmbedApi::Openai, br#"{"data":[{"embedding":[1.0"#, 1).is_err());
         let gap = br#"{"data":[{"index":0,"embedding":[1.0]},{"index":2,"embedding":[1.0]}]}"#;

@@ -102,6 +102,25 @@ pub enum EndpointError {
     Client(String),
 }
 
+/// Why a service's answer (or one input of a call) gave no result: the message names the
+/// service and what it answered (a malformed body, a vector of the wrong size, an input it
+/// refused).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("{0}")]
+pub struct Unanswered(pub String);
+
+impl From<String> for Unanswered {
+    fn from(reason: String) -> Self {
+        Unanswered(reason)
+    }
+}
+
+impl From<&str> for Unanswered {
+    fn from(reason: &str) -> Self {
+        Unanswered(reason.to_string())
+    }
+}
+
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum CallError {
     /// The service refused the input (a 4xx other than 408/429): retrying cannot help.
@@ -335,7 +354,7 @@ impl Endpoint {
         path: &str,
         body: &serde_json::Value,
         tokens: u64,
-        parse: impl Fn(&[u8]) -> Result<T, String>,
+        parse: impl Fn(&[u8]) -> Result<T, Unanswered>,
     ) -> Result<T, CallError> {
         let url = self.url(path);
         let body = serde_json::to_vec(body).expect("a JSON value serialises");
@@ -438,7 +457,7 @@ impl Endpoint {
         &self,
         url: &str,
         body: &[u8],
-        parse: &impl Fn(&[u8]) -> Result<T, String>,
+        parse: &impl Fn(&[u8]) -> Result<T, Unanswered>,
     ) -> Verdict<T> {
         let mut req = self
             .client
@@ -508,7 +527,7 @@ impl Endpoint {
         status: u16,
         after: Option<Duration>,
         bytes: &[u8],
-        parse: &impl Fn(&[u8]) -> Result<T, String>,
+        parse: &impl Fn(&[u8]) -> Result<T, Unanswered>,
     ) -> Verdict<T> {
         match status {
             200..=299 => match parse(bytes) {

@@ -6,6 +6,7 @@ use std::path::Path;
 use crate::indexers::BackendError;
 use crate::indexers::{self, IndexReader, IndexUri};
 
+use super::config::ConfigError;
 use super::model::{devices, load_model, model_files};
 use super::{service_embedder, JobError, PipelineConfig};
 
@@ -50,11 +51,11 @@ fn check_index(config: &PipelineConfig) -> Result<String, JobError> {
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."));
             if !dir.is_dir() {
-                return Err(JobError::Setup(format!(
+                return Err(JobError::Config(ConfigError::Value(format!(
                     "index {}: folder `{}` does not exist",
                     config.index.uri.value,
                     dir.display()
-                )));
+                ))));
             }
             format!(
                 "{}: new (created by the first ingest)",
@@ -95,7 +96,7 @@ fn check_service(config: &PipelineConfig) -> Result<String, JobError> {
     let r = &config.stages.embed.remote;
     let files = model_files(&config.model.name)?;
     let tokenizer = crate::embed::service::load_tokenizer(&files)
-        .map_err(|e| JobError::Setup(format!("model `{}`: {e}", files.name)))?;
+        .map_err(|e| JobError::Model(format!("model `{}`: {e}", files.name)))?;
     let service = service_embedder::remote_embedder(r)?;
     Ok(format!(
         "the {} API at {}{}: {} dimensions; chunks sized by the tokenizer of `{}` ({} \

@@ -532,16 +532,16 @@ impl PipelineConfig {
             path: path.clone(),
             reason: e.to_string(),
         })?;
-        let config = Self::parse(&text).map_err(|message| ConfigError::Invalid {
+        let config = Self::parse(&text).map_err(|e| ConfigError::Invalid {
             path: path.clone(),
-            message,
+            message: e.0,
         })?;
         Ok((config, Some(path)))
     }
 
     /// Parse TOML text; the error names the line and the key.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())
+    pub fn parse(text: &str) -> Result<Self, BadValue> {
+        toml::from_str(text).map_err(|e| BadValue(e.to_string().trim_end().to_string()))
     }
 
     /// Check what can be checked without any I/O; the message names the key and the fix.
@@ -623,6 +623,12 @@ impl PipelineConfig {
     }
 }
 
+/// A value that does not parse (a flag's, a key's, a settings text's): the message says which
+/// and why.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct BadValue(pub String);
+
 /// A value kept with the text it was parsed from, so the resolved pipeline prints as it was
 /// written.
 #[derive(Clone, Debug, PartialEq)]
@@ -645,10 +651,10 @@ where
     T::Err: fmt::Display,
 {
     /// Parse a flag's value.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, BadValue> {
         text.parse::<T>()
             .map(|value| Parsed::new(text, value))
-            .map_err(|e| e.to_string())
+            .map_err(|e| BadValue(e.to_string()))
     }
 }
 
@@ -691,8 +697,12 @@ pub mod human_duration {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn parse(text: &str) -> Result<Duration, String> {
-        let bad = || format!("bad duration `{text}`: use e.g. 250ms, 2s, 5m or 1h");
+    pub fn parse(text: &str) -> Result<Duration, super::BadValue> {
+        let bad = || {
+            super::BadValue(format!(
+                "bad duration `{text}`: use e.g. 250ms, 2s, 5m or 1h"
+            ))
+        };
         let t = text.trim();
         let at = t.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
         let (n, unit) = t.split_at(at);
@@ -767,22 +777,22 @@ priority = "backfill"
         assert_eq!(PipelineConfig::parse(&c.to_toml()).unwrap(), c);
 
         let unknown = "[chunk]\ntokens = 128\nsize = 3\n";
-        let e = PipelineConfig::parse(unknown).unwrap_err();
+        let e = PipelineConfig::parse(unknown).unwrap_err().0;
         assert!(
             e.contains("line 3") && e.contains("unknown field `size`"),
             "{e}"
         );
 
         let wrong = "[chunk]\n\ntokens = \"many\"\n";
-        let e = PipelineConfig::parse(wrong).unwrap_err();
+        let e = PipelineConfig::parse(wrong).unwrap_err().0;
         assert!(e.contains("line 3") && e.contains("invalid type"), "{e}");
 
         let bad_duration = "[stages.embed]\nbackoff = \"soon\"\n";
-        let e = PipelineConfig::parse(bad_duration).unwrap_err();
+        let e = PipelineConfig::parse(bad_duration).unwrap_err().0;
         assert!(e.contains("line 2") && e.contains("bad duration"), "{e}");
 
         let bad_device = "[model]\ndevice = \"tpu\"\n";
-        let e = PipelineConfig::parse(bad_device).unwrap_err();
+        let e = PipelineConfig::parse(bad_device).unwrap_err().0;
         assert!(e.contains("unknown device `tpu`"), "{e}");
     }
 

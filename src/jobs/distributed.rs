@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::config::ConfigError;
 use super::ingest::{connectors, finish_ingest, ready, settle};
 use super::model::embedder_pool;
 use super::places::{adopt, Uses};
@@ -160,7 +161,7 @@ fn dead_letter_sink(
                 config: Some(settings.clone()),
             }),
         };
-        store.bury(&[burial]).map_err(|e| e.to_string())
+        store.bury(&[burial])
     })))
 }
 
@@ -213,7 +214,7 @@ fn role_parts(
 ) -> Result<RoleParts, JobError> {
     let mut config = run_config(role, record, request)?;
     let refuse = |found: &str| {
-        JobError::Setup(format!(
+        JobError::WrongRun(format!(
             "run {} embeds with model `{}` (fingerprint {}), but this {} loaded `{}` \
              (fingerprint {found}): start it with --model naming the run's model, or without \
              --model where the run's model folder is at the same path",
@@ -227,7 +228,7 @@ fn role_parts(
     match role {
         Role::Embedder => {
             if !record.embeds {
-                return Err(JobError::Setup(format!(
+                return Err(JobError::WrongRun(format!(
                     "run {} does not embed (no model, or embedding deferred): it needs no \
                      embedder",
                     record.run
@@ -235,7 +236,7 @@ fn role_parts(
             }
             if let Some(device) = &request.device {
                 config.model.device = super::config::Parsed::parse(device)
-                    .map_err(|e| JobError::Setup(format!("bad --device: {e}")))?;
+                    .map_err(|e| ConfigError::Value(format!("bad --device: {e}")))?;
             }
             let files = model_files(&config.model.name)?;
             let devices = devices(&config.model)?;
@@ -282,7 +283,7 @@ fn run_config(
     request: &RoleRequest,
 ) -> Result<PipelineConfig, JobError> {
     if record.wire != WIRE_VERSION {
-        return Err(JobError::Setup(format!(
+        return Err(JobError::WrongRun(format!(
             "run {} was published by ragline {} with message format {}; this is ragline {} \
              with format {WIRE_VERSION}: run the same ragline version in every process",
             record.run,
@@ -292,7 +293,7 @@ fn run_config(
         )));
     }
     let theirs = PipelineConfig::parse(&record.config).map_err(|e| {
-        JobError::Setup(format!(
+        JobError::WrongRun(format!(
             "run {}: its settings do not parse: {e}",
             record.run
         ))
@@ -302,7 +303,7 @@ fn run_config(
         Role::Worker | Role::Indexer => Uses::IndexAndServices,
     };
     let mut config = adopt(theirs, &request.own, uses, &format!("this {}", role.name()))
-        .map_err(|e| JobError::Setup(format!("run {}: {e}", record.run)))?;
+        .map_err(|e| JobError::WrongRun(format!("run {}: {e}", record.run)))?;
     if let Some(model) = &request.model {
         config.model.name = model.clone();
     }

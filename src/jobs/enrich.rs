@@ -10,11 +10,13 @@ use crate::embed::ModelFiles;
 use crate::indexers::{self, IndexStore, IndexUri, VectorSet};
 use crate::lifecycle::report::StatusReport;
 use crate::lifecycle::{EMBED, ENTITIES, LABELS, SPARSE};
+use crate::run::enrich::Unloadable;
 use crate::run::enrich::{EnrichOptions, EnrichWorker, LlmStage, SetModel};
 use crate::run::progress::Observer;
 use crate::run::{self, RunSummary};
 
 #[cfg(feature = "nats")]
+use super::config::ConfigError;
 use super::distributed;
 use super::model::{batch_tokens, devices, load_model, model_files, model_identity};
 use super::{config, metrics, service_embedder, JobError, PipelineConfig};
@@ -57,7 +59,7 @@ pub fn enrich(
     let graph = config
         .stages
         .graph()
-        .map_err(|e| JobError::Setup(format!("stages: {e}")))?;
+        .map_err(|e| ConfigError::Value(format!("stages: {e}")))?;
     lifecycle_store(config)?.record_dependencies(&graph.edges())?;
     let chunk_models = super::model_stages::configured(config, recorded_sparse.is_some());
     let stages = enrich_stages(config, request, &sets, &chunk_models)?;
@@ -212,28 +214,30 @@ fn enrich_stages(
     };
     for s in &stages {
         if !crate::lifecycle::is_enrichable(s) {
-            return Err(JobError::Setup(format!(
+            return Err(ConfigError::Value(format!(
                 "`enrich --stage {s}`: enrich runs the stages `{EMBED}`, `{SPARSE}`, \
                  `{ENTITIES}`, `{LABELS}` and the LLM stages of ragline.toml (chunking is done \
                  by `ragline ingest`)"
-            )));
+            ))
+            .into());
         }
         // `noop` (claims and finishes work, nothing else) is a hook for tests and benchmarks.
         let hook = cfg!(feature = "test-hooks") && s == crate::lifecycle::NOOP;
         let model_stage = [SPARSE, ENTITIES, LABELS].contains(&s.as_str());
         if s != EMBED && !model_stage && !hook && !configured.iter().any(|c| &c.name == s) {
-            return Err(JobError::Setup(format!(
+            return Err(ConfigError::Value(format!(
                 "`enrich --stage {s}`: no such stage in ragline.toml; an LLM stage needs a \
                  section with its url and model ([stages.summary], or [[stages.llm]] with \
                  name = \"{s}\")"
-            )));
+            ))
+            .into());
         }
     }
     if stages.iter().any(|s| s == EMBED) && sets.is_empty() {
-        return Err(JobError::Setup(format!(
+        return Err(JobError::Config(ConfigError::Value(format!(
             "index {} has no model: ingest with a model first (not --no-chunk)",
             config.index.uri.value
-        )));
+        ))));
     }
     Ok(stages)
 }
@@ -254,14 +258,14 @@ fn check_override(
     if sets.iter().any(|s| s.fingerprint == fp) {
         return Ok(());
     }
-    Err(JobError::Setup(format!(
+    Err(JobError::Config(ConfigError::Value(format!(
         "--model {name} (fingerprint {fp}) is not a model of this index ({}); to move the \
          index to it, run `ragline backfill --stage embed --model {name}`",
         sets.iter()
             .map(|s| format!("`{}` {}", s.model, s.fingerprint))
             .collect::<Vec<_>>()
             .join(", ")
-    )))
+    ))))
 }
 
 /// Queue what the LLM stages have not answered for the documents as they are now. Returns
@@ -413,7 +417,7 @@ fn remote_set(config: &PipelineConfig, _sets: &[VectorSet]) -> Result<Option<Rem
     service_embedder::report_circuit(embedder.endpoint(), &config.index.uri.value, EMBED);
     let files = model_files(&config.model.name)?;
     let tokenizer = crate::embed::service::load_tokenizer(&files)
-        .map_err(|e| JobError::Setup(format!("model `{}`: {e}", files.name)))?;
+        .map_err(|e| JobError::Model(format!("model `{}`: {e}", files.name)))?;
     let dimension = embedder.dimension().expect("probed");
     let identity = service_embedder::remote_identity(&rc, &files, &tokenizer, dimension)?;
     Ok(Some(RemoteSet {
@@ -435,7 +439,7 @@ fn set_loader(
     override_name: Option<String>,
     service: Option<RemoteSet>,
 ) -> crate::run::enrich::ModelLoader {
-    Box::new(move |set_id: i64| -> Result<SetModel, String> {
+    Box::new(move |set_id: i64| -> Result<SetModel, Unloadable> {
         let set = find_set(&uri, set_id)?;
         if let Some(s) = service
             .as_ref()
@@ -451,7 +455,7 @@ fn set_loader(
             });
         }
         if let Some(rc) = service_embedder::config_of_index(&set.model, &set.model_dir) {
-            return Err(format!(
+            return Err(Unloadable(format!(
                 "vector set {} was embedded by the service at {} (`{}`); ragline sends \
                  documents only to a service you name: give --embed-url with that URL (and \
                  --embed-api {}{}) to embed with it",
@@ -463,7 +467,7 @@ fn set_loader(
                     .as_deref()
                     .map(|m| format!(", --embed-model {m}"))
                     .unwrap_or_default()
-            ));
+            )));
         }
         let mut tried = Vec::new();
         let mut candidates: Vec<String> = override_name.iter().cloned().collect();
@@ -479,8 +483,11 @@ fn set_loader(
                     continue;
                 }
             };
-            let loaded = load_model(&files, &device, &model).map_err(|e| e.to_string())?;
-            let fp = loaded.fingerprint().map_err(|e| e.to_string())?;
+            let loaded =
+                load_model(&files, &device, &model).map_err(|e| Unloadable(e.to_string()))?;
+            let fp = loaded
+                .fingerprint()
+                .map_err(|e| Unloadable(e.to_string()))?;
             if fp != set.fingerprint {
                 tried.push(format!(
                     "`{name}` has fingerprint {fp}, the set was made with {}",
@@ -494,24 +501,23 @@ fn set_loader(
                 encoder: Box::new(loaded),
             });
         }
-        Err(format!(
+        Err(Unloadable(format!(
             "cannot load the model of vector set {} (`{}`): {}; make it available \
              (scripts/fetch-model.sh) or name its folder with --model",
             set.id,
             set.model,
             tried.join("; ")
-        ))
+        )))
     })
 }
 
-fn find_set(uri: &IndexUri, id: i64) -> Result<VectorSet, String> {
+fn find_set(uri: &IndexUri, id: i64) -> Result<VectorSet, Unloadable> {
     indexers::open_store(uri)
-        .map_err(|e| e.to_string())?
-        .sets()
-        .map_err(|e| e.to_string())?
+        .and_then(|mut s| s.sets())
+        .map_err(|e| Unloadable(e.to_string()))?
         .into_iter()
         .find(|s| s.id == id)
-        .ok_or_else(|| format!("the index has no vector set {id}"))
+        .ok_or_else(|| Unloadable(format!("the index has no vector set {id}")))
 }
 
 /// What a backfill did.

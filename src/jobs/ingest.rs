@@ -24,6 +24,7 @@ use crate::stages::incremental::Incremental;
 use crate::stages::reuse::ReuseVectors;
 use crate::stages::{Pipeline, Stage, StageError};
 
+use super::config::ConfigError;
 use super::model::{devices, embedder_pool, load_model, model_files, model_identity};
 use super::{service_embedder, JobError, PipelineConfig};
 
@@ -64,11 +65,12 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, JobErr
     let defer = config.stages.embed.defer;
     let uri = &config.index.uri.value;
     if defer && !uri.is_store() {
-        return Err(JobError::Setup(format!(
+        return Err(ConfigError::Value(format!(
             "deferred embedding needs an index that keeps the work queue (sqlite:// or \
              postgres://); {} cannot: drop --defer",
             config.index.uri.value
-        )));
+        ))
+        .into());
     }
     // The model and the chunker, unless whole documents are indexed.
     let embed_here = build == Build::Everything && !defer;
@@ -145,7 +147,7 @@ fn chunk_sizes(config: &PipelineConfig, limit: usize) -> Result<Sizes, JobError>
         overlap: config.chunk.overlap,
     }
     .validate(limit, config.chunk.tokens != DEFAULT_CHUNK_TOKENS)
-    .map_err(JobError::Setup)
+    .map_err(|e| ConfigError::Value(e.to_string()).into())
 }
 
 /// A service embeds: the local model's tokenizer sizes the chunks, no weights load.
@@ -157,7 +159,7 @@ fn service_setup(config: &PipelineConfig, embed_here: bool) -> Result<ModelSetup
         service_embedder::report_circuit(service.endpoint(), uri, EMBED);
     }
     let mut tokenizer = crate::embed::service::load_tokenizer(&files)
-        .map_err(|e| JobError::Setup(format!("model `{}`: {e}", files.name)))?;
+        .map_err(|e| JobError::Model(format!("model `{}`: {e}", files.name)))?;
     tokenizer.set_prompts(
         config.model.query_prompt.as_deref(),
         config.model.passage_prompt.as_deref(),
@@ -200,7 +202,7 @@ fn local_setup(config: &PipelineConfig, embed_here: bool) -> Result<ModelSetup, 
         devices(&config.model)?
     } else {
         device::select(&device::DeviceChoice::Cpu)
-            .map_err(|e| JobError::Setup(format!("cannot open the CPU: {e}")))?
+            .map_err(|e| JobError::Model(format!("cannot open the CPU: {e}")))?
     };
     if config.stages.embed.defer {
         tracing::info!(target: crate::NOTE, "embedding deferred: `ragline enrich` embeds the chunks");
@@ -327,9 +329,10 @@ fn run_options(
 pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connector>>, JobError> {
     let src = &config.source;
     if src.paths.is_empty() {
-        return Err(JobError::Setup(
+        return Err(ConfigError::Value(
             "nothing to ingest: give PATH... or `paths` under [source] in ragline.toml".into(),
-        ));
+        )
+        .into());
     }
     let mut out: Vec<Box<dyn Connector>> = Vec::new();
     let mut files = Vec::new();
@@ -367,11 +370,12 @@ pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connecto
                 out.push(table_connector(url, src.max_file_bytes)?)
             }
             Some(url) => {
-                return Err(JobError::Setup(format!(
+                return Err(ConfigError::Value(format!(
                     "{}: a database source needs the table: add `?table=NAME` (and `text=`, \
                      `id=`, `title=`, `updated=` for its columns)",
                     crate::secret::redact_url(url)
-                )))
+                ))
+                .into())
             }
             None => files.push(path.clone()),
         }
@@ -419,10 +423,10 @@ fn object_connector(
     #[cfg(not(feature = "object-store"))]
     {
         let _ = (src, jsonl);
-        Err(JobError::Setup(format!(
-            "{}: this build has no object store support; rebuild with `--features object-store`",
-            crate::secret::redact_url(url)
-        )))
+        Err(JobError::NotBuilt {
+            what: crate::secret::redact_url(url),
+            feature: "object-store",
+        })
     }
 }
 
@@ -455,10 +459,10 @@ fn subject_connector(url: &str, config: &PipelineConfig) -> Result<Box<dyn Conne
     #[cfg(not(feature = "nats"))]
     {
         let _ = (config, index_key);
-        Err(JobError::Setup(format!(
-            "{}: this ragline was built without NATS (the `nats` feature)",
-            crate::secret::redact_url(url)
-        )))
+        Err(JobError::NotBuilt {
+            what: crate::secret::redact_url(url),
+            feature: "nats",
+        })
     }
 }
 
@@ -503,7 +507,7 @@ fn fetch_timeout(seconds: f64) -> Result<Duration, JobError> {
         .ok()
         .filter(|t| !t.is_zero())
         .ok_or_else(|| {
-            JobError::Setup("--fetch-timeout must be a number of seconds above 0".into())
+            ConfigError::Value("--fetch-timeout must be a number of seconds above 0".into()).into()
         })
 }
 
@@ -527,7 +531,7 @@ pub fn change_listeners(
         let Some(channel) = spec.notify else {
             continue;
         };
-        let target = PgTarget::parse(&rest).map_err(|e| JobError::Setup(e.to_string()))?;
+        let target = PgTarget::parse(&rest).map_err(|e| ConfigError::Value(e.to_string()))?;
         let connect = Box::new(move || {
             target
                 .connect()
@@ -551,7 +555,7 @@ fn table_connector(url: &str, max_row_bytes: u64) -> Result<Box<dyn Connector>, 
         use crate::indexers::postgres::target::PgTarget;
         let (spec, rest) = TableSpec::parse(url)?;
         // The index's URL rules: TLS (`sslmode`, `sslrootcert`...), the password kept inside.
-        let target = PgTarget::parse(&rest).map_err(|e| JobError::Setup(e.to_string()))?;
+        let target = PgTarget::parse(&rest).map_err(|e| ConfigError::Value(e.to_string()))?;
         let connect = Box::new(move || {
             target
                 .connect()
@@ -564,10 +568,10 @@ fn table_connector(url: &str, max_row_bytes: u64) -> Result<Box<dyn Connector>, 
         )?))
     }
     #[cfg(not(feature = "postgres"))]
-    Err(JobError::Setup(format!(
-        "{}: this ragline was built without PostgreSQL (the `postgres` feature)",
-        crate::secret::redact_url(url)
-    )))
+    Err(JobError::NotBuilt {
+        what: crate::secret::redact_url(url),
+        feature: "postgres",
+    })
 }
 
 /// Run an ingest: read the sources, chunk, embed (unless deferred) and index.

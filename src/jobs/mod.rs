@@ -42,10 +42,19 @@ use crate::run::RunError;
 pub enum JobError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// Something the run needs is missing or wrong (a path, the model, the index): the
-    /// message says what and how to fix it.
+    /// Something the process needs from where it runs is missing (its own binary, a
+    /// service that does not answer): the message says what and how to fix it.
     #[error("{0}")]
     Setup(String),
+    /// A model that cannot be found, read or loaded on its device: the message names the
+    /// model, the device and the fix.
+    #[error("{0}")]
+    Model(String),
+    /// A distributed run this process cannot take part in (published by another ragline
+    /// version, with another model, or needing no such role): it is left to the processes
+    /// that can.
+    #[error("{0}")]
+    WrongRun(String),
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error(transparent)]
@@ -63,6 +72,9 @@ pub enum JobError {
          it with `--features {feature}` (the default build has it)"
     )]
     NotBuilt { what: String, feature: &'static str },
+    /// Settings from a broker or an index that name places this process was not given.
+    #[error(transparent)]
+    Refused(#[from] places::Refused),
     /// A file the job was asked to write (`--report`) cannot be written.
     #[error("cannot write {what} {}: {source}", path.display())]
     Write {

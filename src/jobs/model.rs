@@ -15,13 +15,13 @@ use super::{config, JobError};
 /// The model's files, with a message that names the fix.
 pub fn model_files(name: &str) -> Result<ModelFiles, JobError> {
     ModelFiles::resolve(name)
-        .map_err(|e| JobError::Setup(format!("cannot find the model `{name}`: {e}")))
+        .map_err(|e| JobError::Model(format!("cannot find the model `{name}`: {e}")))
 }
 
 /// The devices the config names.
 pub fn devices(model: &config::ModelConfig) -> Result<Vec<SelectedDevice>, JobError> {
     device::select(&model.device.value)
-        .map_err(|e| JobError::Setup(format!("cannot open the device: {e}")))
+        .map_err(|e| JobError::Model(format!("cannot open the device: {e}")))
 }
 
 /// Padded tokens per forward pass on `device`.
@@ -41,7 +41,7 @@ pub fn load_model(
 ) -> Result<EmbeddingModel, JobError> {
     let mut m =
         EmbeddingModel::load_for(files, &device.device, model.dtype.value).map_err(|e| {
-            JobError::Setup(format!(
+            JobError::Model(format!(
                 "cannot load model `{}` on {}: {e}",
                 files.name, device.label
             ))
@@ -51,7 +51,7 @@ pub fn load_model(
         model.passage_prompt.as_deref(),
     )?;
     m.set_dimensions(model.dimensions)
-        .map_err(|e| JobError::Setup(e.to_string()))?;
+        .map_err(|e| super::ConfigError::Value(e.to_string()))?;
     Ok(m)
 }
 
@@ -66,7 +66,7 @@ pub fn load_reranker(
     let device = &devices[0];
     crate::embed::cross_encoder::CrossEncoder::load_files(files, &device.device, model.dtype.value)
         .map_err(|e| {
-            JobError::Setup(format!(
+            JobError::Model(format!(
                 "cannot load the reranker `{spec}` on {}: {e}",
                 device.label
             ))
@@ -84,7 +84,7 @@ pub fn load_sparse(
     let device = &devices[0];
     crate::embed::splade::SparseModel::load_files(files, &device.device, model.dtype.value).map_err(
         |e| {
-            JobError::Setup(format!(
+            JobError::Model(format!(
                 "cannot load the sparse model `{spec}` on {}: {e}",
                 device.label
             ))
@@ -118,13 +118,13 @@ pub fn searcher(
     use crate::search::Searcher;
     let embedder = if dense {
         let spec = Searcher::model_spec(reader.as_ref()).ok_or_else(|| {
-            JobError::Setup(
+            super::ConfigError::Value(
                 "the index holds no vectors (it was built with --no-chunk); use --mode keyword"
                     .into(),
             )
         })?;
         let files = model_files(&spec)
-            .map_err(|e| JobError::Setup(format!("cannot find the index's model `{spec}`: {e}")))?;
+            .map_err(|e| JobError::Model(format!("cannot find the index's model `{spec}`: {e}")))?;
         let devices = devices(model)?;
         let mut m = load_model(&files, &devices[0], model)?;
         Searcher::fit_model(reader.as_ref(), &mut m)?;
@@ -134,7 +134,7 @@ pub fn searcher(
     };
     let splade = if sparse {
         let spec = Searcher::sparse_model_spec(reader.as_ref()).ok_or_else(|| {
-            JobError::Setup(format!(
+            super::ConfigError::Value(format!(
                 "{} has no sparse vectors: add them with `ragline enrich --stage sparse \
                  --sparse-model MODEL` (or ingest with --sparse-model), or search another --mode",
                 reader.describe()

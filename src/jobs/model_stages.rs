@@ -13,6 +13,7 @@ use crate::run::enrich::{ChunkModel, ModelStage};
 use crate::run::progress::Observer;
 use crate::run::RunSummary;
 
+use super::config::ConfigError;
 use super::enrich::{enrich, lifecycle_store, EnrichRequest};
 use super::model::{devices, load_sparse, model_files};
 use super::{JobError, PipelineConfig};
@@ -76,12 +77,13 @@ fn sparse_stage(
             (Some(name), _) => name.clone(),
             (None, Some(r)) if Path::new(&r.dir).is_dir() => r.dir.clone(),
             (None, Some(r)) => r.name.clone(),
-            (None, None) => return Err(JobError::Setup(
+            (None, None) => return Err(ConfigError::Value(
                 "the sparse stage needs a SPLADE model: give --sparse-model MODEL (a folder, a \
                  name under models/, a hub id; `scripts/fetch-model.sh splade-tiny` fetches a \
                  small one)"
                     .into(),
-            )),
+            )
+            .into()),
         };
     let model = load_sparse(&spec, &config.model)?;
     let fingerprint = model.fingerprint()?;
@@ -121,7 +123,7 @@ fn sparse_stage(
 fn entities_stage(config: &PipelineConfig) -> Result<ModelStage, JobError> {
     let c = &config.stages.entities;
     let spec = c.model.clone().ok_or_else(|| {
-        JobError::Setup(
+        ConfigError::Value(
             "the entities stage needs a token-classification model: give --ner-model MODEL or \
              [stages.entities] model = ..."
                 .into(),
@@ -136,7 +138,7 @@ fn entities_stage(config: &PipelineConfig) -> Result<ModelStage, JobError> {
         None,
     )
     .map_err(|e| {
-        JobError::Setup(format!(
+        JobError::Model(format!(
             "cannot load the NER model `{spec}` on {}: {e}",
             device.label
         ))
@@ -144,7 +146,7 @@ fn entities_stage(config: &PipelineConfig) -> Result<ModelStage, JobError> {
     let aggregation = c
         .aggregation
         .parse()
-        .map_err(|e| JobError::Setup(format!("stages.entities.aggregation: {e}")))?;
+        .map_err(|e| ConfigError::Value(format!("stages.entities.aggregation: {e}")))?;
     let fingerprint = stage_fingerprint(
         &model.fingerprint()?,
         &format!("{ENTITIES}|{}|{}", c.aggregation, c.min_score),
@@ -167,7 +169,7 @@ fn entities_stage(config: &PipelineConfig) -> Result<ModelStage, JobError> {
 fn labels_stage(config: &PipelineConfig) -> Result<ModelStage, JobError> {
     let c = &config.stages.labels;
     let spec = c.model.clone().ok_or_else(|| {
-        JobError::Setup(
+        ConfigError::Value(
             "the labels stage needs a sequence-classification model: give --classifier-model \
              MODEL or [stages.labels] model = ..."
                 .into(),
@@ -181,7 +183,7 @@ fn labels_stage(config: &PipelineConfig) -> Result<ModelStage, JobError> {
         config.model.dtype.value,
     )
     .map_err(|e| {
-        JobError::Setup(format!(
+        JobError::Model(format!(
             "cannot load the classifier `{spec}` on {}: {e}",
             device.label
         ))
@@ -234,7 +236,7 @@ pub fn after_ingest(
     let graph = config
         .stages
         .graph()
-        .map_err(|e| JobError::Setup(format!("stages: {e}")))?;
+        .map_err(|e| ConfigError::Value(format!("stages: {e}")))?;
     store.record_dependencies(&graph.edges())?;
     drop(store);
     // What the summary calls them ("sparse vectors", as before the other stages existed).

@@ -63,6 +63,39 @@ fn index_place(uri: &IndexUri) -> String {
     }
 }
 
+/// Settings refused because they name places this process was not given: each place, what
+/// the run names and what this process has (None: nothing).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct Refused {
+    /// The process, for the message ("this worker").
+    pub who: String,
+    pub differences: Vec<(String, Option<String>, Option<String>)>,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let who = &self.who;
+        writeln!(
+            f,
+            "refusing settings that name places {who} was not given (a place gets data or a \
+             key only when its operator names it):"
+        )?;
+        for (key, w, h) in &self.differences {
+            writeln!(
+                f,
+                "  {key}: the run names {}, {who} has {}",
+                w.as_deref().map_or("nothing".into(), |v| format!("`{v}`")),
+                h.as_deref().map_or("nothing".into(), |v| format!("`{v}`"))
+            )?;
+        }
+        write!(
+            f,
+            "start it with the same places as the run's publisher: --index, and the services' \
+             sections in its own ragline.toml (--config)"
+        )
+    }
+}
+
 /// `theirs` (settings from a broker or an index) with every place taken from `own` (this
 /// process's flags and `ragline.toml`). Refused, with each difference shown, when `theirs`
 /// names a place `own` does not, or another one. `who` is the process, for the message
@@ -72,7 +105,7 @@ pub fn adopt(
     own: &PipelineConfig,
     uses: Uses,
     who: &str,
-) -> Result<PipelineConfig, String> {
+) -> Result<PipelineConfig, Refused> {
     let (want, have) = (places(&theirs, uses), places(own, uses));
     let mut differences = Vec::new();
     for key in want.keys().chain(have.keys()) {
@@ -82,23 +115,10 @@ pub fn adopt(
         }
     }
     if !differences.is_empty() {
-        let lines: Vec<String> = differences
-            .iter()
-            .map(|(key, w, h)| {
-                format!(
-                    "  {key}: the run names {}, {who} has {}",
-                    w.as_deref().map_or("nothing".into(), |v| format!("`{v}`")),
-                    h.as_deref().map_or("nothing".into(), |v| format!("`{v}`"))
-                )
-            })
-            .collect();
-        return Err(format!(
-            "refusing settings that name places {who} was not given (a place gets data or a \
-             key only when its operator names it):\n{}\nstart it with the same places as the \
-             run's publisher: --index, and the services' sections in its own ragline.toml \
-             (--config)",
-            lines.join("\n")
-        ));
+        return Err(Refused {
+            who: who.to_string(),
+            differences,
+        });
     }
     let mut adopted = theirs;
     if uses == Uses::IndexAndServices {
@@ -148,7 +168,9 @@ mod tests {
             Some("https://elsewhere.example"),
             Some("AWS_SECRET_ACCESS_KEY"),
         );
-        let e = adopt(hostile, &own, Uses::ServicesOnly, "this worker").unwrap_err();
+        let e = adopt(hostile, &own, Uses::ServicesOnly, "this worker")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("stages.embed.remote.url: the run names `https://elsewhere.example`"),
             "{e}"
@@ -171,7 +193,8 @@ mod tests {
                 Uses::IndexAndServices,
                 "this indexer",
             )
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
             assert!(e.contains("index.uri"), "{e}");
             assert!(!e.contains("pw"), "{e}");
             // The embedder never opens the index: that difference does not matter to it.
@@ -192,7 +215,8 @@ mod tests {
             Uses::ServicesOnly,
             "this worker",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("stages.summary.url"), "{e}");
     }
 }

@@ -162,8 +162,7 @@ fn settings_for(
                 config,
                 super::places::Uses::ServicesOnly,
                 "this requeue",
-            )
-            .map_err(JobError::Setup)?
+            )?
         }
         None => config.clone(),
     };

@@ -294,10 +294,10 @@ impl Default for BrokerConfig {
 
 impl BrokerConfig {
     pub fn parse(url: &str) -> Result<Self, BrokerError> {
-        Self::parse_config(url).map_err(BrokerError::Config)
+        Self::parse_config(url)
     }
 
-    fn parse_config(url: &str) -> Result<Self, String> {
+    fn parse_config(url: &str) -> Result<Self, BrokerError> {
         let mut config = BrokerConfig::default();
         // Messages show the URL without its secrets.
         let shown = crate::secret::redact_url(url);
@@ -316,9 +316,9 @@ impl BrokerConfig {
             }
             (None, None) => {}
             _ => {
-                return Err(format!(
+                return Err(BrokerError::Config(format!(
                     "queue URL `{shown}`: a client certificate needs both tls_cert= and tls_key="
-                ))
+                )))
             }
         }
         Ok(config)
@@ -326,7 +326,7 @@ impl BrokerConfig {
 
     /// The servers of a URL (`nats://` or `tls://`, comma-separated) and the one identity
     /// the cluster is given (every server names the same, or only some do).
-    fn parse_servers(&mut self, servers: &str, shown: &str) -> Result<(), String> {
+    fn parse_servers(&mut self, servers: &str, shown: &str) -> Result<(), BrokerError> {
         let mut auths = Vec::new();
         let mut addresses = Vec::new();
         for s in servers.split(',').filter(|s| !s.is_empty()) {
@@ -335,10 +335,10 @@ impl BrokerConfig {
                 .split_once("://")
                 .filter(|(scheme, _)| *scheme == "nats" || *scheme == "tls")
             else {
-                return Err(format!(
+                return Err(BrokerError::Config(format!(
                     "queue URL `{shown}`: `{safe}` is not a nats:// address (nats://HOST:PORT, \
                      or tls://HOST:PORT for TLS)"
-                ));
+                )));
             };
             self.tls |= scheme == "tls";
             let (auth, host) = match rest.rsplit_once('@') {
@@ -347,22 +347,22 @@ impl BrokerConfig {
             };
             let address = format!("{scheme}://{host}");
             ServerAddr::from_str(&address)
-                .map_err(|e| format!("queue URL `{shown}`: `{safe}`: {e}"))?;
+                .map_err(|e| BrokerError::Config(format!("queue URL `{shown}`: `{safe}`: {e}")))?;
             auths.push(auth);
             addresses.push(address);
         }
         self.servers = addresses;
         if self.servers.is_empty() {
-            return Err(format!(
+            return Err(BrokerError::Config(format!(
                 "queue URL `{shown}` names no server (nats://HOST:PORT)"
-            ));
+            )));
         }
         let named: Vec<&NatsAuth> = auths.iter().filter(|a| **a != NatsAuth::None).collect();
         if named.windows(2).any(|w| w[0] != w[1]) {
-            return Err(format!(
+            return Err(BrokerError::Config(format!(
                 "queue URL `{shown}`: the servers name different credentials; give one user \
                  (or token) for the cluster"
-            ));
+            )));
         }
         self.auth = named.first().map_or(NatsAuth::None, |a| (*a).clone());
         Ok(())
@@ -376,15 +376,19 @@ impl BrokerConfig {
         value: &str,
         shown: &str,
         client: &mut (Option<std::path::PathBuf>, Option<std::path::PathBuf>),
-    ) -> Result<(), String> {
-        let number = |what: &str| -> Result<i64, String> {
+    ) -> Result<(), BrokerError> {
+        let number = |what: &str| -> Result<i64, BrokerError> {
             value.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                format!("queue URL `{shown}`: `{key}={value}` must be a positive {what}")
+                BrokerError::Config(format!(
+                    "queue URL `{shown}`: `{key}={value}` must be a positive {what}"
+                ))
             })
         };
-        let path = || -> Result<std::path::PathBuf, String> {
+        let path = || -> Result<std::path::PathBuf, BrokerError> {
             if value.is_empty() {
-                return Err(format!("queue URL `{shown}`: `{key}=` needs a file's path"));
+                return Err(BrokerError::Config(format!(
+                    "queue URL `{shown}`: `{key}=` needs a file's path"
+                )));
             }
             Ok(std::path::PathBuf::from(value))
         };
@@ -392,10 +396,10 @@ impl BrokerConfig {
         match key {
             "creds" => {
                 if self.auth != NatsAuth::None {
-                    return Err(format!(
+                    return Err(BrokerError::Config(format!(
                         "queue URL `{shown}`: give either credentials in the address or \
                          ?creds=, not both"
-                    ));
+                    )));
                 }
                 self.auth = NatsAuth::Creds(path()?);
             }
@@ -403,9 +407,9 @@ impl BrokerConfig {
                 "true" | "1" | "yes" => self.tls = true,
                 "false" | "0" | "no" => {}
                 _ => {
-                    return Err(format!(
+                    return Err(BrokerError::Config(format!(
                         "queue URL `{shown}`: `tls={value}` must be true or false"
-                    ))
+                    )))
                 }
             },
             "tls_ca" => {
@@ -420,9 +424,9 @@ impl BrokerConfig {
                         .chars()
                         .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
                 {
-                    return Err(format!(
+                    return Err(BrokerError::Config(format!(
                         "queue URL `{shown}`: prefix `{value}` must be letters, digits, - or _"
-                    ));
+                    )));
                 }
                 self.prefix = value.to_string();
             }
@@ -434,11 +438,11 @@ impl BrokerConfig {
             "limit_mb" => self.limit_mb = number("number of MiB")?,
             "max_hold" => self.max_hold = seconds()?,
             _ => {
-                return Err(format!(
+                return Err(BrokerError::Config(format!(
                     "queue URL `{shown}`: unknown setting `{key}` (prefix, replicas, ack_wait, \
                      max_deliver, max_pending, limit, limit_mb, max_hold, creds, tls, tls_ca, \
                      tls_cert, tls_key)"
-                ))
+                )))
             }
         }
         Ok(())
@@ -477,7 +481,7 @@ impl BrokerConfig {
 
 /// The client's options for `config`: identity, TLS, and reconnecting for as long as the
 /// process runs.
-async fn connect_options(config: &BrokerConfig) -> Result<async_nats::ConnectOptions, String> {
+async fn connect_options(config: &BrokerConfig) -> Result<async_nats::ConnectOptions, BrokerError> {
     let mut options = match &config.auth {
         NatsAuth::None => async_nats::ConnectOptions::new(),
         NatsAuth::UserPassword { user, password } => async_nats::ConnectOptions::new()
@@ -488,10 +492,10 @@ async fn connect_options(config: &BrokerConfig) -> Result<async_nats::ConnectOpt
         NatsAuth::Creds(path) => async_nats::ConnectOptions::with_credentials_file(path)
             .await
             .map_err(|e| {
-                format!(
+                BrokerError::Config(format!(
                     "cannot read the NATS credentials file {} (?creds=): {e}",
                     path.display()
-                )
+                ))
             })?,
     };
     options = options
@@ -503,10 +507,10 @@ async fn connect_options(config: &BrokerConfig) -> Result<async_nats::ConnectOpt
     }
     if let Some(ca) = &config.tls_ca {
         if !ca.is_file() {
-            return Err(format!(
+            return Err(BrokerError::Config(format!(
                 "the CA certificate {} (?tls_ca=) is not a readable file",
                 ca.display()
-            ));
+            )));
         }
         options = options.add_root_certificates(ca.clone());
     }
@@ -536,7 +540,7 @@ pub(crate) async fn connect_client(
     let deadline = Instant::now() + wait;
     let mut last = String::from("no answer");
     loop {
-        let options = connect_options(config).await.map_err(BrokerError::Config)?;
+        let options = connect_options(config).await?;
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, options.connect(addrs.clone())).await {
             Ok(Ok(client)) => return Ok(client),

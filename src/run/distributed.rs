@@ -73,7 +73,8 @@ pub struct DeadMessage {
 }
 
 /// Where a publishing process sends its dead messages.
-pub type DeadLetterSink = Box<dyn FnMut(&DeadMessage) -> Result<(), String> + Send>;
+pub type DeadLetterSink =
+    Box<dyn FnMut(&DeadMessage) -> Result<(), crate::lifecycle::StoreError> + Send>;
 
 /// Publish a run through the broker and follow it to completion.
 pub fn publish(

@@ -38,7 +38,13 @@ pub struct Job {
 }
 
 /// A request's vectors, or why it has none.
-pub type JobResult = Result<Vec<Vec<f32>>, String>;
+pub type JobResult = Result<Vec<Vec<f32>>, ModelFailed>;
+
+/// Why a model thread gave a job no answer (the model failed on it, or panicked): the message
+/// is the request's answer (HTTP 500).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ModelFailed(pub String);
 
 /// What waits in a [`Batcher`]: a request's work for one model (embedding, reranking,
 /// sparse embedding).
@@ -68,7 +74,7 @@ impl Queued for Job {
         self.interactive
     }
     fn fail(self, why: String) {
-        let _ = self.reply.send(Err(why));
+        let _ = self.reply.send(Err(ModelFailed(why)));
     }
 }
 
@@ -331,7 +337,9 @@ impl Batcher<Job> {
                     Err(panic) => {
                         // What the window cached may be half-written: start it afresh.
                         recent = Recent::new(crate::embed::pool::RECENT_VECTORS);
-                        jobs.iter().map(|_| Err(panic_message(&*panic))).collect()
+                        jobs.iter()
+                            .map(|_| Err(ModelFailed(panic_message(&*panic))))
+                            .collect()
                     }
                 };
                 rep.batches += stats.batches.load(Ordering::Relaxed) - batches_before;
@@ -379,11 +387,11 @@ fn embed_jobs(
             text: "",
         })
         .collect();
-    let mut out: Vec<Option<Result<Vec<f32>, String>>> = vec![None; items.len()];
+    let mut out: Vec<Option<Result<Vec<f32>, ModelFailed>>> = vec![None; items.len()];
     let mut sink = |i: usize, o: Outcome| {
         out[i] = Some(match o {
             Outcome::Embedded(v) | Outcome::Reused(v) => Ok(v),
-            Outcome::Failed(r) => Err(r),
+            Outcome::Failed(r) => Err(ModelFailed(r)),
         });
         true
     };
@@ -405,7 +413,7 @@ fn embed_jobs(
             match it.next().flatten() {
                 Some(Ok(v)) => vectors.push(v),
                 Some(Err(e)) => error = error.or(Some(e)),
-                None => error = error.or(Some("no vector computed: a bug".to_string())),
+                None => error = error.or(Some(ModelFailed("no vector computed: a bug".into()))),
             }
         }
         results.push(match error {
@@ -615,7 +623,7 @@ mod tests {
                 b.run_model(&Fragile, "test", 1000, 1000, Duration::ZERO, &|_| {});
             });
             let got = bad_rx.blocking_recv().unwrap();
-            assert!(got.unwrap_err().contains("poisoned input"));
+            assert!(got.unwrap_err().0.contains("poisoned input"));
             // The thread is still there: the next request is answered.
             b.submit(good);
             assert_eq!(good_rx.blocking_recv().unwrap().unwrap(), vec![vec![3.0]]);
@@ -637,7 +645,12 @@ mod tests {
         let (queued, rx) = job(vec![vec![1]]);
         assert_eq!(b.submit(queued).0, Admission::Queued);
         b.model_ended("cuda:0");
-        assert!(rx.blocking_recv().unwrap().unwrap_err().contains("cuda:0"));
+        assert!(rx
+            .blocking_recv()
+            .unwrap()
+            .unwrap_err()
+            .0
+            .contains("cuda:0"));
         assert_eq!(b.queued_tokens(), 0);
         let (late, _rx) = job(vec![vec![1]]);
         assert_eq!(b.submit(late).0, Admission::NoModel);

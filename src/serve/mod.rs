@@ -1062,7 +1062,7 @@ async fn queue_and_wait(
             ApiError {
                 status: StatusCode::INTERNAL_SERVER_ERROR,
                 kind: "model",
-                message: e,
+                message: e.0,
                 retry_after: None,
             }
         })?;

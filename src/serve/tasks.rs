@@ -5,6 +5,7 @@
 //! queue and model thread, and batches the requests that wait together, as embeddings are
 //! batched ([`super::batcher`]).
 
+use super::batcher::ModelFailed;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,7 +57,7 @@ impl From<TaskModels> for SharedModels {
 pub struct TaskJob<I, O> {
     items: Vec<I>,
     enqueued: Instant,
-    reply: tokio::sync::oneshot::Sender<Result<Vec<O>, String>>,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<O>, ModelFailed>>,
 }
 
 /// One request's pairs, waiting for the reranker.
@@ -113,7 +114,7 @@ impl<I: TaskInput, O: Send> Queued for TaskJob<I, O> {
         self.enqueued
     }
     fn fail(self, why: String) {
-        let _ = self.reply.send(Err(why));
+        let _ = self.reply.send(Err(ModelFailed(why)));
     }
 }
 
@@ -266,9 +267,12 @@ fn answer_window<I, O: Clone, E: std::fmt::Display>(
     let count = inputs.len();
     let outputs = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model(&inputs))) {
         Ok(Ok(v)) if v.len() == count => Ok(v),
-        Ok(Ok(v)) => Err(format!("the model answered {} of {count} inputs", v.len())),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(panic) => Err(panic_message(&*panic)),
+        Ok(Ok(v)) => Err(ModelFailed(format!(
+            "the model answered {} of {count} inputs",
+            v.len()
+        ))),
+        Ok(Err(e)) => Err(ModelFailed(e.to_string())),
+        Err(panic) => Err(ModelFailed(panic_message(&*panic))),
     };
     let mut at = 0;
     for job in jobs {
@@ -357,12 +361,12 @@ pub(super) fn refused(app: &App, admission: Admission) -> Option<ApiError> {
 }
 
 /// A reply that never came, or an error from the model.
-fn model_error(app: &App, e: Option<String>) -> ApiError {
+fn model_error(app: &App, e: Option<ModelFailed>) -> ApiError {
     app.metrics.error("model");
     ApiError {
         status: StatusCode::INTERNAL_SERVER_ERROR,
         kind: "model",
-        message: e.unwrap_or_else(|| "the model thread stopped".into()),
+        message: e.map_or_else(|| "the model thread stopped".into(), |e| e.0),
         retry_after: None,
     }
 }

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
-use super::{Connector, ConnectorError};
+use super::{BadRecord, Connector, ConnectorError};
 use crate::document::Document;
 use crate::publisher::Publisher;
 
@@ -219,15 +219,21 @@ fn read_line_bounded(
     }
 }
 
-fn parse_line(line: &[u8], at: &str, fields: &JsonlFields) -> Result<Document, String> {
-    let value: Value = serde_json::from_slice(line)
-        .map_err(|e| format!("invalid JSON ({e}); each line must be one JSON object"))?;
+fn parse_line(line: &[u8], at: &str, fields: &JsonlFields) -> Result<Document, BadRecord> {
+    let value: Value = serde_json::from_slice(line).map_err(|e| {
+        BadRecord(format!(
+            "invalid JSON ({e}); each line must be one JSON object"
+        ))
+    })?;
     let Value::Object(mut map) = value else {
-        return Err("not a JSON object; each line must be one JSON object".into());
+        return Err(BadRecord(
+            "not a JSON object; each line must be one JSON object".into(),
+        ));
     };
     let id = match &fields.id {
-        Some(name) => take_id(&mut map, name)?
-            .ok_or_else(|| format!("no field `{name}`; set --id-field to the id field"))?,
+        Some(name) => take_id(&mut map, name)?.ok_or_else(|| {
+            BadRecord(format!("no field `{name}`; set --id-field to the id field"))
+        })?,
         None => match take_id(&mut map, "id")? {
             Some(id) => id,
             None => take_id(&mut map, "_id")?.unwrap_or_else(|| at.to_string()),
@@ -236,17 +242,17 @@ fn parse_line(line: &[u8], at: &str, fields: &JsonlFields) -> Result<Document, S
     let text = match map.remove(&fields.text) {
         Some(Value::String(s)) => s,
         Some(other) => {
-            return Err(format!(
+            return Err(BadRecord(format!(
                 "field `{}` is {}, not a string; set --text-field to the text field",
                 fields.text,
                 kind(&other)
-            ))
+            )))
         }
         None => {
-            return Err(format!(
+            return Err(BadRecord(format!(
                 "no field `{}`; set --text-field to the text field",
                 fields.text
-            ))
+            )))
         }
     };
     let mut doc = Document::new(id, text);
@@ -271,15 +277,15 @@ fn parse_line(line: &[u8], at: &str, fields: &JsonlFields) -> Result<Document, S
     Ok(doc)
 }
 
-fn take_id(map: &mut Map<String, Value>, name: &str) -> Result<Option<String>, String> {
+fn take_id(map: &mut Map<String, Value>, name: &str) -> Result<Option<String>, BadRecord> {
     match map.remove(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) if !s.is_empty() => Ok(Some(s)),
         Some(Value::Number(n)) => Ok(Some(n.to_string())),
-        Some(other) => Err(format!(
+        Some(other) => Err(BadRecord(format!(
             "field `{name}` is {}; an id must be a non-empty string or a number",
             kind(&other)
-        )),
+        ))),
     }
 }
 
@@ -312,15 +318,21 @@ mod tests {
         assert_eq!(doc.fields.metadata["year"], 2020);
         let doc = parse_line(br#"{"text":"body"}"#, "c:2", &f).unwrap();
         assert_eq!(doc.id, "c:2");
-        let err = parse_line(br#"{"id":1,"body":"x"}"#, "c:3", &f).unwrap_err();
+        let err = parse_line(br#"{"id":1,"body":"x"}"#, "c:3", &f)
+            .unwrap_err()
+            .0;
         assert!(err.contains("--text-field"), "{err}");
-        let err = parse_line(br#"{"id":1,"text":"x""#, "c:4", &f).unwrap_err();
+        let err = parse_line(br#"{"id":1,"text":"x""#, "c:4", &f)
+            .unwrap_err()
+            .0;
         assert!(err.contains("invalid JSON"), "{err}");
         let strict = JsonlFields {
             id: Some("doc_id".into()),
             ..JsonlFields::default()
         };
-        let err = parse_line(br#"{"id":1,"text":"x"}"#, "c:5", &strict).unwrap_err();
+        let err = parse_line(br#"{"id":1,"text":"x"}"#, "c:5", &strict)
+            .unwrap_err()
+            .0;
         assert!(err.contains("--id-field"), "{err}");
     }
 

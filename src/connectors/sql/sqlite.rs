@@ -8,7 +8,7 @@ use rusqlite::{Connection, OpenFlags};
 use serde_json::{Map, Value};
 
 use super::{quote, Row, Rows, TableSpec};
-use crate::connectors::{decode, ConnectorError, Decoded};
+use crate::connectors::{decode, BadRecord, ConnectorError, Decoded};
 
 pub(super) struct SqliteRows {
     path: PathBuf,
@@ -74,7 +74,7 @@ impl SqliteRows {
                     }
                     Ok(None) => {}
                     Err(reason) => {
-                        row.unreadable.get_or_insert((name.clone(), reason));
+                        row.unreadable.get_or_insert((name.clone(), reason.0));
                     }
                 }
             }
@@ -88,7 +88,7 @@ impl SqliteRows {
 
 /// A cell as JSON: `None` for a blob outside the text columns (not metadata); an error for a
 /// text column whose bytes are not text.
-fn cell(value: ValueRef<'_>, text_column: bool) -> Result<Option<Value>, String> {
+fn cell(value: ValueRef<'_>, text_column: bool) -> Result<Option<Value>, BadRecord> {
     Ok(Some(match value {
         ValueRef::Null => Value::Null,
         ValueRef::Integer(i) => Value::from(i),
@@ -98,9 +98,11 @@ fn cell(value: ValueRef<'_>, text_column: bool) -> Result<Option<Value>, String>
                 Decoded::Text(t) => Value::String(t),
                 Decoded::Empty => Value::Null,
                 Decoded::Binary => {
-                    return Err("holds binary data (NUL bytes), not text".into());
+                    return Err(BadRecord("holds binary data (NUL bytes), not text".into()));
                 }
-                Decoded::Invalid(why) => return Err(why.replace("the file", "the value")),
+                Decoded::Invalid(why) => {
+                    return Err(BadRecord(why.replace("the file", "the value")))
+                }
             }
         }
         ValueRef::Text(bytes) => Value::String(String::from_utf8_lossy(bytes).into_owned()),

@@ -131,7 +131,7 @@ impl PgTarget {
         // Parse now, so a malformed URL (or TLS files that are not there) is refused before
         // anything runs.
         target.config()?;
-        target.tls.client_config().map_err(bad_uri)?;
+        target.tls.client_config().map_err(|e| bad_uri(e.0))?;
         Ok(target)
     }
 

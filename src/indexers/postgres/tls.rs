@@ -24,6 +24,12 @@ use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 
+/// TLS settings that cannot be used (a file that does not read, a key that is not PEM): the
+/// message names the setting and the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsError(pub String);
+
 /// libpq's `sslmode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SslMode {
@@ -117,11 +123,11 @@ impl TlsSettings {
     }
 
     /// The rustls client configuration for these settings; the error says what to fix.
-    pub fn client_config(&self) -> Result<ClientConfig, String> {
+    pub fn client_config(&self) -> Result<ClientConfig, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS set-up: {e}"))?;
+            .map_err(|e| TlsError(format!("TLS set-up: {e}")))?;
         let builder = match self.check() {
             Check::Nothing => builder
                 .dangerous()
@@ -130,7 +136,7 @@ impl TlsSettings {
                 let roots = Arc::new(self.roots()?);
                 let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider)
                     .build()
-                    .map_err(|e| format!("TLS set-up: {e}"))?;
+                    .map_err(|e| TlsError(format!("TLS set-up: {e}")))?;
                 if check == Check::ChainAndName {
                     builder.with_webpki_verifier(webpki)
                 } else {
@@ -145,16 +151,19 @@ impl TlsSettings {
             Some((cert, key)) => {
                 let certs = read_certs(cert, "sslcert")?;
                 let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                    format!("sslkey={}: not a PEM private key ({e})", key.display())
+                    TlsError(format!(
+                        "sslkey={}: not a PEM private key ({e})",
+                        key.display()
+                    ))
                 })?;
                 builder
                     .with_client_auth_cert(certs, key)
-                    .map_err(|e| format!("sslcert/sslkey: {e}"))
+                    .map_err(|e| TlsError(format!("sslcert/sslkey: {e}")))
             }
         }
     }
 
-    fn roots(&self) -> Result<RootCertStore, String> {
+    fn roots(&self) -> Result<RootCertStore, TlsError> {
         let mut store = RootCertStore::empty();
         let default = std::env::var_os("HOME")
             .map(|h| Path::new(&h).join(".postgresql/root.crt"))
@@ -169,7 +178,7 @@ impl TlsSettings {
                 for cert in read_certs(&path, "sslrootcert")? {
                     store
                         .add(cert)
-                        .map_err(|e| format!("sslrootcert={}: {e}", path.display()))?;
+                        .map_err(|e| TlsError(format!("sslrootcert={}: {e}", path.display())))?;
                 }
             }
             RootCert::System => {
@@ -178,11 +187,11 @@ impl TlsSettings {
                     let _ = store.add(cert);
                 }
                 if store.is_empty() {
-                    return Err(
+                    return Err(TlsError(
                         "sslrootcert=system: the system has no CA certificates; name the CA's \
                          file with sslrootcert=PATH"
                             .into(),
-                    );
+                    ));
                 }
             }
         }
@@ -190,13 +199,22 @@ impl TlsSettings {
     }
 }
 
-fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{key}={}: {e}", path.display()))?;
+fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let bytes =
+        std::fs::read(path).map_err(|e| TlsError(format!("{key}={}: {e}", path.display())))?;
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{key}={}: not PEM certificates ({e})", path.display()))?;
+        .map_err(|e| {
+            TlsError(format!(
+                "{key}={}: not PEM certificates ({e})",
+                path.display()
+            ))
+        })?;
     if certs.is_empty() {
-        return Err(format!("{key}={}: no certificate in it", path.display()));
+        return Err(TlsError(format!(
+            "{key}={}: no certificate in it",
+            path.display()
+        )));
     }
     Ok(certs)
 }
@@ -320,7 +338,8 @@ mod tests {
             Some(RootCert::File("/no/such/ca.pem".into())),
         )
         .client_config()
-        .unwrap_err();
+        .unwrap_err()
+        .0;
         assert!(e.contains("sslrootcert=/no/such/ca.pem"), "{e}");
         for m in [
             "disable",

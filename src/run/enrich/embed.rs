@@ -139,7 +139,7 @@ fn load_set_model<S: EnrichStore>(
         Err(reason) => {
             let keys: Vec<WorkKey> = items.iter().map(|i| i.key.clone()).collect();
             w.store.release(owner.as_str(), &keys)?;
-            Err(StoreError::Invalid(reason))
+            Err(StoreError::Invalid(reason.0))
         }
     }
 }

@@ -107,9 +107,14 @@ pub struct SetModel {
     pub batch_tokens: usize,
 }
 
-/// Loads the model of a vector set (by id) the first time a worker needs it; the error says
-/// what is missing and how to fix it.
-pub type ModelLoader = Box<dyn FnMut(i64) -> Result<SetModel, String> + Send>;
+/// Loads the model of a vector set (by id) the first time a worker needs it.
+pub type ModelLoader = Box<dyn FnMut(i64) -> Result<SetModel, Unloadable> + Send>;
+
+/// Why a vector set's model cannot be loaded: the message says what is missing and how to fix
+/// it (fetch the model, name its folder, name the service that embedded the set).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unloadable(pub String);
 
 /// One worker: its own connection to the store and its own models.
 pub struct EnrichWorker<S> {

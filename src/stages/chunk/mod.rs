@@ -33,24 +33,22 @@ impl Default for ChunkConfig {
 impl ChunkConfig {
     /// Check against the model's limit (content tokens, prompt excluded). A target above the
     /// limit is an error only when `explicit` (the user asked for it); the default is clamped.
-    pub fn validate(self, limit: usize, explicit: bool) -> Result<Sizes, String> {
+    pub fn validate(self, limit: usize, explicit: bool) -> Result<Sizes, SizeError> {
         if explicit && self.target > limit {
-            return Err(format!(
-                "--chunk-tokens={} exceeds the model's limit of {limit} tokens per chunk; \
-                 lower it to at most {limit}",
-                self.target
-            ));
+            return Err(SizeError::OverLimit {
+                target: self.target,
+                limit,
+            });
         }
         let target = self.target.min(limit);
         if target == 0 {
-            return Err("--chunk-tokens must be at least 1".into());
+            return Err(SizeError::Zero);
         }
         if self.overlap * 2 >= target {
-            return Err(format!(
-                "--chunk-overlap={} must be less than half of the chunk size ({target}); \
-                 lower it",
-                self.overlap
-            ));
+            return Err(SizeError::Overlap {
+                overlap: self.overlap,
+                target,
+            });
         }
         Ok(Sizes {
             target,
@@ -58,6 +56,22 @@ impl ChunkConfig {
             limit,
         })
     }
+}
+
+/// Chunk sizes that cannot work: each message names the flag and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error(
+        "--chunk-tokens={target} exceeds the model's limit of {limit} tokens per chunk; lower \
+         it to at most {limit}"
+    )]
+    OverLimit { target: usize, limit: usize },
+    #[error("--chunk-tokens must be at least 1")]
+    Zero,
+    #[error(
+        "--chunk-overlap={overlap} must be less than half of the chunk size ({target}); lower it"
+    )]
+    Overlap { overlap: usize, target: usize },
 }
 
 /// The fingerprint of what the chunker makes: its settings and the tokenizer it counts in

@@ -61,6 +61,30 @@ pub struct Budget {
     over_memory: Arc<AtomicU64>,
 }
 
+/// Why a parser gave no text: its message names the problem and the fix ("not a Word
+/// document ...: the file is damaged or misnamed"), or where the budget ran out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// The bytes are not a readable file of the format.
+    #[error("{0}")]
+    Invalid(String),
+    /// The budget ran out while parsing, at the place named.
+    #[error("out of time or memory {0}")]
+    OutOfBudget(String),
+}
+
+impl From<String> for ParseError {
+    fn from(reason: String) -> Self {
+        ParseError::Invalid(reason)
+    }
+}
+
+impl From<&str> for ParseError {
+    fn from(reason: &str) -> Self {
+        ParseError::Invalid(reason.to_string())
+    }
+}
+
 /// The budget ran out; the parser should stop.
 #[derive(Debug, PartialEq, Eq)]
 pub struct OutOfTime;
@@ -131,7 +155,7 @@ const GIVEN_UP: u8 = 2;
 pub fn run<T, F>(limits: Limits, parse: F) -> Result<T, Guarded>
 where
     T: Send + 'static,
-    F: FnOnce(&Budget) -> Result<T, String> + Send + 'static,
+    F: FnOnce(&Budget) -> Result<T, ParseError> + Send + 'static,
 {
     Runner::default().run(limits, parse)
 }
@@ -161,7 +185,7 @@ impl Runner {
     pub fn run<T, F>(&mut self, limits: Limits, parse: F) -> Result<T, Guarded>
     where
         T: Send + 'static,
-        F: FnOnce(&Budget) -> Result<T, String> + Send + 'static,
+        F: FnOnce(&Budget) -> Result<T, ParseError> + Send + 'static,
     {
         let budget = Budget::new(limits);
         // Wait for room among the threads given up on, within this file's own time.
@@ -184,7 +208,7 @@ impl Runner {
                     Guarded::OverMemory(budget.over_memory.load(Ordering::Relaxed)),
                 ),
                 Ok(Err(_)) if budget.check().is_err() => Err(Guarded::TimedOut),
-                Ok(Err(message)) => Err(Guarded::Failed(message)),
+                Ok(Err(e)) => Err(Guarded::Failed(e.to_string())),
                 Err(panic) => Err(Guarded::Panicked(crate::panics::message(&*panic))),
             };
             drop(entered);

@@ -12,14 +12,14 @@ use office_oxide::limits::Limits;
 use office_oxide::options::ParseOptions;
 use office_oxide::{Document, DocumentFormat, OfficeError};
 
-use super::budget::Budget;
+use super::budget::{Budget, ParseError};
 use super::{markdown, tidy, Extracted};
 
 /// The first bytes of an OLE compound file: a legacy `.doc`, or an encrypted OOXML package.
 const OLE_MAGIC: &[u8] = &[0xD0, 0xCF, 0x11, 0xE0];
 
 /// Extract `bytes` as a Word document.
-pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, String> {
+pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, ParseError> {
     let format = if bytes.starts_with(b"PK\x03\x04") {
         DocumentFormat::Docx
     } else if bytes.starts_with(OLE_MAGIC) {
@@ -39,7 +39,7 @@ pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, String> {
     .map_err(explain)?;
     budget
         .check()
-        .map_err(|_| "out of time after parsing".to_string())?;
+        .map_err(|_| ParseError::OutOfBudget("after parsing".into()))?;
     let title = doc
         .as_docx()
         .and_then(|d| d.core_properties.as_ref())

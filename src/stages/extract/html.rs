@@ -11,7 +11,7 @@ use html5ever::tree_builder::{ElementFlags, NodeOrText, QuirksMode, TreeSink};
 use html5ever::{parse_document, Attribute, QualName};
 use scraper::{Html, HtmlTreeSink, Node};
 
-use super::budget::Budget;
+use super::budget::{Budget, ParseError};
 use super::Extracted;
 use crate::document::{Block, BlockKind};
 
@@ -57,7 +57,7 @@ pub const MAX_DEPTH: u32 = 512;
 const CHUNK_BYTES: usize = 2 << 10;
 
 /// Extract `raw` as HTML, checking `budget` and the nesting depth as it parses.
-pub fn extract(raw: &str, budget: &Budget) -> Result<Extracted, String> {
+pub fn extract(raw: &str, budget: &Budget) -> Result<Extracted, ParseError> {
     let mut parser = parse_document(DepthSink::new(), Default::default());
     let mut at = 0;
     while at < raw.len() {
@@ -69,16 +69,16 @@ pub fn extract(raw: &str, budget: &Budget) -> Result<Extracted, String> {
         at = end;
         let deepest = parser.tokenizer.sink.sink.deepest.get();
         if deepest > MAX_DEPTH {
-            return Err(format!(
+            return Err(ParseError::Invalid(format!(
                 "HTML nested more than {MAX_DEPTH} elements deep (by byte {at} of {}): no page \
                  a reader sees nests so deep, so the file is generated or hostile; fix the \
                  markup (close its elements) or leave the file out",
                 raw.len()
-            ));
+            )));
         }
         budget
             .check()
-            .map_err(|_| format!("out of time or memory at byte {at} of {}", raw.len()))?;
+            .map_err(|_| ParseError::OutOfBudget(format!("at byte {at} of {}", raw.len())))?;
     }
     let doc = parser.finish();
     let title = doc
@@ -441,7 +441,9 @@ mod tests {
         // 100,000 nested elements: the old recursive walk overflowed a worker's stack, and
         // html5ever's tree building is quadratic in the depth.
         let deep = "<div>".repeat(100_000);
-        let e = extract(&deep, &Budget::unlimited()).unwrap_err();
+        let e = extract(&deep, &Budget::unlimited())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("nested more than 512"), "{e}");
         // It stopped within the first chunks, not after the whole quadratic parse.
         let at: usize = e

@@ -16,11 +16,11 @@ use std::collections::HashMap;
 use pdf_oxide::layout::TextSpan;
 use pdf_oxide::PdfDocument;
 
-use super::budget::Budget;
+use super::budget::{Budget, ParseError};
 use super::{markdown, tidy, Extracted};
 
 /// Extract `bytes` as a PDF, checking `budget` between pages.
-pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, String> {
+pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, ParseError> {
     let doc = open(bytes)?;
     let count = doc.page_count().map_err(|e| {
         format!("cannot read the page tree ({e}); the file is damaged: repair or re-export it")
@@ -63,7 +63,7 @@ pub fn extract(bytes: &[u8], budget: &Budget) -> Result<Extracted, String> {
 
 /// Open `bytes` as a PDF: refused when there is no `%PDF` header, the file is damaged, or it
 /// needs a password.
-fn open(bytes: &[u8]) -> Result<PdfDocument, String> {
+fn open(bytes: &[u8]) -> Result<PdfDocument, ParseError> {
     if !bytes.starts_with(b"%PDF")
         && !bytes[..bytes.len().min(1024)]
             .windows(4)
@@ -102,7 +102,7 @@ fn read_pages(
     count: usize,
     len: usize,
     budget: &Budget,
-) -> Result<ReadPages, String> {
+) -> Result<ReadPages, ParseError> {
     // The count comes from the file: preallocate no more than its bytes could describe.
     let room = count.min(len / 64 + 1);
     let mut pages = Vec::with_capacity(room);
@@ -112,7 +112,7 @@ fn read_pages(
     for index in 0..count {
         budget
             .check()
-            .map_err(|_| format!("out of time at page {} of {count}", index + 1))?;
+            .map_err(|_| ParseError::OutOfBudget(format!("at page {} of {count}", index + 1)))?;
         let got = doc.extract_text(index);
         match got {
             Ok(page) => {
@@ -149,7 +149,7 @@ fn nothing_readable(
     doc: &PdfDocument,
     count: usize,
     failed_pages: &[usize],
-) -> Result<Extracted, String> {
+) -> Result<Extracted, ParseError> {
     if doc.is_encrypted() && count > 0 {
         // Opened with the empty password, yet nothing reads: the decryption did not work.
         return Err(
