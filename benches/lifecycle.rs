@@ -59,7 +59,11 @@ fn noop_throughput(c: &mut Criterion) {
                     (0..workers)
                         .map(|_| EnrichWorker {
                             store: SqliteStore::open(&path).unwrap(),
-                            loader: Box::new(|_| Err("no model: the noop stage needs none".into())),
+                            loader: Box::new(|_| {
+                                Err(ragline::run::enrich::Unloadable(
+                                    "no model: the noop stage needs none".into(),
+                                ))
+                            }),
                         })
                         .collect::<Vec<_>>()
                 },

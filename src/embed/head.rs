@@ -472,7 +472,7 @@ impl Encoder {
             let (h, p) = (bert.hidden_size(), bert.max_positions());
             let body = if let (Some(precision), true, DType::F32) = (fused, device.is_cpu(), dtype)
             {
-                let path = KernelPath::from_env()?;
+                let path = KernelPath::chosen()?;
                 precision.check(path)?;
                 Body::Cpu(Box::new(bert.to_cpu(path, precision)?))
             } else {

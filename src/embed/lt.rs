@@ -25,10 +25,10 @@ fn cuda_error(what: &str, e: impl std::fmt::Display) -> candle_core::Error {
     candle_core::Error::Msg(format!("cuBLASLt {what}: {e}"))
 }
 
-/// Whether `RAGLINE_CUBLASLT=1` asks for the cuBLASLt path.
+/// Whether the process's kernels take the cuBLASLt path (`kernels.cublaslt`,
+/// `RAGLINE_CUBLASLT=1`).
 pub fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("RAGLINE_CUBLASLT").is_ok_and(|v| v == "1"))
+    crate::embed::kernel_choice::chosen().cublaslt
 }
 
 impl Lt {

@@ -11,6 +11,7 @@ pub mod encoder;
 pub mod files;
 pub mod gelu;
 pub mod head;
+pub mod kernel_choice;
 #[cfg(feature = "cuda")]
 pub mod lt;
 pub mod model;

@@ -256,7 +256,7 @@ fn check_dense_input(files: &ModelFiles, hidden: usize) -> Result<(), EmbedError
 
 impl EmbeddingModel {
     /// Load the model's weights onto `device` in `dtype` (on the CPU in f32: the fused
-    /// encoder on the kernels `RAGLINE_CPU_KERNELS` names, or the best the CPU has).
+    /// encoder on the kernels `kernels.cpu` names, or the best the CPU has).
     pub fn load(files: &ModelFiles, device: &Device, dtype: DType) -> Result<Self, EmbedError> {
         let mut model = Self::load_candle(files, device, dtype)?;
         if let Encoder::Candle(bert) = &model.encoder {
@@ -733,9 +733,9 @@ impl EmbeddingModel {
     }
 }
 
-/// The CPU kernel path: `RAGLINE_CPU_KERNELS`, or the best this CPU has.
+/// The CPU kernel path the process's kernels name, or the best this CPU has.
 fn cpu_path() -> Result<KernelPath, EmbedError> {
-    Ok(KernelPath::from_env()?)
+    Ok(KernelPath::chosen()?)
 }
 
 fn encoder(bert: Bert) -> Result<Encoder, EmbedError> {

@@ -2,10 +2,10 @@
 //! waiting for the batches enqueued after it (`RAGLINE_PIPELINE=1`; see
 //! [`super::EmbeddingModel::embed_batches`]).
 
-/// Whether `RAGLINE_PIPELINE=1` asks GPU batches to overlap (read once).
+/// Whether the process's kernels overlap GPU batches (`kernels.pipeline`,
+/// `RAGLINE_PIPELINE=1`).
 pub fn pipeline_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("RAGLINE_PIPELINE").is_ok_and(|v| v == "1"))
+    crate::embed::kernel_choice::chosen().pipeline
 }
 
 /// A batch whose work is enqueued: its pooled vectors, or their copy back under way.

@@ -431,7 +431,7 @@ fn packed_path(device: &Device, dtype: DType) -> Result<Option<KernelPath>> {
     if !device.is_cpu() || dtype != DType::F32 {
         return Ok(None);
     }
-    let path = KernelPath::from_env().map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    let path = KernelPath::chosen().map_err(|e| candle_core::Error::Msg(e.to_string()))?;
     Ok((path != KernelPath::Portable).then_some(path))
 }
 

@@ -176,7 +176,7 @@ impl SparseModel {
         let hidden = bert.hidden_size();
         let body = if device.is_cpu() && dtype == DType::F32 {
             Body::Cpu(Box::new(
-                bert.to_cpu(KernelPath::from_env()?, Precision::F32)?,
+                bert.to_cpu(KernelPath::chosen()?, Precision::F32)?,
             ))
         } else {
             Body::Candle(bert)

@@ -172,6 +172,9 @@ pub struct ModelConfig {
     pub passage_prompt: Option<String>,
     /// Vectors cut to their first N dimensions and re-normalised (Matryoshka models).
     pub dimensions: Option<usize>,
+    /// Which kernels run (`[model.kernels]`: cpu, amx, cublaslt, pipeline); the environment
+    /// variables `RAGLINE_CPU_KERNELS` ... override them.
+    pub kernels: crate::embed::kernel_choice::Kernels,
 }
 
 impl Default for ModelConfig {
@@ -185,6 +188,7 @@ impl Default for ModelConfig {
             query_prompt: None,
             passage_prompt: None,
             dimensions: None,
+            kernels: Default::default(),
         }
     }
 }

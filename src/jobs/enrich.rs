@@ -15,8 +15,8 @@ use crate::run::enrich::{EnrichOptions, EnrichWorker, LlmStage, SetModel};
 use crate::run::progress::Observer;
 use crate::run::{self, RunSummary};
 
-#[cfg(feature = "nats")]
 use super::config::ConfigError;
+#[cfg(feature = "nats")]
 use super::distributed;
 use super::model::{batch_tokens, devices, load_model, model_files, model_identity};
 use super::{config, metrics, service_embedder, JobError, PipelineConfig};

@@ -20,6 +20,7 @@ pub fn model_files(name: &str) -> Result<ModelFiles, JobError> {
 
 /// The devices the config names.
 pub fn devices(model: &config::ModelConfig) -> Result<Vec<SelectedDevice>, JobError> {
+    crate::embed::kernel_choice::choose(&model.kernels);
     device::select(&model.device.value)
         .map_err(|e| JobError::Model(format!("cannot open the device: {e}")))
 }
@@ -39,6 +40,7 @@ pub fn load_model(
     device: &SelectedDevice,
     model: &config::ModelConfig,
 ) -> Result<EmbeddingModel, JobError> {
+    crate::embed::kernel_choice::choose(&model.kernels);
     let mut m =
         EmbeddingModel::load_for(files, &device.device, model.dtype.value).map_err(|e| {
             JobError::Model(format!(

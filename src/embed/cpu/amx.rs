@@ -56,18 +56,16 @@ fn os_grants_tiles() -> bool {
 }
 
 /// AMX for (bf16, int8) on this machine: the CPU has it and the OS granted the tiles.
-/// `RAGLINE_CPU_AMX=off` (or `0`) leaves AMX out, for the AVX-512 kernels alone.
+/// `[model.kernels] amx = false` (or `RAGLINE_CPU_AMX=off`) leaves AMX out, for the AVX-512
+/// kernels alone.
 pub fn detect() -> (bool, bool) {
-    let off = std::env::var(AMX_ENV).is_ok_and(|v| matches!(v.trim(), "off" | "0" | "no"));
+    let off = !crate::embed::kernel_choice::chosen().amx;
     let (bf16, int8) = cpu_has_amx();
     if off || !(bf16 || int8) || !os_grants_tiles() {
         return (false, false);
     }
     (bf16, int8)
 }
-
-/// The environment variable that turns AMX off.
-pub const AMX_ENV: &str = "RAGLINE_CPU_AMX";
 
 /// The tile configuration (palette 1): tmm0-7 all 16 rows of 64 bytes.
 #[repr(C, align(64))]

@@ -1,19 +1,21 @@
-//! Which CPU kernels run: chosen at run time from the CPU's features, or forced with
-//! `RAGLINE_CPU_KERNELS=avx512|avx2|portable` (to test every path on one machine).
+//! Which CPU kernels run: chosen at run time from the CPU's features, or forced by the model's
+//! `[model.kernels] cpu = "avx512|avx2|portable"` or `RAGLINE_CPU_KERNELS` (to test every path
+//! on one machine; see [`crate::embed::kernel_choice`]).
 //!
 //! All paths live in one binary, compiled with `#[target_feature]` per function, so no
 //! `-C target-cpu=native` is needed and the binary runs on any x86-64 (or other) CPU.
 
 use std::fmt;
 
-/// The environment variable that forces a kernel path.
-pub const KERNELS_ENV: &str = "RAGLINE_CPU_KERNELS";
+use crate::embed::kernel_choice::{chosen, CPU_ENV};
 
 /// Why a kernel path or precision cannot run here.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
-    /// `RAGLINE_CPU_KERNELS` names no kernel path.
-    #[error("{KERNELS_ENV}={0} is not a kernel path: use avx512, avx2, portable or auto")]
+    /// `kernels.cpu` (or `RAGLINE_CPU_KERNELS`) names no kernel path.
+    #[error(
+        "kernels.cpu ({CPU_ENV}) = {0} is not a kernel path: use avx512, avx2, portable or auto"
+    )]
     Unknown(String),
     /// The path or precision needs CPU features this one lacks: the message names them and
     /// what to use instead.
@@ -61,12 +63,10 @@ impl KernelPath {
             .unwrap_or(KernelPath::Portable)
     }
 
-    /// The path `RAGLINE_CPU_KERNELS` forces, or the best one when it is unset or `auto`.
-    pub fn from_env() -> Result<KernelPath, KernelError> {
-        match std::env::var(KERNELS_ENV) {
-            Ok(v) => KernelPath::choose(&v),
-            Err(_) => Ok(KernelPath::best()),
-        }
+    /// The path the process's kernels name (`kernels.cpu`, `RAGLINE_CPU_KERNELS` over it),
+    /// or the best one for `auto`.
+    pub fn chosen() -> Result<KernelPath, KernelError> {
+        KernelPath::choose(&chosen().cpu)
     }
 
     /// The path a `RAGLINE_CPU_KERNELS` value names, checked against this CPU.
@@ -80,7 +80,7 @@ impl KernelPath {
         };
         if !path.supported() {
             return Err(KernelError::Unsupported(format!(
-                "{KERNELS_ENV}={} but this CPU lacks {} (it has: {}); use {} or unset it",
+                "kernels.cpu ({CPU_ENV}) = {} but this CPU lacks {} (it has: {}); use {} or auto",
                 path.name(),
                 match path {
                     KernelPath::Avx512 => "AVX-512 F/BW/VL",
