@@ -1,38 +1,38 @@
 //! Embedding: loading a sentence-transformers model, running it on a device, and the embedder
 //! pool that batches chunks across documents by a token budget.
+//!
+//! Rooms: `load/` (a model's files, tokenizer, device), `models/` (the architectures and task
+//! models), `cpu/` (the fused CPU encoder and its kernels), `cuda/` (what a GPU run adds),
+//! `testing/` (random models, test builds only); beside them the encoder, pooling and head
+//! (`model.rs`), the `Encoder` trait, the window, the pool and the service encoder.
 
 pub mod batch;
-pub mod bert;
-pub mod classify;
 pub mod cpu;
-pub mod cross_encoder;
-pub mod device;
+pub mod cuda;
 pub mod encoder;
-pub mod files;
 pub mod gelu;
-pub mod head;
 pub mod kernel_choice;
-#[cfg(feature = "cuda")]
-pub mod lt;
+pub mod load;
 pub mod model;
-pub mod ner;
+pub mod models;
 pub mod npy;
 pub mod pool;
 pub mod profile;
-// Random-weight models in the Hugging Face layout, for tests, parity scripts and benchmarks
-// (`ragline random-model`): never in a release build.
-#[cfg(any(test, feature = "test-hooks"))]
-pub mod random;
-#[cfg(any(test, feature = "test-hooks"))]
-pub mod random_heads;
-pub mod readback;
-pub mod rotary;
 pub mod service;
-pub mod splade;
+// Random-weight models, for tests, parity scripts and benchmarks: never in a release build.
+#[cfg(any(test, feature = "test-hooks"))]
+pub mod testing;
 pub mod texts;
-pub mod tokenizer;
 pub mod window;
-pub mod wordpiece;
+
+// Each room's modules under their names of before the rooms: `embed::bert`, `embed::files`...
+#[cfg(feature = "cuda")]
+pub use cuda::lt;
+pub use cuda::readback;
+pub use load::{device, files, tokenizer, wordpiece};
+pub use models::{bert, classify, cross_encoder, head, ner, rotary, splade};
+#[cfg(any(test, feature = "test-hooks"))]
+pub use testing::{random, random_heads};
 
 use std::path::PathBuf;
 

@@ -12,14 +12,14 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
-use super::bert::{Bert, BertConfig, Family, HiddenAct};
-use super::cpu::kernels::{KernelPath, Precision};
-use super::cpu::CpuBert;
-use super::device::DTypeChoice;
-use super::files::ModelFiles;
-use super::profile::Parts;
-use super::tokenizer::TextTokenizer;
-use super::EmbedError;
+use crate::embed::bert::{Bert, BertConfig, Family, HiddenAct};
+use crate::embed::cpu::kernels::{KernelPath, Precision};
+use crate::embed::cpu::CpuBert;
+use crate::embed::device::DTypeChoice;
+use crate::embed::files::ModelFiles;
+use crate::embed::profile::Parts;
+use crate::embed::tokenizer::TextTokenizer;
+use crate::embed::EmbedError;
 
 /// The architectures (config.json's `architectures`) ragline runs as SPLADE models.
 pub const SPARSE_ARCHITECTURES: &[&str] = &["BertForMaskedLM"];

@@ -14,10 +14,10 @@ use candle_core::{DType, Device};
 use serde::Deserialize;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
-use super::device::DTypeChoice;
-use super::files::ModelFiles;
-use super::head::{pad_id, Encoder, OpenAs, Opened, SequenceHead};
-use super::EmbedError;
+use crate::embed::device::DTypeChoice;
+use crate::embed::files::ModelFiles;
+use crate::embed::head::{pad_id, Encoder, OpenAs, Opened, SequenceHead};
+use crate::embed::EmbedError;
 
 /// Tokens a batch of pairs may hold (padding included where the encoder pads).
 pub const DEFAULT_BATCH_TOKENS: usize = 16_384;
@@ -281,9 +281,9 @@ impl CrossEncoder {
     ) -> Result<Vec<PairScore>, EmbedError> {
         let lengths: Vec<usize> = pairs.iter().map(|p| p.ids.len()).collect();
         let batches = if self.encoder.pads() {
-            super::batch::plan(&lengths, budget)
+            crate::embed::batch::plan(&lengths, budget)
         } else {
-            super::batch::plan_unpadded(&lengths, budget)
+            crate::embed::batch::plan_unpadded(&lengths, budget)
         };
         let mut out = vec![
             PairScore {

@@ -1,6 +1,6 @@
 //! A batch whose work is enqueued on the device, and copying its pooled vectors back without
 //! waiting for the batches enqueued after it (`RAGLINE_PIPELINE=1`; see
-//! [`super::EmbeddingModel::embed_batches`]).
+//! [`crate::embed::EmbeddingModel::embed_batches`]).
 
 /// Whether the process's kernels overlap GPU batches (`kernels.pipeline`,
 /// `RAGLINE_PIPELINE=1`).

@@ -18,11 +18,11 @@ use candle_core::{DType, Device};
 use tokenizers::{Encoding, ModelWrapper, Tokenizer};
 
 use self::aggregate::{merge_windows, window_entities, Aggregation, Entity, Token};
-use super::classify::{softmax, task_max_len, task_tokenizer};
-use super::device::DTypeChoice;
-use super::files::ModelFiles;
-use super::head::{pad_id, Encoder, OpenAs, Opened, TokenHead, TOKEN_ARCHITECTURES};
-use super::EmbedError;
+use crate::embed::classify::{softmax, task_max_len, task_tokenizer};
+use crate::embed::device::DTypeChoice;
+use crate::embed::files::ModelFiles;
+use crate::embed::head::{pad_id, Encoder, OpenAs, Opened, TokenHead, TOKEN_ARCHITECTURES};
+use crate::embed::EmbedError;
 
 /// Tokens a batch of windows may hold (padding included where the encoder pads).
 pub const DEFAULT_BATCH_TOKENS: usize = 16_384;
@@ -243,9 +243,9 @@ impl TokenClassifier {
     ) -> Result<Vec<Vec<Vec<f32>>>, EmbedError> {
         let lengths: Vec<usize> = windows.iter().map(|w| w.len()).collect();
         let batches = if self.encoder.pads() {
-            super::batch::plan(&lengths, budget)
+            crate::embed::batch::plan(&lengths, budget)
         } else {
-            super::batch::plan_unpadded(&lengths, budget)
+            crate::embed::batch::plan_unpadded(&lengths, budget)
         };
         let mut out = vec![Vec::new(); windows.len()];
         let h = self.encoder.hidden;

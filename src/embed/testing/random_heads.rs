@@ -8,8 +8,8 @@ use std::path::Path;
 
 use candle_core::Tensor;
 
-use super::random::{random_rotary, RandomBert, RotaryShape};
-use super::EmbedError;
+use crate::embed::random::{random_rotary, RandomBert, RotaryShape};
+use crate::embed::EmbedError;
 
 /// The families a random cross-encoder may have.
 pub const RERANKER_FAMILIES: &[&str] = &["bert", "xlm-roberta", "modernbert"];
@@ -415,14 +415,14 @@ fn random_encoder(base: &Path, out: &Path, model: &RandomClassifier<'_>) -> Resu
             "no random {family} token classifier: the decoders classify sequences"
         )));
     }
-    super::random::save_random_family_with(
+    crate::embed::random::save_random_family_with(
         base,
         out,
         family,
         model.hidden,
         model.layers,
         model.seed,
-        super::random::RandomOptions {
+        crate::embed::random::RandomOptions {
             max_seq_length: None,
             real_shape: model.real_shape,
         },

@@ -10,15 +10,15 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
-use super::bert::{Bert, BertConfig, Family};
-use super::cpu::kernels::{KernelPath, Precision};
-use super::cpu::{CpuBert, Rows};
-use super::device::DTypeChoice;
-use super::files::ModelFiles;
-use super::gelu;
-use super::profile::Parts;
-use super::rotary::{Arch, RotaryConfig, RotaryModel};
-use super::EmbedError;
+use crate::embed::bert::{Bert, BertConfig, Family};
+use crate::embed::cpu::kernels::{KernelPath, Precision};
+use crate::embed::cpu::{CpuBert, Rows};
+use crate::embed::device::DTypeChoice;
+use crate::embed::files::ModelFiles;
+use crate::embed::gelu;
+use crate::embed::profile::Parts;
+use crate::embed::rotary::{Arch, RotaryConfig, RotaryModel};
+use crate::embed::EmbedError;
 
 /// The parts of config.json a head adds to its encoder's.
 #[derive(Deserialize)]

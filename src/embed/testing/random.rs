@@ -8,7 +8,7 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
-use super::EmbedError;
+use crate::embed::EmbedError;
 
 /// The shape of a random BERT.
 #[derive(Clone, Copy, Debug)]

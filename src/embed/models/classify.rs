@@ -10,10 +10,10 @@ use candle_core::{DType, Device};
 use serde::Serialize;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
-use super::device::DTypeChoice;
-use super::files::{tokenizer_max_length, ModelFiles};
-use super::head::{pad_id, Encoder, OpenAs, Opened, SequenceHead, SEQUENCE_ARCHITECTURES};
-use super::EmbedError;
+use crate::embed::device::DTypeChoice;
+use crate::embed::files::{tokenizer_max_length, ModelFiles};
+use crate::embed::head::{pad_id, Encoder, OpenAs, Opened, SequenceHead, SEQUENCE_ARCHITECTURES};
+use crate::embed::EmbedError;
 
 /// Tokens a batch may hold (padding included where the encoder pads).
 pub const DEFAULT_BATCH_TOKENS: usize = 16_384;
@@ -231,9 +231,9 @@ impl SequenceClassifier {
     pub fn logits(&self, seqs: &[&TextIds], budget: usize) -> Result<Vec<Vec<f32>>, EmbedError> {
         let lengths: Vec<usize> = seqs.iter().map(|s| s.ids.len()).collect();
         let batches = if self.encoder.pads() {
-            super::batch::plan(&lengths, budget)
+            crate::embed::batch::plan(&lengths, budget)
         } else {
-            super::batch::plan_unpadded(&lengths, budget)
+            crate::embed::batch::plan_unpadded(&lengths, budget)
         };
         let mut out = vec![Vec::new(); seqs.len()];
         for batch in batches {

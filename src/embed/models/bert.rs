@@ -10,17 +10,17 @@
 //!   into the query weights at load;
 //! - weights are stored transposed once, so each linear layer is one plain GEMM;
 //! - softmax over the last dimension and layer norm use candle's fused kernels;
-//! - GELU is fused with the bias add (see [`super::gelu`]);
+//! - GELU is fused with the bias add (see [`crate::embed::gelu`]);
 //! - token-type and position embeddings are pre-added (token type 0 is the only one used).
 
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::VarBuilder;
 use serde::Deserialize;
 
-use super::cpu::kernels::{KernelPath, Precision};
-use super::cpu::{Activation, CpuBert, LayerWeights};
-use super::gelu::bias_gelu;
-use super::profile::Parts;
+use crate::embed::cpu::kernels::{KernelPath, Precision};
+use crate::embed::cpu::{Activation, CpuBert, LayerWeights};
+use crate::embed::gelu::bias_gelu;
+use crate::embed::profile::Parts;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -355,9 +355,9 @@ pub struct Bert {
     /// over six residual layers (cosine 0.998 against 0.99999 with f32 activations); the
     /// products' dtype otherwise.
     act_dtype: DType,
-    /// The cuBLASLt linear layers (f16 on CUDA; see [`super::lt`]).
+    /// The cuBLASLt linear layers (f16 on CUDA; see [`crate::embed::lt`]).
     #[cfg(feature = "cuda")]
-    lt: Option<super::lt::Lt>,
+    lt: Option<crate::embed::lt::Lt>,
 }
 
 /// Refuse a config whose hidden size does not split into its heads, or whose position
@@ -532,8 +532,8 @@ impl Bert {
             dtype: compute,
             act_dtype: act,
             #[cfg(feature = "cuda")]
-            lt: if super::lt::applies(compute, act) {
-                super::lt::Lt::for_device(vb.device())?
+            lt: if crate::embed::lt::applies(compute, act) {
+                crate::embed::lt::Lt::for_device(vb.device())?
             } else {
                 None
             },
@@ -622,7 +622,7 @@ impl Bert {
         self.forward_timed(ids, mask, &mut parts)
     }
 
-    /// [`Bert::forward`], charging each part's time to `parts` (see [`super::profile`]).
+    /// [`Bert::forward`], charging each part's time to `parts` (see [`crate::embed::profile`]).
     pub fn forward_timed(&self, ids: &Tensor, mask: &Tensor, parts: &mut Parts) -> Result<Tensor> {
         self.forward_typed(ids, None, mask, parts)
     }

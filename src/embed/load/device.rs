@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use candle_core::{DType, Device};
 
-use super::EmbedError;
+use crate::embed::EmbedError;
 
 /// `--device`.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -20,8 +20,8 @@
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{Embedding, Linear, VarBuilder};
 
-use super::cpu::kernels::KernelPath;
-use super::cpu::{gated, Gate, PackedLinear};
+use crate::embed::cpu::kernels::KernelPath;
+use crate::embed::cpu::{gated, Gate, PackedLinear};
 use serde::Deserialize;
 use serde_json::Value;
 

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
-use super::wordpiece::FastWordPiece;
+use crate::embed::wordpiece::FastWordPiece;
 
-use super::files::ModelFiles;
-use super::EmbedError;
+use crate::embed::files::ModelFiles;
+use crate::embed::EmbedError;
 
 /// Texts longer than this are tokenized in pieces cut at whitespace. For BERT-style
 /// pre-tokenization (split on whitespace and punctuation) that gives the same tokens, and it

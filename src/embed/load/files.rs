@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::EmbedError;
+use crate::embed::EmbedError;
 
 /// The model used when none is named.
 pub const DEFAULT_MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";

@@ -3,7 +3,7 @@
 //! the product's C operand with beta = 1), where candle runs a GEMM and then one kernel per
 //! elementwise step, each a full pass over the activations.
 //!
-//! Used by [`super::bert::Bert`] on a CUDA device when the products and activations are both f16
+//! Used by [`crate::embed::bert::Bert`] on a CUDA device when the products and activations are both f16
 //! and `RAGLINE_CUBLASLT=1`. cuBLASLt's GELU is the tanh approximation; BERT's is the
 //! erf one: the difference (under 1e-3 per activation) is far inside the parity bound, which the
 //! GPU check measures (scripts/gpu-check.sh).
