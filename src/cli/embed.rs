@@ -6,40 +6,20 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use ragline::embed::npy::NpyWriter;
-use ragline::embed::texts::embed_texts;
 #[cfg(feature = "parquet")]
 use ragline::indexers::parquet::{ParquetWriter, Row};
+use ragline::jobs::embed::{EmbedRequest, Engine, Output, Prompt};
 use serde_json::Value;
 
-use std::sync::Arc;
-
-use ragline::embed::splade::SparseModel;
-use ragline::embed::splade::SparseVector;
-use ragline::embed::tokenizer::TextTokenizer;
-use ragline::embed::EmbeddingModel;
-use ragline::http::embed::{estimate_tokens, Input, RemoteEmbedder};
-use rayon::prelude::*;
-
-use super::model_args::{load_first, ModelArgs};
+use super::model_args::ModelArgs;
 use super::remote_args::RemoteArgs;
 use super::{EXIT_FAILURES, EXIT_OK};
 
 /// Lines read and embedded together.
 const READ_WINDOW: usize = 65_536;
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Prompt {
-    /// No prompt.
-    None,
-    /// The model's query prompt (or --query-prompt): sentence-transformers' `encode_query`.
-    Query,
-    /// The model's document prompt (or --document-prompt): `encode_document`.
-    #[value(alias = "passage")]
-    Document,
-}
 
 #[derive(Args, Debug)]
 pub struct EmbedArgs {
@@ -79,102 +59,6 @@ pub struct EmbedArgs {
 
     #[command(flatten)]
     remote: RemoteArgs,
-}
-
-/// A text's vector, or why it has none.
-type Vector = Result<Output, String>;
-
-/// A text's vector: dense, or the non-zero entries of a sparse one.
-enum Output {
-    Dense(Vec<f32>),
-    Sparse(SparseVector),
-}
-
-/// What computes the vectors: the model here, or a service.
-enum Engine {
-    Local {
-        model: Box<EmbeddingModel>,
-        prompt: Vec<u32>,
-        batch_tokens: usize,
-    },
-    Remote {
-        remote: Arc<RemoteEmbedder>,
-        tokenizer: Box<TextTokenizer>,
-    },
-    Sparse {
-        model: Box<SparseModel>,
-        batch_tokens: usize,
-    },
-}
-
-impl Engine {
-    fn dimension(&self) -> usize {
-        match self {
-            Engine::Local { model, .. } => model.dimension(),
-            Engine::Remote { remote, .. } => remote.dimension().unwrap_or(0),
-            Engine::Sparse { model, .. } => model.dimension(),
-        }
-    }
-
-    /// One result per text, and the tokens embedded.
-    fn embed(&self, texts: &[&str]) -> anyhow::Result<(Vec<Vector>, usize)> {
-        match self {
-            Engine::Local {
-                model,
-                prompt,
-                batch_tokens,
-            } => {
-                let mut vectors = Vec::with_capacity(texts.len());
-                let stats = embed_texts(model, texts, prompt, *batch_tokens, |_, v| {
-                    vectors.push(Ok(Output::Dense(v)));
-                    Ok(())
-                })?;
-                Ok((vectors, stats.tokens))
-            }
-            Engine::Sparse {
-                model,
-                batch_tokens,
-            } => {
-                let ids: Vec<Vec<u32>> = texts
-                    .par_iter()
-                    .map(|t| model.tokenizer.ids_for_embedding(t, &[]))
-                    .collect::<Result<_, _>>()?;
-                let specials = model.tokenizer.max_len() - model.tokenizer.max_content_len();
-                let lengths: Vec<usize> = ids.iter().map(|i| i.len() + specials).collect();
-                let mut vectors: Vec<Vector> = texts.iter().map(|_| Err(String::new())).collect();
-                for batch in ragline::embed::batch::plan_unpadded(&lengths, *batch_tokens) {
-                    let seqs: Vec<&[u32]> = batch.iter().map(|&i| ids[i].as_slice()).collect();
-                    let out = model.embed_ids(&seqs)?;
-                    for (&i, v) in batch.iter().zip(out) {
-                        vectors[i] = Ok(Output::Sparse(v));
-                    }
-                }
-                Ok((vectors, lengths.iter().sum()))
-            }
-            Engine::Remote { remote, tokenizer } => {
-                let room = tokenizer.max_content_len();
-                let sizes: Vec<usize> = texts
-                    .par_iter()
-                    .map(|t| {
-                        tokenizer
-                            .ids_for_embedding(t, &[])
-                            .map_or_else(|_| estimate_tokens(t), |ids| ids.len().min(room) + 2)
-                    })
-                    .collect();
-                let inputs: Vec<Input<'_>> = texts
-                    .iter()
-                    .zip(&sizes)
-                    .map(|(&text, &tokens)| Input { text, tokens })
-                    .collect();
-                let vectors = remote
-                    .embed(&inputs)
-                    .into_iter()
-                    .map(|v| v.map(Output::Dense).map_err(|e| e.0))
-                    .collect();
-                Ok((vectors, sizes.iter().sum()))
-            }
-        }
-    }
 }
 
 enum Sink {
@@ -299,63 +183,6 @@ impl Sink {
     }
 }
 
-/// The engine `embed` runs: the service the config names, or the model on its first device
-/// with the prompt asked for (the model's default prompt, as sentence-transformers'
-/// `encode`, when none is).
-fn engine(
-    args: &EmbedArgs,
-    config: &ragline::jobs::PipelineConfig,
-    model_config: &ragline::jobs::config::ModelConfig,
-) -> anyhow::Result<Engine> {
-    if args.sparse {
-        let devices = ragline::jobs::devices(model_config)?;
-        let device = &devices[0];
-        let model = SparseModel::load(&model_config.name, &device.device, model_config.dtype.value)
-            .with_context(|| format!("cannot load the sparse model `{}`", model_config.name))?;
-        eprintln!("embedding on {} ({})", device.label, device.reason);
-        eprintln!("encoder: {} (sparse)", model.encoder_kind());
-        return Ok(Engine::Sparse {
-            model: Box::new(model),
-            batch_tokens: ragline::jobs::batch_tokens(model_config, device),
-        });
-    }
-    if config.stages.embed.remote.enabled() {
-        if args.prompt.is_some_and(|p| !matches!(p, Prompt::None)) || args.prompt_name.is_some() {
-            anyhow::bail!(
-                "--prompt with a remote embedder: the service applies its model's prompts \
-                 itself; leave --prompt out"
-            );
-        }
-        config.validate()?;
-        let files = ragline::jobs::model_files(&model_config.name)?;
-        return Ok(Engine::Remote {
-            remote: ragline::jobs::service_embedder::remote_embedder(&config.stages.embed.remote)?,
-            tokenizer: Box::new(ragline::embed::service::load_tokenizer(&files)?),
-        });
-    }
-    let (_, devices, model) = load_first(model_config)?;
-    let device = &devices[0];
-    eprintln!("embedding on {} ({})", device.label, device.reason);
-    eprintln!("encoder: {}", model.encoder_kind());
-    let batch_tokens = ragline::jobs::batch_tokens(model_config, device);
-    let named = args.prompt_name.clone().or_else(|| {
-        args.prompt
-            .is_none()
-            .then(|| model.files.default_prompt_name.clone())?
-    });
-    let prompt: Vec<u32> = match (args.prompt, named) {
-        (_, Some(name)) => model.tokenizer.prompt_ids(model.files.prompt(&name)?)?,
-        (None | Some(Prompt::None), None) => Vec::new(),
-        (Some(Prompt::Query), None) => model.tokenizer.query_prompt_ids().to_vec(),
-        (Some(Prompt::Document), None) => model.tokenizer.passage_prompt_ids().to_vec(),
-    };
-    Ok(Engine::Local {
-        model: Box::new(model),
-        prompt,
-        batch_tokens,
-    })
-}
-
 /// What `embed` did: texts read, bad lines, tokens embedded.
 #[derive(Default)]
 struct Totals {
@@ -368,7 +195,12 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     let mut config = super::load_config(config_file)?;
     args.remote.apply(&mut config)?;
     let model_config = args.model.resolve(&config);
-    let engine = engine(&args, &config, &model_config)?;
+    let request = EmbedRequest {
+        sparse: args.sparse,
+        prompt: args.prompt,
+        prompt_name: args.prompt_name.clone(),
+    };
+    let engine = Engine::new(&request, &config, &model_config)?;
     let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
         Box::new(BufReader::new(std::io::stdin()))
     } else {
@@ -413,7 +245,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
             let (vector, error) = match (&text, vector) {
                 (Err(reason), _) => (None, Some(reason.clone())),
                 (Ok(_), Ok(v)) => (Some(v), None),
-                (Ok(_), Err(reason)) => (None, Some(reason)),
+                (Ok(_), Err(reason)) => (None, Some(reason.0)),
             };
             if let Some(reason) = &error {
                 n.bad += 1;

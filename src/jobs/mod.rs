@@ -7,6 +7,7 @@ pub mod check;
 pub mod config;
 #[cfg(feature = "nats")]
 pub mod distributed;
+pub mod embed;
 pub mod enrich;
 pub mod ingest;
 pub mod metrics;
