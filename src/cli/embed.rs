@@ -209,15 +209,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         )?))
     };
     let mut sink = Sink::open(&args.output, engine.dimension(), args.sparse)?;
-    let bar = if std::io::stderr().is_terminal() {
-        let b = ProgressBar::new_spinner();
-        b.set_style(ProgressStyle::with_template(
-            "{spinner} {pos} texts {per_sec} {elapsed}",
-        )?);
-        b
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = spinner()?;
     let started = std::time::Instant::now();
     let mut n = Totals::default();
     let mut lines = reader.lines().enumerate();
@@ -274,6 +266,19 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         return Ok(ExitCode::from(EXIT_FAILURES));
     }
     Ok(ExitCode::from(EXIT_OK))
+}
+
+/// A spinner counting texts on a terminal; hidden otherwise.
+fn spinner() -> anyhow::Result<ProgressBar> {
+    Ok(if std::io::stderr().is_terminal() {
+        let b = ProgressBar::new_spinner();
+        b.set_style(ProgressStyle::with_template(
+            "{spinner} {pos} texts {per_sec} {elapsed}",
+        )?);
+        b
+    } else {
+        ProgressBar::hidden()
+    })
 }
 
 pub(super) fn parse(
