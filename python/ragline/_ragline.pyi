@@ -83,10 +83,10 @@ class Index:
     ) -> None: ...
     def search(
         self, query: str, k: int = 10, mode: str = "hybrid", where: Optional[List[str]] = None
-    ) -> str:
-        """The hits as JSON, as ``ragline search --json`` prints them."""
-    def status(self) -> str:
-        """``ragline status --json``."""
+    ) -> List[Dict[str, Any]]:
+        """The hits as dicts, as ``ragline search --json`` prints them."""
+    def status(self) -> Dict[str, Any]:
+        """``ragline status --json``, as a dict."""
     @property
     def uri(self) -> str: ...
 
@@ -95,8 +95,17 @@ def chunk(
 ) -> Tuple[List[Tuple[str, List[str], int, int, int]], str]:
     """(text, heading_path, tokens, start, end) per chunk, and the extracted text."""
 
-def ingest(argv: List[str], progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> str:
-    """``ragline ingest`` with this command line; the run's report as JSON."""
+def ingest(
+    paths: List[str],
+    index: str,
+    model: Optional[str] = None,
+    config: Optional[str] = None,
+    progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+    options: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
+    """``ragline ingest``: ``options`` are its flags by name (underscores for dashes), filling
+    the library's typed request (an unknown one raises ``TypeError``); the run's report (what
+    ``--report`` writes) as a dict."""
 
 def cli_main(argv: List[str]) -> int:
     """The ``ragline`` command in this process; its exit code."""
