@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use ragline::connectors::BadRecord;
 use ragline::embed::npy::NpyWriter;
 #[cfg(feature = "parquet")]
 use ragline::indexers::parquet::{ParquetWriter, Row};
@@ -215,7 +216,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
     let mut lines = reader.lines().enumerate();
     loop {
         // One window: (line number, id, text or the reason it has none).
-        let mut window: Vec<(usize, Option<Value>, Result<String, String>)> = Vec::new();
+        let mut window: Vec<(usize, Option<Value>, Result<String, BadRecord>)> = Vec::new();
         for (i, line) in lines.by_ref() {
             let line = line.context("reading --input")?;
             window.push(parse(i + 1, &line, &args.text_field));
@@ -235,7 +236,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
         for ((line, id, text), vector) in window.into_iter().zip(vectors) {
             n.total += 1;
             let (vector, error) = match (&text, vector) {
-                (Err(reason), _) => (None, Some(reason.clone())),
+                (Err(reason), _) => (None, Some(reason.0.clone())),
                 (Ok(_), Ok(v)) => (Some(v), None),
                 (Ok(_), Err(reason)) => (None, Some(reason.0)),
             };
@@ -285,14 +286,16 @@ pub(super) fn parse(
     line: usize,
     raw: &str,
     field: &str,
-) -> (usize, Option<Value>, Result<String, String>) {
+) -> (usize, Option<Value>, Result<String, BadRecord>) {
     let value: Value = match serde_json::from_str(raw) {
         Ok(v) => v,
         Err(e) => {
             return (
                 line,
                 None,
-                Err(format!("invalid JSON ({e}); one JSON object per line")),
+                Err(BadRecord(format!(
+                    "invalid JSON ({e}); one JSON object per line"
+                ))),
             )
         }
     };
@@ -305,10 +308,16 @@ pub(super) fn parse(
                 _ => (
                     line,
                     id,
-                    Err(format!("no string field `{field}`; set --text-field")),
+                    Err(BadRecord(format!(
+                        "no string field `{field}`; set --text-field"
+                    ))),
                 ),
             }
         }
-        _ => (line, None, Err("not a JSON object or string".into())),
+        _ => (
+            line,
+            None,
+            Err(BadRecord("not a JSON object or string".into())),
+        ),
     }
 }

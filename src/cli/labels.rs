@@ -2,6 +2,7 @@
 //! file, one JSON line out per line in, in order (a bad line gets an `error` field, is
 //! counted, and the run goes on).
 
+use ragline::connectors::BadRecord;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -130,7 +131,7 @@ impl Lines {
     #[allow(clippy::type_complexity)]
     fn next_window(
         &mut self,
-    ) -> anyhow::Result<Vec<(usize, Option<Value>, Result<String, String>)>> {
+    ) -> anyhow::Result<Vec<(usize, Option<Value>, Result<String, BadRecord>)>> {
         let mut window = Vec::new();
         for (i, line) in self.lines.by_ref() {
             let line = line.context("reading --input")?;
@@ -202,7 +203,7 @@ fn run_lines(
                 Err(reason) => {
                     bad += 1;
                     eprintln!("line {line}: {reason}");
-                    row.insert("error".into(), reason.into());
+                    row.insert("error".into(), reason.0.into());
                 }
             }
             serde_json::to_writer(&mut out, &row)?;
