@@ -270,7 +270,7 @@ pub fn run(args: EmbedArgs, config_file: Option<&std::path::Path>) -> anyhow::Re
 }
 
 /// A spinner counting texts on a terminal; hidden otherwise.
-fn spinner() -> anyhow::Result<ProgressBar> {
+pub(super) fn spinner() -> anyhow::Result<ProgressBar> {
     Ok(if std::io::stderr().is_terminal() {
         let b = ProgressBar::new_spinner();
         b.set_style(ProgressStyle::with_template(

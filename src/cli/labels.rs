@@ -2,15 +2,14 @@
 //! file, one JSON line out per line in, in order (a bad line gets an `error` field, is
 //! counted, and the run goes on).
 
-use ragline::connectors::BadRecord;
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, IsTerminal, Write};
+use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+use ragline::connectors::BadRecord;
 use ragline::embed::classify::{LabelChoice, ScoreFunction, SequenceClassifier};
 use ragline::embed::ner::aggregate::Aggregation;
 use ragline::embed::ner::{NerOptions, TokenClassifier};
@@ -154,18 +153,6 @@ fn output(path: &Path) -> anyhow::Result<Box<dyn Write>> {
     })
 }
 
-fn progress() -> anyhow::Result<ProgressBar> {
-    Ok(if std::io::stderr().is_terminal() {
-        let b = ProgressBar::new_spinner();
-        b.set_style(ProgressStyle::with_template(
-            "{spinner} {pos} texts {per_sec} {elapsed}",
-        )?);
-        b
-    } else {
-        ProgressBar::hidden()
-    })
-}
-
 /// Run `each` over the input's windows of good texts and write one line per input line:
 /// `field` holds what `each` gave, or `error` says why a line has none.
 fn run_lines(
@@ -176,7 +163,7 @@ fn run_lines(
 ) -> anyhow::Result<ExitCode> {
     let mut lines = Lines::open(io)?;
     let mut out = output(&io.output)?;
-    let bar = progress()?;
+    let bar = super::embed::spinner()?;
     let started = std::time::Instant::now();
     let (mut total, mut bad) = (0usize, 0usize);
     loop {
