@@ -2,8 +2,9 @@
 # The whole test suite: fetches the model if needed, then every unit, property and
 # integration test, then the Python package's tests (scripts/test-python.sh). Tests that read
 # ../shared/data skip with a message where it is absent.
-# Starts the PostgreSQL test server (scripts/postgres.sh) for the Postgres tests and the S3
-# server (scripts/s3.sh) for the object store tests.
+# Starts the PostgreSQL test server (scripts/postgres.sh) for the Postgres tests, the S3
+# server (scripts/s3.sh) for the object store tests and a Kafka broker (scripts/kafka.sh) for
+# the Kafka tests.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -33,6 +34,13 @@ fi
 if [ -z "${RAGLINE_TEST_S3+set}" ]; then
   RAGLINE_TEST_S3=$(scripts/s3.sh start)
   export RAGLINE_TEST_S3
+fi
+# The Kafka tests run against scripts/kafka.sh's broker (Apache Kafka 4 in KRaft mode, from
+# Maven Central's jars on Java 17), started here unless RAGLINE_TEST_KAFKA already names one
+# (set it empty to skip them). The failure test starts a three-node cluster of its own.
+if [ -z "${RAGLINE_TEST_KAFKA+set}" ]; then
+  RAGLINE_TEST_KAFKA=$(scripts/kafka.sh start | tail -1)
+  export RAGLINE_TEST_KAFKA
 fi
 # `failpoints` compiles in fault injection (FAILPOINTS=...), which the lifecycle tests use to
 # make chosen documents fail; release builds never have it.

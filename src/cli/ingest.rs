@@ -73,10 +73,12 @@ struct Changes {
     listeners: Option<Vec<ragline::connectors::sql::postgres::Listener>>,
     #[cfg(feature = "nats")]
     subjects: Option<Vec<ragline::connectors::nats::Waiter>>,
+    #[cfg(feature = "kafka")]
+    topics: Option<Vec<ragline::connectors::kafka::Waiter>>,
 }
 
 /// How often `--follow` asks a broker subject's consumer whether messages wait.
-#[cfg(feature = "nats")]
+#[cfg(any(feature = "nats", feature = "kafka"))]
 const SUBJECT_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Changes {
@@ -89,15 +91,9 @@ impl Changes {
     /// Wait for a change or `every`: with broker subjects, in short steps, asking their
     /// consumers between them.
     fn wait(&mut self, config: &PipelineConfig, every: std::time::Duration) {
-        #[cfg(feature = "nats")]
+        #[cfg(any(feature = "nats", feature = "kafka"))]
         {
-            if self.subjects.is_none() {
-                match ragline::jobs::ingest::subject_waiters(config) {
-                    Ok(w) => self.subjects = Some(w),
-                    Err(e) => tracing::warn!("--follow: {e}; polling instead"),
-                }
-            }
-            if self.subjects.as_ref().is_some_and(|w| !w.is_empty()) {
+            if self.open_streams(config) {
                 let deadline = std::time::Instant::now() + every;
                 loop {
                     if self.messages_waiting() {
@@ -116,10 +112,64 @@ impl Changes {
         self.wait_tables(config, every);
     }
 
-    /// Whether a broker subject's consumer has messages waiting (a consumer that cannot be
-    /// asked is opened again at the next wait).
-    #[cfg(feature = "nats")]
+    /// Open what the passes wait on of broker subjects and Kafka topics: whether there are any.
+    #[cfg(any(feature = "nats", feature = "kafka"))]
+    fn open_streams(&mut self, config: &PipelineConfig) -> bool {
+        let mut any = false;
+        #[cfg(feature = "nats")]
+        {
+            if self.subjects.is_none() {
+                match ragline::jobs::ingest::subject_waiters(config) {
+                    Ok(w) => self.subjects = Some(w),
+                    Err(e) => tracing::warn!("--follow: {e}; polling instead"),
+                }
+            }
+            any |= self.subjects.as_ref().is_some_and(|w| !w.is_empty());
+        }
+        #[cfg(feature = "kafka")]
+        {
+            if self.topics.is_none() {
+                match ragline::jobs::ingest::topic_waiters(config) {
+                    Ok(w) => self.topics = Some(w),
+                    Err(e) => tracing::warn!("--follow: {e}; polling instead"),
+                }
+            }
+            any |= self.topics.as_ref().is_some_and(|w| !w.is_empty());
+        }
+        any
+    }
+
+    /// Whether a broker subject's consumer has messages waiting, or a Kafka topic's group
+    /// records to read (its lag, logged); one that cannot be asked is opened again at the
+    /// next wait.
+    #[cfg(any(feature = "nats", feature = "kafka"))]
     fn messages_waiting(&mut self) -> bool {
+        #[cfg(feature = "kafka")]
+        if let Some(waiters) = self.topics.as_mut() {
+            for w in waiters.iter_mut() {
+                match w.lag() {
+                    Ok(0) => {}
+                    Ok(lag) => {
+                        tracing::info!("--follow: {}: lag {lag} records", w.shown());
+                        return true;
+                    }
+                    Err(e) => {
+                        tracing::warn!("--follow: {e}; asking again");
+                        self.topics = None;
+                        return false;
+                    }
+                }
+            }
+        }
+        #[cfg(feature = "nats")]
+        return self.subjects_waiting();
+        #[cfg(not(feature = "nats"))]
+        false
+    }
+
+    /// Whether a broker subject's consumer has messages waiting.
+    #[cfg(feature = "nats")]
+    fn subjects_waiting(&mut self) -> bool {
         let Some(waiters) = self.subjects.as_mut() else {
             return false;
         };
@@ -262,7 +312,8 @@ pub(super) fn print_summary(
 /// The documents gone from the source (the first five), pruned or still in the index.
 fn print_missing(out: &mut dyn Write, s: &RunSummary, pruned: bool) -> anyhow::Result<()> {
     if !s.missing_from_source.is_empty() {
-        let what = if pruned {
+        // A source that deletes (a Kafka tombstone) prunes without --prune.
+        let what = if pruned || s.pruned > 0 {
             format!("{} pruned from the index", s.pruned)
         } else {
             "still in the index (--prune deletes them)".to_string()

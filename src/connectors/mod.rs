@@ -7,6 +7,8 @@
 pub mod feed;
 pub mod filesystem;
 pub mod jsonl;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "object-store")]
@@ -19,6 +21,12 @@ pub mod web;
 /// `object-store` feature, so a build without it says why instead of looking for a folder.
 pub fn is_object_url(s: &str) -> bool {
     ["s3://", "gs://", "az://"].iter().any(|p| s.starts_with(p))
+}
+
+/// Is `s` a Kafka topic URL (`kafka://HOST:PORT/TOPIC`)? Recognised with or without the
+/// `kafka` feature, so a build without it says why.
+pub fn is_kafka_url(s: &str) -> bool {
+    s.starts_with("kafka://")
 }
 
 /// Is `s` a broker subject URL (`nats://HOST:PORT/SUBJECT`)? Recognised with or without the
@@ -91,6 +99,12 @@ pub trait Connector: Send {
     /// changes (a broker subject) publishes what is new and says what is gone.
     fn whole_source(&self) -> bool {
         true
+    }
+
+    /// Whether what the source says is gone (a Kafka tombstone) is deleted from the index
+    /// without `--prune`: the source's own delete, not a guess from what a run did not read.
+    fn deletes_gone(&self) -> bool {
+        false
     }
 
     /// What to do once the run is over (a broker's messages acknowledged), taken before it

@@ -14,6 +14,8 @@ pub mod facets;
 pub mod filter;
 mod identity;
 pub mod jsonl;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod meta;
 pub mod null;
 mod open;

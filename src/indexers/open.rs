@@ -1,5 +1,5 @@
 //! The one dispatch on the index URI: which backend `sqlite://`, `postgres://`, `parquet:`,
-//! `jsonl:` and `null:` name, and what each opens (a run's writer, a reader for search, the
+//! `jsonl:`, `kafka://` and `null:` name, and what each opens (a run's writer, a reader for search, the
 //! lifecycle store). The only file of `indexers/` that names every backend; the backends name
 //! none but themselves.
 
@@ -48,6 +48,8 @@ fn backend(uri: &IndexUri) -> Box<dyn Backend + '_> {
         #[cfg(feature = "parquet")]
         IndexUri::Parquet(path) => Box::new(Parquet(path)),
         IndexUri::Jsonl(path) => Box::new(Jsonl(path)),
+        #[cfg(feature = "kafka")]
+        IndexUri::Kafka(target) => Box::new(Kafka(target)),
         IndexUri::Null { delay } => Box::new(Null(*delay)),
     }
 }
@@ -137,6 +139,18 @@ impl Backend for Parquet<'_> {
         Ok(Box::new(super::parquet::ParquetFactory::create(
             self.0,
             identity.model.as_ref().map(|m| m.dimension),
+        )?))
+    }
+}
+
+#[cfg(feature = "kafka")]
+struct Kafka<'a>(&'a super::kafka::KafkaTarget);
+
+#[cfg(feature = "kafka")]
+impl Backend for Kafka<'_> {
+    fn writer(&self, identity: IndexIdentity) -> Result<Box<dyn BackendFactory>, BackendError> {
+        Ok(Box::new(super::kafka::KafkaFactory::open(
+            self.0, identity,
         )?))
     }
 }

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+#[cfg(feature = "kafka")]
+use super::kafka::KafkaTarget;
 #[cfg(feature = "postgres")]
 use super::postgres::PgTarget;
 use super::BackendError;
@@ -21,6 +23,9 @@ pub enum IndexUri {
     Parquet(PathBuf),
     /// `jsonl:PATH`: one JSON object per document or chunk.
     Jsonl(PathBuf),
+    /// `kafka://HOST:PORT/TOPIC`: one record per chunk on a Kafka topic.
+    #[cfg(feature = "kafka")]
+    Kafka(KafkaTarget),
     /// `null:` discards everything (for measuring); `null:?delay=5ms` also waits per batch,
     /// standing in for a slow backend.
     Null { delay: Duration },
@@ -56,6 +61,12 @@ impl FromStr for IndexUri {
             return Ok(IndexUri::Parquet(PathBuf::from(path)));
             #[cfg(not(feature = "parquet"))]
             return Err(not_built("parquet:", "parquet"));
+        }
+        if s.starts_with("kafka://") {
+            #[cfg(feature = "kafka")]
+            return Ok(IndexUri::Kafka(KafkaTarget::parse(s)?));
+            #[cfg(not(feature = "kafka"))]
+            return Err(not_built("kafka://", "kafka"));
         }
         if let Some(path) = s.strip_prefix("jsonl:") {
             let path = path.strip_prefix("//").unwrap_or(path);
@@ -100,6 +111,8 @@ impl std::fmt::Display for IndexUri {
             #[cfg(feature = "parquet")]
             IndexUri::Parquet(p) => write!(f, "parquet:{}", p.display()),
             IndexUri::Jsonl(p) => write!(f, "jsonl:{}", p.display()),
+            #[cfg(feature = "kafka")]
+            IndexUri::Kafka(t) => write!(f, "{t}"),
             IndexUri::Null { .. } => write!(f, "null:"),
         }
     }

@@ -116,7 +116,12 @@ pub(crate) fn ingest_from(
     observer.finish();
     let outcome = (|| {
         let mut summary = result?;
-        finish_ingest(config, &prepared.backend, &prepared.in_index, &mut summary)?;
+        let before = super::ingest::Before {
+            backend: &prepared.backend,
+            in_index: &prepared.in_index,
+            delete_gone: prepared.delete_gone,
+        };
+        finish_ingest(config, before, &mut summary)?;
         Ok(summary)
     })();
     settle(settlements, outcome)

@@ -8,7 +8,9 @@ use crate::connectors::filesystem::{FilesystemConfig, FilesystemConnector};
 use crate::connectors::jsonl::JsonlFields;
 use crate::connectors::sql::{is_database_url, is_table_source, TableConnector};
 use crate::connectors::web::{is_web_url, WebConnector, WebSettings};
-use crate::connectors::{is_nats_url, is_object_url, Connector, KnownIndex, Settlement};
+use crate::connectors::{
+    is_kafka_url, is_nats_url, is_object_url, Connector, KnownIndex, Settlement,
+};
 use crate::embed::device;
 use crate::embed::pool::EmbedderPool;
 use crate::embed::tokenizer::TextTokenizer;
@@ -48,6 +50,8 @@ pub struct Prepared {
     pub remote: Option<Arc<crate::http::embed::RemoteEmbedder>>,
     /// What the index holds before the run, which connectors are told.
     pub known: KnownIndex,
+    /// A connector's source deletes what it says is gone (a Kafka tombstone), `--prune` or not.
+    pub delete_gone: bool,
 }
 
 /// Which parts of a run this process builds.
@@ -112,6 +116,7 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, JobErr
         options,
         remote: setup.remote,
         known,
+        delete_gone: false,
     })
 }
 
@@ -365,6 +370,10 @@ pub(crate) fn connectors(config: &PipelineConfig) -> Result<Vec<Box<dyn Connecto
             out.push(subject_connector(url, config)?);
             continue;
         }
+        if let Some(url) = path.to_str().filter(|p| is_kafka_url(p)) {
+            out.push(topic_connector(url, config)?);
+            continue;
+        }
         match path.to_str().filter(|p| is_database_url(p)) {
             Some(url) if is_table_source(url) => {
                 out.push(table_connector(url, src.max_file_bytes)?)
@@ -464,6 +473,41 @@ fn subject_connector(url: &str, config: &PipelineConfig) -> Result<Box<dyn Conne
             feature: "nats",
         })
     }
+}
+
+/// The connector of a Kafka topic URL (`kafka://HOST:PORT/TOPIC`).
+fn topic_connector(url: &str, config: &PipelineConfig) -> Result<Box<dyn Connector>, JobError> {
+    #[cfg(feature = "kafka")]
+    {
+        Ok(Box::new(crate::connectors::kafka::KafkaConnector::new(
+            url,
+            &index_key(config),
+            config.source.max_file_bytes,
+        )?))
+    }
+    #[cfg(not(feature = "kafka"))]
+    {
+        let _ = config;
+        Err(JobError::NotBuilt {
+            what: crate::secret::redact_url(url),
+            feature: "kafka",
+        })
+    }
+}
+
+/// What `ingest --follow` asks about the config's Kafka topics: each one's group lag.
+#[cfg(feature = "kafka")]
+pub fn topic_waiters(
+    config: &PipelineConfig,
+) -> Result<Vec<crate::connectors::kafka::Waiter>, JobError> {
+    let key = index_key(config);
+    config
+        .source
+        .paths
+        .iter()
+        .filter_map(|p| p.to_str().filter(|p| is_kafka_url(p)))
+        .map(|url| Ok(crate::connectors::kafka::Waiter::open(url, &key)?))
+        .collect()
 }
 
 /// What `ingest --follow` waits on for the config's broker subjects: each one's consumer.
@@ -610,6 +654,11 @@ pub(crate) fn ingest_from(
     };
     let result = run::execute(parts, &prepared.options, observer);
     observer.finish();
+    let before = Before {
+        backend: &prepared.backend,
+        in_index: &prepared.in_index,
+        delete_gone: prepared.delete_gone,
+    };
     let outcome = (|| {
         let mut summary = result?;
         summary.encoder = prepared.encoder;
@@ -617,7 +666,7 @@ pub(crate) fn ingest_from(
             summary.remote = Some(r.endpoint().stats().snapshot());
             service_embedder::settle_circuit(r.endpoint(), &config.index.uri.value, EMBED);
         }
-        finish_ingest(config, &prepared.backend, &prepared.in_index, &mut summary)?;
+        finish_ingest(config, before, &mut summary)?;
         Ok(summary)
     })();
     settle(settlements, outcome)
@@ -634,6 +683,7 @@ pub(crate) fn ready(
     for c in connectors.iter_mut() {
         c.know(&prepared.known);
     }
+    prepared.delete_gone = connectors.iter().any(|c| c.deletes_gone());
     if scope == Scope::SomeDocuments {
         prepared.options.track_ids = false;
         prepared.in_index = None;
@@ -663,14 +713,21 @@ pub(crate) fn settle(
     })
 }
 
+/// What [`finish_ingest`] takes of a run's [`Prepared`].
+pub(crate) struct Before<'a> {
+    pub backend: &'a Arc<dyn BackendFactory>,
+    pub in_index: &'a Option<std::collections::HashSet<String>>,
+    pub delete_gone: bool,
+}
+
 /// After the run: the backend's last work (an HNSW index), documents gone from the source,
 /// --prune.
 pub(crate) fn finish_ingest(
     config: &PipelineConfig,
-    backend: &Arc<dyn BackendFactory>,
-    in_index: &Option<std::collections::HashSet<String>>,
+    index: Before<'_>,
     summary: &mut RunSummary,
 ) -> Result<(), JobError> {
+    let (backend, in_index) = (index.backend, index.in_index);
     let uri = &config.index.uri.value;
     // Documents the index holds that this run's source no longer has: those it did not
     // publish when it read the whole source, else those it said are gone.
@@ -689,7 +746,7 @@ pub(crate) fn finish_ingest(
     if let Some(mut missing) = missing {
         missing.sort();
         missing.dedup();
-        if config.index.prune && !missing.is_empty() {
+        if (config.index.prune || index.delete_gone) && !missing.is_empty() {
             summary.pruned = backend.delete_documents(&missing)? as u64;
         }
         summary.missing_from_source = missing;

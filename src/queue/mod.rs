@@ -8,6 +8,8 @@
 
 #[cfg(feature = "nats")]
 pub mod jetstream;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod memory;
 pub mod wire;
 

@@ -134,7 +134,7 @@ fn the_layer_check_sees_upward_uses() {
 }
 
 /// The index backends, each a folder of `src/indexers/`, beside each other.
-const BACKENDS: &[&str] = &["sqlite", "postgres", "parquet", "jsonl", "null"];
+const BACKENDS: &[&str] = &["sqlite", "postgres", "parquet", "jsonl", "kafka", "null"];
 
 /// Which other backend `text`, a file of backend `own`, names: through `indexers::X` or
 /// `super::super::X` (from the backend's own folder) or a `use` group of `indexers::{..}`.

@@ -14,6 +14,7 @@ mod families;
 mod feeds;
 mod hardening;
 mod index;
+mod kafka;
 mod layers;
 mod lifecycle;
 mod llm;
