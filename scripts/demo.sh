@@ -12,6 +12,7 @@ CORPUS=${1:-../shared/data/react-docs}
 [ -d "$CORPUS" ] || CORPUS=tests/fixtures/react
 QUERY=${2:-how do I run code after render}
 [ -f models/all-MiniLM-L6-v2/model.safetensors ] || scripts/fetch-model.sh
+scripts/build-deps.sh
 cargo build --release --quiet
 ./target/release/ragline ingest "$CORPUS" --index sqlite://ragline.db
 echo

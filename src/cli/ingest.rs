@@ -28,17 +28,29 @@ pub struct IngestArgs {
     #[arg(long, value_name = "SECS", default_value_t = 30, requires = "follow",
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub(super) poll_interval: u64,
+
+    /// With --follow, serve Prometheus metrics at http://ADDR/metrics: the passes, the
+    /// documents they indexed and failed, and each Kafka topic's consumer lag (the records
+    /// after its group's committed offsets, `ragline_source_lag_records`). Port 0 picks one.
+    #[arg(long, value_name = "ADDR", requires = "follow")]
+    pub(super) metrics_addr: Option<std::net::SocketAddr>,
 }
 
 pub fn run(args: IngestArgs, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
     let config = args.request.config(config_file)?;
     args.request.check_report()?;
     // Listening before the first pass: a change made during it is not missed.
-    let changes = args.follow.then(|| Changes::open(&config));
+    let mut changes = args.follow.then(|| Changes::open(&config));
+    if let (Some(changes), Some(addr)) = (changes.as_mut(), args.metrics_addr) {
+        changes.metrics = Some(FollowMetrics::serve(addr)?);
+    }
     let mut observer = super::observer(config.run.progress);
     let summary = jobs::request::ingest(&args.request, &config, observer.as_mut())?;
     print_summary(&mut std::io::stdout().lock(), &summary, config.index.prune)?;
     if let Some(changes) = changes {
+        if let Some(m) = &changes.metrics {
+            m.pass(&summary);
+        }
         follow(&args, &config, changes);
     }
     Ok(exit_code(&summary))
@@ -54,6 +66,9 @@ fn follow(args: &IngestArgs, config: &PipelineConfig, mut changes: Changes) {
         let mut observer = super::observer(config.run.progress);
         match jobs::request::ingest(&args.request, config, observer.as_mut()) {
             Ok(summary) => {
+                if let Some(m) = &changes.metrics {
+                    m.pass(&summary);
+                }
                 let _ = print_summary(&mut std::io::stdout().lock(), &summary, config.index.prune);
             }
             Err(e) => tracing::warn!(
@@ -75,6 +90,85 @@ struct Changes {
     subjects: Option<Vec<ragline::connectors::nats::Waiter>>,
     #[cfg(feature = "kafka")]
     topics: Option<Vec<ragline::connectors::kafka::Waiter>>,
+    /// `--metrics-addr`'s numbers.
+    metrics: Option<std::sync::Arc<FollowMetrics>>,
+}
+
+/// What `ingest --follow --metrics-addr` serves.
+#[derive(Default)]
+struct FollowMetrics {
+    passes: std::sync::atomic::AtomicU64,
+    indexed: std::sync::atomic::AtomicU64,
+    failed: std::sync::atomic::AtomicU64,
+    /// Each Kafka topic's lag as last asked, by its URL.
+    lag: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl FollowMetrics {
+    /// Serve the metrics on `addr` (says where on stderr).
+    fn serve(addr: std::net::SocketAddr) -> anyhow::Result<std::sync::Arc<FollowMetrics>> {
+        let metrics = std::sync::Arc::new(FollowMetrics::default());
+        let render = {
+            let m = std::sync::Arc::clone(&metrics);
+            std::sync::Arc::new(move || m.render())
+        };
+        super::metrics_server(addr, render, "ingest --metrics-addr")?;
+        Ok(metrics)
+    }
+
+    fn pass(&self, summary: &RunSummary) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.passes.fetch_add(1, Relaxed);
+        self.indexed.fetch_add(summary.counts.indexed, Relaxed);
+        self.failed.fetch_add(summary.counts.failed, Relaxed);
+    }
+
+    #[cfg(feature = "kafka")]
+    fn set_lag(&self, source: &str, lag: u64) {
+        self.lag
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(source.to_string(), lag);
+    }
+
+    /// Prometheus's text format.
+    fn render(&self) -> String {
+        use std::fmt::Write as _;
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut out = String::new();
+        for (name, help, value) in [
+            (
+                "ragline_follow_passes_total",
+                "Passes of ingest --follow.",
+                &self.passes,
+            ),
+            (
+                "ragline_follow_documents_indexed_total",
+                "Documents the passes indexed.",
+                &self.indexed,
+            ),
+            (
+                "ragline_follow_documents_failed_total",
+                "Documents the passes failed.",
+                &self.failed,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {}", value.load(Relaxed));
+        }
+        let lag = self.lag.lock().unwrap_or_else(|e| e.into_inner());
+        if !lag.is_empty() {
+            out.push_str(
+                "# HELP ragline_source_lag_records Records after the consumer group's committed \
+                 offsets.\n# TYPE ragline_source_lag_records gauge\n",
+            );
+            for (source, n) in lag.iter() {
+                let source = source.replace('\\', "\\\\").replace('"', "\\\"");
+                let _ = writeln!(out, "ragline_source_lag_records{{source=\"{source}\"}} {n}");
+            }
+        }
+        out
+    }
 }
 
 /// How often `--follow` asks a broker subject's consumer whether messages wait.
@@ -146,12 +240,17 @@ impl Changes {
     fn messages_waiting(&mut self) -> bool {
         #[cfg(feature = "kafka")]
         if let Some(waiters) = self.topics.as_mut() {
+            let mut waiting = false;
             for w in waiters.iter_mut() {
                 match w.lag() {
-                    Ok(0) => {}
                     Ok(lag) => {
-                        tracing::info!("--follow: {}: lag {lag} records", w.shown());
-                        return true;
+                        if let Some(m) = &self.metrics {
+                            m.set_lag(w.shown(), lag);
+                        }
+                        if lag > 0 {
+                            tracing::info!("--follow: {}: lag {lag} records", w.shown());
+                            waiting = true;
+                        }
                     }
                     Err(e) => {
                         tracing::warn!("--follow: {e}; asking again");
@@ -159,6 +258,9 @@ impl Changes {
                         return false;
                     }
                 }
+            }
+            if waiting {
+                return true;
             }
         }
         #[cfg(feature = "nats")]

@@ -216,6 +216,29 @@ pub(crate) fn apply_index(
 
 /// The progress display asked for. Log lines come every 5 s, or every
 /// `RAGLINE_PROGRESS_EVERY_MS`.
+/// Serve `render()` as Prometheus metrics at http://ADDR/metrics (`what` is the flag, for
+/// the message of a build without the `serve` feature); says where on stderr.
+pub(super) fn metrics_server(
+    addr: std::net::SocketAddr,
+    render: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+    what: &str,
+) -> anyhow::Result<()> {
+    #[cfg(feature = "serve")]
+    let bound = ragline::serve::metrics::serve_metrics(addr, render)?;
+    #[cfg(not(feature = "serve"))]
+    let bound: std::net::SocketAddr = {
+        let _ = (render, addr);
+        Err(ragline::jobs::JobError::NotBuilt {
+            what: what.into(),
+            feature: "serve",
+        })?
+    };
+    #[cfg(feature = "serve")]
+    let _ = what;
+    eprintln!("metrics on http://{bound}/metrics");
+    Ok(())
+}
+
 pub fn observer(choice: Progress) -> Box<dyn Observer> {
     let every = std::env::var("RAGLINE_PROGRESS_EVERY_MS")
         .ok()

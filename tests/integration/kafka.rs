@@ -212,7 +212,8 @@ fn kill_9_during_follow_loses_nothing_and_duplicates_nothing() {
                 "cpu",
                 "--follow",
             ])
-            .args(["--poll-interval", "1", "--model"])
+            .args(["--poll-interval", "1", "--metrics-addr", "127.0.0.1:0"])
+            .arg("--model")
             .arg(&model)
             .arg("--index")
             .arg(&index)
@@ -251,6 +252,29 @@ fn kill_9_during_follow_loses_nothing_and_duplicates_nothing() {
                 );
                 std::thread::sleep(Duration::from_millis(250));
             }
+            // Caught up: the metrics say the group's lag is 0.
+            let text = std::fs::read_to_string(&log).unwrap();
+            let addr = text
+                .lines()
+                .find_map(|l| l.strip_prefix("metrics on http://"))
+                .and_then(|l| l.strip_suffix("/metrics"))
+                .unwrap_or_else(|| panic!("no metrics address in the log:\n{text}"))
+                .to_string();
+            let want = format!("ragline_source_lag_records{{source=\"kafka://{b}/{t}\"}} 0");
+            let waited = Instant::now();
+            let mut metrics = String::new();
+            while !metrics.contains(&want) {
+                assert!(
+                    waited.elapsed() < Duration::from_secs(60),
+                    "no `{want}` in the metrics:\n{metrics}"
+                );
+                std::thread::sleep(Duration::from_millis(250));
+                metrics = http_get(&addr, "/metrics");
+            }
+            assert!(
+                metrics.contains("ragline_follow_passes_total "),
+                "{metrics}"
+            );
             kill9(&mut child);
         }
     }
@@ -263,6 +287,19 @@ fn kill_9_during_follow_loses_nothing_and_duplicates_nothing() {
     // Once accounted for, a last run finds nothing left to read.
     let (_, r) = ingest(&url, &index, &model, dir.path(), &[]);
     assert_eq!(count(&r, "indexed"), 0, "{r}");
+}
+
+/// The body of `GET PATH` from `addr` (HTTP/1.0, the connection closed by the server).
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut c) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = write!(c, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let mut out = String::new();
+    let _ = c.read_to_string(&mut out);
+    out.split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string())
 }
 
 fn count_docs(db: &Path) -> i64 {
