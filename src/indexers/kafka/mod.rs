@@ -137,7 +137,7 @@ struct Delivery {
 }
 
 /// A batch in flight: one slot per record, filled by its delivery report.
-type Slots = Arc<Mutex<Vec<Option<Result<(), String>>>>>;
+type Slots = Arc<Mutex<Vec<Option<Result<(), KafkaError>>>>>;
 
 impl ClientContext for Delivery {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
@@ -156,7 +156,7 @@ impl ProducerContext for Delivery {
         let (slots, i) = *opaque;
         let outcome = match result {
             Ok(_) => Ok(()),
-            Err((e, _)) => Err(e.to_string()),
+            Err((e, _)) => Err(e.clone()),
         };
         let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(slot) = slots.get_mut(i) {
@@ -321,7 +321,7 @@ fn read_state(target: &KafkaTarget) -> Result<HashMap<String, DocState>, Backend
         return Ok(out);
     }
     consumer.assign(&assign).map_err(|e| failed(&e))?;
-    read_to_ends(&consumer, ends, &mut out, target).map_err(|e| failed(&e))?;
+    read_to_ends(&consumer, ends, &mut out, target)?;
     Ok(out)
 }
 
@@ -332,11 +332,17 @@ fn read_to_ends(
     mut ends: HashMap<i32, i64>,
     out: &mut HashMap<String, DocState>,
     target: &KafkaTarget,
-) -> Result<(), String> {
+) -> Result<(), BackendError> {
+    let failed = |why: &dyn std::fmt::Display| {
+        BackendError::Io(format!(
+            "{target}: reading the state topic {}: {why}",
+            target.state
+        ))
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     while !ends.is_empty() {
         if std::time::Instant::now() > deadline {
-            return Err("not read to its end in 300 s".into());
+            return Err(failed(&"not read to its end in 300 s"));
         }
         let Some(m) = consumer.poll(Duration::from_millis(200)) else {
             // Compacted away or a transaction's marker: the position passes the end.
@@ -352,7 +358,7 @@ fn read_to_ends(
             }
             continue;
         };
-        let m = m.map_err(|e| e.to_string())?;
+        let m = m.map_err(|e| failed(&e))?;
         if m.offset() + 1 >= ends.get(&m.partition()).copied().unwrap_or(0) {
             ends.remove(&m.partition());
         }
@@ -485,14 +491,28 @@ impl BackendFactory for KafkaFactory {
     }
 }
 
+/// Why a record did not reach the topic.
+#[derive(Debug, thiserror::Error)]
+enum Undelivered {
+    /// The producer refused it (too large, an unknown topic...).
+    #[error("refused: {0}")]
+    Refused(KafkaError),
+    /// The brokers answered with an error.
+    #[error("{0}")]
+    Failed(KafkaError),
+    /// No answer in time.
+    #[error("not acknowledged in {} s{}", DELIVERY_WAIT.as_secs(), .0.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    NoReport(Option<KafkaError>),
+}
+
 /// Send `(topic, key, value)` records (a None value is a tombstone) and wait for every
 /// delivery report: one error (or none) per record.
 fn send_all(
     producer: &BaseProducer<Delivery>,
     records: &[(String, String, Option<Vec<u8>>)],
-) -> Vec<Option<String>> {
+) -> Vec<Option<Undelivered>> {
     let slots: Slots = Arc::new(Mutex::new(vec![None; records.len()]));
-    let mut refused: Vec<Option<String>> = vec![None; records.len()];
+    let mut refused: Vec<Option<Undelivered>> = (0..records.len()).map(|_| None).collect();
     for (i, (topic, key, value)) in records.iter().enumerate() {
         let mut record =
             BaseRecord::<str, [u8], _>::with_opaque_to(topic, Box::new((Arc::clone(&slots), i)))
@@ -511,25 +531,22 @@ fn send_all(
                     producer.poll(Duration::from_millis(50));
                 }
                 Err((e, _)) => {
-                    refused[i] = Some(e.to_string());
+                    refused[i] = Some(Undelivered::Refused(e));
                     break;
                 }
             }
         }
     }
     let flushed = producer.flush(DELIVERY_WAIT);
-    let slots = slots.lock().unwrap_or_else(|e| e.into_inner());
+    let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
     refused
         .into_iter()
-        .zip(slots.iter())
+        .zip(slots.iter_mut())
         .map(|(refused, slot)| {
-            refused.or_else(|| match slot {
+            refused.or_else(|| match slot.take() {
                 Some(Ok(())) => None,
-                Some(Err(e)) => Some(e.clone()),
-                None => Some(match &flushed {
-                    Err(e) => format!("not acknowledged in {} s: {e}", DELIVERY_WAIT.as_secs()),
-                    Ok(()) => "no delivery report".to_string(),
-                }),
+                Some(Err(e)) => Some(Undelivered::Failed(e)),
+                None => Some(Undelivered::NoReport(flushed.clone().err())),
             })
         })
         .collect()
