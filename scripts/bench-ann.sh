@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The embedded index's ANN at N chunks, side by side: ragline's HNSW (each dtype), the
-# sqlite-vec brute-force scan it replaces, FAISS HNSW from PyPI at the same recall, and
-# (BENCH_ANN_PG=1) pgvector HNSW on the test server. 1,000 queries each.
+# The embedded index's ANN at N chunks, side by side: ragline's HNSW (each dtype; f16 with its
+# recall/latency curve over ef), the sqlite-vec brute-force scan it replaces, and the peers from
+# PyPI on the same vectors at matched recall@10 (BENCH_ANN_TARGET, default 0.98): FAISS HNSW
+# (flat and 8-bit), hnswlib and usearch's own package, each in its own process; then the
+# ratios. (BENCH_ANN_PG=1) adds pgvector HNSW on the test server. 1,000 queries each.
 #
 #   scripts/bench-ann.sh [N=1000000] [QUERIES=1000]
 #
@@ -15,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-1000000}
 Q=${2:-1000}
+TARGET=${BENCH_ANN_TARGET:-0.98}
 BIN=${RAGLINE_BIN:-${CARGO_TARGET_DIR:-target}/release/ragline}
 DATA=${RAGLINE_DATA_DIR:-../shared/data}
 WORK=.bench/ann
@@ -23,7 +26,7 @@ mkdir -p "$WORK"
 
 CACHE=${RAGLINE_CACHE:-$HOME/.cache/ragline}
 VENV=$CACHE/venv-ann
-PINS="faiss-cpu==1.15.1 numpy==2.4.6"
+PINS="faiss-cpu==1.15.1 numpy==2.4.6 hnswlib==0.8.0 usearch==2.26.6"
 if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV" >&2; fi
 if [ "$(cat "$VENV/.ragline-pins" 2>/dev/null || true)" != "$PINS" ]; then
   # shellcheck disable=SC2086  # PINS is a list of words
@@ -56,18 +59,21 @@ PYEOF
 fi
 
 echo "== machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $(grep -o -m1 'avx512f' /proc/cpuinfo || echo 'no avx512'); $(date -u +%F)"
-echo "== $N chunks x 384 drawn like $LIKE, $Q queries"
+echo "== $N chunks x 384 drawn like $LIKE, $Q queries; matched recall@10 >= $TARGET"
 row() { "$PY" scripts/bench-ann.py row "$1"; }  # label; a bench --json report on stdin
+SWEEP=16,24,32,48,64,96,128,192,256,384,512
 last=""
 for dtype in f16 int8 binary; do
   rm -rf "$WORK/ann.db" "$WORK/ann.db-"* "$WORK/ann.db.ann"
+  sweep=""
+  [ "$dtype" = f16 ] && sweep="--ef $SWEEP"
+  # shellcheck disable=SC2086  # sweep is a flag and its value, or nothing
   out=$("$BIN" bench --write "sqlite://$WORK/ann.db" --chunks "$N" --like "$LIKE" --queries "$Q" \
-        --ann hnsw --ann-dtype "$dtype" --json)
+        --ann hnsw --ann-dtype "$dtype" $sweep --json)
   echo "$out" | row "ragline ANN $dtype"
   if [ "$dtype" = f16 ]; then
     last=$out
-    target=$(echo "$out" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["recall_at_10"])')
-    peer=$("$PY" scripts/bench-ann.py "$WORK/ann.db" "$LIKE" "$Q" "$target")
+    "$PY" scripts/bench-ann.py extract "$WORK/ann.db" "$LIKE" "$Q" "$WORK/peer" >/dev/null
   fi
 done
 # sqlite-vec brute force: the same rows without an ANN (recall 1 by definition).
@@ -80,12 +86,15 @@ rm -rf "$WORK/ann.db" "$WORK/ann.db-"* "$WORK/ann.db.ann"
   | row "ragline ANN f16, uniform"
 rm -rf "$WORK/ann.db" "$WORK/ann.db-"* "$WORK/ann.db.ann"
 
-p50=$(echo "$last" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["search_p50_ms"])')
-echo "FAISS (same vectors): $peer"
-"$PY" -c "
-import json; p = json.loads('''$peer''')['hnsw_flat']
-print(f'at recall {p[\"recall_at_10\"]} (ragline {$target:.4f}): FAISS HNSW p50 {p[\"p50_ms\"]} ms, ragline p50 {$p50:.2f} ms '
-      f'(ragline re-scores exactly from SQLite; ratio FAISS/ragline p50 {p[\"p50_ms\"] / $p50:.2f}x)')"
+# The peers, each in its own process (its own peak RSS), on the same vectors and queries.
+echo "== peers at recall@10 >= $TARGET (build on 2 threads, one query at a time on 1 thread)"
+echo "$last" >"$WORK/ragline.json"
+: >"$WORK/peers.jsonl"
+for engine in faiss_flat faiss_sq8 hnswlib usearch_f16 usearch_f32; do
+  "$PY" scripts/bench-ann.py engine "$engine" "$WORK/peer" "$TARGET" | tee -a "$WORK/peers.jsonl" \
+    | "$PY" scripts/bench-ann.py peer-row
+done
+"$PY" scripts/bench-ann.py ratios "$WORK/ragline.json" "$WORK/peers.jsonl" "$TARGET"
 
 if [ "${BENCH_ANN_PG:-0}" = 1 ]; then
   URL=$(scripts/postgres.sh start)

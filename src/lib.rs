@@ -17,6 +17,7 @@ pub const NOTE: &str = "ragline::note";
 
 pub mod cli;
 pub mod connectors;
+pub mod distance;
 pub mod document;
 pub mod embed;
 pub mod eval;

@@ -96,6 +96,16 @@ pub struct BenchArgs {
     /// With --write to sqlite://: what the ANN stores (f16, int8, binary).
     #[arg(long, value_name = "f16|int8|binary")]
     ann_dtype: Option<ragline::indexers::ann::AnnDtype>,
+
+    /// With --write to sqlite://: the recall@10 the ANN's ef is measured to reach.
+    #[arg(long, value_name = "R", value_parser = ragline::indexers::ann::parse_recall)]
+    ann_recall: Option<f64>,
+
+    /// With --queries: time the vector queries again at each of these HNSW ef values
+    /// (comma-separated, 16 to 4096), with recall@10 for each against the same exact answers:
+    /// the index's recall/latency curve.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', value_parser = clap::value_parser!(u16).range(16..=4096))]
+    ef: Vec<u16>,
 }
 
 #[derive(Serialize)]
@@ -346,7 +356,9 @@ fn bench_write(args: &BenchArgs, uri: &str) -> anyhow::Result<ExitCode> {
         ann: ragline::indexers::ann::AnnChoice {
             mode: args.ann,
             dtype: args.ann_dtype,
+            recall: args.ann_recall,
         },
+        efs: &args.ef.iter().map(|&e| usize::from(e)).collect::<Vec<_>>(),
     })?;
     if args.json {
         println!(
@@ -384,6 +396,17 @@ fn print_write(r: &WriteBenchReport) {
         );
         if let (Some(recall), Some(e)) = (l.recall_at_10, l.exact_p50_ms) {
             println!("recall@10 against the exact scan {recall:.4} (exact scan p50 {e:.2} ms)");
+        }
+        for p in &l.ef_sweep {
+            println!(
+                "  ef {:>4}: vector p50 {:.3} ms, p99 {:.3} ms{}",
+                p.ef,
+                p.p50_ms,
+                p.p99_ms,
+                p.recall_at_10
+                    .map(|r| format!(", recall@10 {r:.4}"))
+                    .unwrap_or_default()
+            );
         }
     }
     if let Some(mb) = r.files_mb {

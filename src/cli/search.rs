@@ -45,6 +45,18 @@ pub struct SearchArgs {
     #[arg(long)]
     exact: bool,
 
+    /// The approximate index's candidate list (HNSW ef, 16 to 4096) for this search, over the
+    /// one the index measured for its recall target (`ragline status` shows it): larger
+    /// finds more of the true nearest, slower.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(16..=4096))]
+    ef: Option<u16>,
+
+    /// Say how the vector search was answered: the approximate index or every vector, a
+    /// graph walk or a scan of what the filter lets through, and why. With --json the output
+    /// becomes `{"hits": [...], "plan": {...}}`.
+    #[arg(long)]
+    explain: bool,
+
     /// Do not move documents that match but are not embedded yet to the front of the
     /// embedding queue.
     #[arg(long)]
@@ -82,7 +94,8 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
     let model_config = args.model.resolve(&config);
     let mut args = args;
     args.mode = with_fuse(args.mode, args.fuse)?;
-    let searcher = jobs::open_searcher(&config, &model_config, args.exact, args.mode)?;
+    let searcher = jobs::open_searcher(&config, &model_config, args.exact, args.mode)?
+        .with_ef(args.ef.map(usize::from));
     let hits = match &args.rerank {
         None => searcher.search_where(&args.query, args.mode, args.k, &filter)?,
         Some(spec) => {
@@ -107,10 +120,25 @@ pub fn run(args: SearchArgs, config_file: Option<&Path>) -> anyhow::Result<ExitC
         }
     }
     let mut out = std::io::stdout().lock();
+    let plan = searcher.reader().last_plan();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &hits)?;
+        if args.explain {
+            let both = serde_json::json!({ "hits": hits, "plan": plan });
+            serde_json::to_writer_pretty(&mut out, &both)?;
+        } else {
+            serde_json::to_writer_pretty(&mut out, &hits)?;
+        }
         writeln!(out)?;
         return Ok(ExitCode::SUCCESS);
+    }
+    if args.explain {
+        match &plan {
+            Some(p) => writeln!(out, "{}", explain(p))?,
+            None if args.mode.needs_dense() => {
+                writeln!(out, "plan: this backend does not say how it searched")?
+            }
+            None => writeln!(out, "plan: no vector search (--mode {})", args.mode)?,
+        }
     }
     if hits.is_empty() {
         writeln!(out, "no results")?;
@@ -159,6 +187,36 @@ pub(super) fn with_fuse(mode: Mode, fuse: Option<Fuse>) -> anyhow::Result<Mode> 
 
 /// Documents whose chunks match the query by keyword and whose embedding is still pending
 /// move to interactive priority. Best effort: a read-only index is searched all the same.
+/// `plan: ann, graph at ef 96; 20 candidates re-scored from the vectors file (no filter: ...)`
+fn explain(p: &ragline::indexers::ann::VectorPlan) -> String {
+    let mut line = format!("plan: {}, {}", p.index, p.path);
+    if let Some(ef) = p.ef {
+        line.push_str(&format!(" at ef {ef}"));
+    }
+    if let Some(n) = p.filtered_to {
+        line.push_str(&format!("; the filter lets {n} chunks through"));
+    }
+    if p.index == "ann" {
+        line.push_str(&format!(
+            "; {} candidates re-scored from the {}",
+            p.candidates,
+            if p.rescored_from == "vectors-file" {
+                "vectors file"
+            } else {
+                "index"
+            }
+        ));
+        if p.changed_since_saved > 0 {
+            line.push_str(&format!(
+                ", {} chunks changed since the ANN was saved",
+                p.changed_since_saved
+            ));
+        }
+    }
+    line.push_str(&format!("\n  why: {}", p.why));
+    line
+}
+
 fn promote_matches(searcher: &Searcher, uri: &IndexUri, query: &str) -> anyhow::Result<()> {
     let reader = searcher.reader();
     let mut ids: Vec<String> = Vec::new();

@@ -63,6 +63,21 @@ fn print(out: &mut dyn Write, r: &StatusReport) -> anyhow::Result<()> {
                 _ => "  [retired: `ragline backfill --drop-old` drops it]",
             }
         )?;
+        if let Some(a) = &s.ann {
+            writeln!(
+                out,
+                "         ANN ({}, HNSW) {}: {} vectors, {} changes pending; search ef {} {}",
+                a.dtype,
+                a.state,
+                a.vectors,
+                a.changes_pending,
+                a.ef,
+                match a.recall {
+                    Some(r) => format!("(recall@10 {r:.3} measured, target {})", a.recall_target),
+                    None => format!("(not measured yet; target {})", a.recall_target),
+                }
+            )?;
+        }
     }
     if let (Some(model), Some(c)) = (&r.sparse_model, r.stages.get(SPARSE)) {
         writeln!(

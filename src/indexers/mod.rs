@@ -298,6 +298,18 @@ pub trait IndexReader: Send {
     /// The document a chunk belongs to.
     fn document_of(&self, rowid: i64) -> Result<Option<String>, BackendError>;
 
+    /// The approximate index's candidate list (HNSW ef) for the vector searches that follow
+    /// (`search --ef`), over the one the index chose; ignored by a backend without one.
+    fn set_ef(&mut self, ef: Option<usize>) {
+        let _ = ef;
+    }
+
+    /// How the last vector search was answered (`search --explain`); None where the backend
+    /// does not say.
+    fn last_plan(&self) -> Option<ann::VectorPlan> {
+        None
+    }
+
     /// The documents of many chunks, in their order (a server index answers in one query).
     fn documents_of(&self, rowids: &[i64]) -> Result<Vec<Option<String>>, BackendError> {
         rowids.iter().map(|&r| self.document_of(r)).collect()

@@ -307,6 +307,7 @@ pub(crate) fn status_report<Q: StatusSql>(
             total: chunks,
             active: set.state == SetState::Active,
             state: set.state.as_str().to_string(),
+            ann: None,
         });
         if set.state == SetState::Backfill && backfill.is_none() {
             let stage = counts(q, EMBED, set.id)?;

@@ -7,6 +7,7 @@
 //! range and every run writes the same rows (scripts/bench-postgres.py makes rows of the
 //! same shape for the psycopg reference).
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -377,45 +378,62 @@ pub struct SearchLatency {
     pub vector_p99_ms: f64,
     pub keyword_p50_ms: f64,
     pub keyword_p99_ms: f64,
+    /// The same vector queries again at each ef asked for (`bench --ef`), against the same
+    /// exact answers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ef_sweep: Vec<EfPoint>,
+}
+
+/// Vector search at one ef.
+#[derive(Clone, Debug, Serialize)]
+pub struct EfPoint {
+    pub ef: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recall_at_10: Option<f64>,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
 }
 
 /// Run `queries` vector queries (random, or drawn [`Like`] the documents' vectors) and as
 /// many two-word keyword queries against an index of synthetic rows, `k` results each, among
 /// the chunks `filter` lets through; every query must find something. With `exact`, the
 /// recall@k of `reader`'s answers against its exact scan (under the same filter).
+#[allow(clippy::too_many_arguments)]
 pub fn search_latency(
-    reader: &dyn super::IndexReader,
+    reader: &mut dyn super::IndexReader,
     exact: Option<&dyn super::IndexReader>,
     queries: usize,
     k: usize,
     dim: usize,
     like: Option<&Like>,
     filter: &super::filter::Where,
+    efs: &[usize],
 ) -> Result<SearchLatency, BackendError> {
     let mut rng = Rng(99);
-    let mut vector = Vec::with_capacity(queries);
-    let mut keyword = Vec::with_capacity(queries);
-    let (mut hits, mut wanted) = (0usize, 0usize);
-    let mut exact_ms = Vec::new();
-    let mut short = 0;
-    for i in 0..queries {
-        let q = match like {
+    let qs: Vec<Vec<f32>> = (0..queries)
+        .map(|_| match like {
             Some(like) => like.query(&mut rng),
             None => rng.unit(dim),
-        };
+        })
+        .collect();
+    // Each kind of query in its own loop, as a service answering a stream of them would run
+    // (and as the peers' scripts time theirs): the exact scan between two ANN queries would
+    // leave the graph out of every cache.
+    let mut vector = Vec::with_capacity(queries);
+    let mut answers = Vec::with_capacity(queries);
+    let mut short = 0;
+    for (i, q) in qs.iter().enumerate() {
         let t = Instant::now();
-        let answer = reader.nearest_where(&q, k, filter)?;
+        let answer = reader.nearest_where(q, k, filter)?;
         vector.push(t.elapsed().as_secs_f64() * 1e3);
-        let found = answer.len();
-        short += (found < k) as usize;
-        if let Some(exact) = exact {
-            let t = Instant::now();
-            let truth = exact.nearest_where(&q, k, filter)?;
-            exact_ms.push(t.elapsed().as_secs_f64() * 1e3);
-            let truth: std::collections::HashSet<i64> = truth.iter().map(|t| t.0).collect();
-            hits += answer.iter().filter(|a| truth.contains(&a.0)).count();
-            wanted += truth.len();
+        short += (answer.len() < k) as usize;
+        if answer.is_empty() {
+            return Err(nothing_found(i, reader));
         }
+        answers.push(answer);
+    }
+    let mut keyword = Vec::with_capacity(queries);
+    for i in 0..queries {
         let words = format!(
             "{} {}",
             WORDS[i % WORDS.len()],
@@ -424,29 +442,71 @@ pub fn search_latency(
         let t = Instant::now();
         let found_words = reader.keyword_where(&words, k, filter)?.len();
         keyword.push(t.elapsed().as_secs_f64() * 1e3);
-        if found == 0 || found_words == 0 {
-            return Err(BackendError::Io(format!(
-                "query {i} found nothing in {}; is the index empty?",
-                reader.describe()
-            )));
+        if found_words == 0 {
+            return Err(nothing_found(i, reader));
         }
     }
+    let mut exact_ms = Vec::new();
+    let mut truths = Vec::new();
+    if let Some(exact) = exact {
+        for q in &qs {
+            let t = Instant::now();
+            let truth = exact.nearest_where(q, k, filter)?;
+            exact_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            truths.push(truth.iter().map(|t| t.0).collect::<HashSet<i64>>());
+        }
+    }
+    let recall = |answers: &[Vec<(i64, f64)>]| {
+        let wanted: usize = truths.iter().map(|t| t.len()).sum();
+        let hits: usize = answers
+            .iter()
+            .zip(&truths)
+            .map(|(a, t)| a.iter().filter(|x| t.contains(&x.0)).count())
+            .sum();
+        (wanted > 0).then(|| hits as f64 / wanted as f64)
+    };
     let pct = |v: &mut Vec<f64>, p: f64| {
         v.sort_by(f64::total_cmp);
         v[((v.len() - 1) as f64 * p).round() as usize]
     };
+    let mut ef_sweep = Vec::with_capacity(efs.len());
+    for &ef in efs {
+        reader.set_ef(Some(ef));
+        let mut ms = Vec::with_capacity(queries);
+        let mut found = Vec::with_capacity(queries);
+        for q in &qs {
+            let t = Instant::now();
+            found.push(reader.nearest_where(q, k, filter)?);
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        ef_sweep.push(EfPoint {
+            ef,
+            recall_at_10: recall(&found),
+            p50_ms: pct(&mut ms, 0.5),
+            p99_ms: pct(&mut ms, 0.99),
+        });
+    }
+    reader.set_ef(None);
     let exact_p50_ms = (!exact_ms.is_empty()).then(|| pct(&mut exact_ms, 0.5));
     Ok(SearchLatency {
         queries,
         k,
         short_answers: short,
-        recall_at_10: (wanted > 0).then(|| hits as f64 / wanted as f64),
+        recall_at_10: recall(&answers),
         exact_p50_ms,
         vector_p50_ms: pct(&mut vector, 0.5),
         vector_p99_ms: pct(&mut vector, 0.99),
         keyword_p50_ms: pct(&mut keyword, 0.5),
         keyword_p99_ms: pct(&mut keyword, 0.99),
+        ef_sweep,
     })
+}
+
+fn nothing_found(i: usize, reader: &dyn super::IndexReader) -> BackendError {
+    BackendError::Io(format!(
+        "query {i} found nothing in {}; is the index empty?",
+        reader.describe()
+    ))
 }
 
 fn write(backend: &mut dyn super::Backend, docs: &[Document]) -> Result<(), BackendError> {

@@ -31,6 +31,8 @@ pub struct WriteBench<'a> {
     /// `--where` clauses the queries search under.
     pub filters: &'a [String],
     pub ann: AnnChoice,
+    /// Time the vector queries again at each of these HNSW ef values (recall for each).
+    pub efs: &'a [usize],
 }
 
 /// What a write benchmark measured.
@@ -66,7 +68,7 @@ pub fn write(bench: &WriteBench<'_>) -> Result<WriteBenchReport, JobError> {
         like.as_ref(),
     )?;
     let search = if bench.queries > 0 {
-        let reader = indexers::open_reader(&uri, false)?;
+        let mut reader = indexers::open_reader(&uri, false)?;
         // Recall needs the exact answers beside the approximate ones.
         let exact = if uri.is_store() {
             Some(indexers::open_reader(&uri, true)?)
@@ -74,13 +76,14 @@ pub fn write(bench: &WriteBench<'_>) -> Result<WriteBenchReport, JobError> {
             None
         };
         Some(synthetic::search_latency(
-            reader.as_ref(),
+            reader.as_mut(),
             exact.as_deref(),
             bench.queries,
             10,
             bench.dim,
             like.as_ref(),
             &filter,
+            bench.efs,
         )?)
     } else {
         None

@@ -243,6 +243,9 @@ pub struct IndexConfig {
     /// sqlite:// only: how the ANN stores vectors: `f16`, `int8` or `binary` (answers are
     /// re-scored against the f32 vectors); unset: what the index records (f16).
     pub ann_dtype: Option<crate::indexers::ann::AnnDtype>,
+    /// sqlite:// only: the recall@10 the ANN's search ef is measured to reach (above 0.5, at
+    /// most 1); unset: what the index records (0.95).
+    pub ann_recall: Option<f64>,
 }
 
 /// The index used when none is named.
@@ -262,6 +265,7 @@ impl Default for IndexConfig {
             indexers: None,
             ann: None,
             ann_dtype: None,
+            ann_recall: None,
         }
     }
 }
@@ -581,6 +585,11 @@ impl PipelineConfig {
             return bad(
                 "index.indexers, index.batch_size and index.batch_bytes must be at least 1".into(),
             );
+        }
+        if let Some(r) = self.index.ann_recall {
+            if let Err(e) = crate::indexers::ann::parse_recall(&r.to_string()) {
+                return bad(format!("index.ann_recall (--ann-recall): {e}"));
+            }
         }
         let e = &self.stages.embed;
         if e.retry_limit == 0 {

@@ -94,6 +94,7 @@ pub fn prepare(config: &PipelineConfig, build: Build) -> Result<Prepared, JobErr
         ann: indexers::ann::AnnChoice {
             mode: config.index.ann,
             dtype: config.index.ann_dtype,
+            recall: config.index.ann_recall,
         },
     };
     let backend: Arc<dyn BackendFactory> = indexers::open(uri, identity)?.into();

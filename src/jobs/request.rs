@@ -75,6 +75,12 @@ pub struct IngestRequest {
     #[arg(long, value_name = "f16|int8|binary")]
     pub ann_dtype: Option<AnnDtype>,
 
+    /// The recall@10 the ANN's search is tuned to: after each build (and each time the set
+    /// doubles) ef is measured on stored vectors against the exact scan and the smallest that
+    /// reaches it is kept (`ragline status` shows both). [default: 0.95]
+    #[arg(long, value_name = "R", value_parser = crate::indexers::ann::parse_recall)]
+    pub ann_recall: Option<f64>,
+
     /// CPU worker threads (extract, chunk, tokenize) [default: the number of cores].
     #[arg(long)]
     pub workers: Option<usize>,
@@ -302,6 +308,9 @@ impl IngestRequest {
         }
         if self.ann_dtype.is_some() {
             index.ann_dtype = self.ann_dtype;
+        }
+        if self.ann_recall.is_some() {
+            index.ann_recall = self.ann_recall;
         }
         if self.indexers.is_some() {
             index.indexers = self.indexers;

@@ -46,6 +46,27 @@ pub struct VectorSetStatus {
     pub active: bool,
     /// active, backfill or retired.
     pub state: String,
+    /// Its approximate nearest-neighbour index, where the backend keeps one beside it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ann: Option<AnnStatus>,
+}
+
+/// A vector set's ANN as `status` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AnnStatus {
+    /// `building` or `ready`.
+    pub state: String,
+    /// f16, int8 or binary.
+    pub dtype: String,
+    /// Vectors in its file.
+    pub vectors: u64,
+    /// Changes since the file was saved (replayed by readers, applied by the next writer).
+    pub changes_pending: u64,
+    /// The search's ef: measured for `recall_target` (or the default where unmeasured).
+    pub ef: u64,
+    /// The recall@10 measured at that ef on held-out stored vectors (None: unmeasured).
+    pub recall: Option<f64>,
+    pub recall_target: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

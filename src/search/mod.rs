@@ -287,6 +287,13 @@ impl Searcher {
         self.reader.as_ref()
     }
 
+    /// Vector searches walk the approximate index with this candidate list (HNSW ef),
+    /// not the one the index chose for its recall target (`search --ef`).
+    pub fn with_ef(mut self, ef: Option<usize>) -> Self {
+        self.reader.set_ef(ef);
+        self
+    }
+
     /// The reader back (a pool of them keeps one open between searches).
     pub fn into_reader(self) -> Box<dyn IndexReader> {
         self.reader

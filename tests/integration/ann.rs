@@ -184,7 +184,16 @@ fn kill_9_during_an_ingest_a_build_or_a_save_never_leaves_search_wrong() {
         .spawn()
         .unwrap();
     let ann_dir = ragline::indexers::sqlite::ann::dir_of(&db);
-    let files = || fs::read_dir(&ann_dir).map(|d| d.count()).unwrap_or(0);
+    // Graph files (each has its `.vectors` file beside it).
+    let files = || {
+        fs::read_dir(&ann_dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".usearch"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
     wait_for("the new file", Duration::from_secs(600), || files() >= 2);
     kill9(&mut child);
     ann_equals_exact(&db, &qs);
@@ -201,4 +210,100 @@ fn kill_9_during_an_ingest_a_build_or_a_save_never_leaves_search_wrong() {
         1
     );
     assert_eq!(ann_equals_exact(&db, &qs), 0);
+}
+
+/// `ragline status` shows the ef the build measured for the recall target, and `search
+/// --explain` says how each search was answered: the graph at that ef (or `--ef`'s), a scan
+/// of what a selective filter lets through, or every vector with `--exact`.
+#[test]
+fn status_shows_the_measured_ef_and_search_explains_its_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus");
+    fs::create_dir(&corpus).unwrap();
+    for i in 0..240 {
+        write_doc(&corpus, i, 0, false);
+    }
+    let db = dir.path().join("rag.db");
+    ok(&mut ingest(
+        &db,
+        &corpus,
+        &["--ann", "hnsw", "--ann-recall", "0.9"],
+    ));
+    let index = format!("sqlite://{}", db.display());
+    let json = |args: &[&str]| -> serde_json::Value {
+        let o = run(ragline().args(args).args(["--index", &index]));
+        assert_eq!(o.status.code(), Some(0));
+        serde_json::from_slice(&o.stdout).expect("JSON alone on stdout")
+    };
+    let status = json(&["status", "--json"]);
+    let ann = &status["vector_sets"][0]["ann"];
+    assert_eq!(ann["state"], "ready", "{status}");
+    assert_eq!(ann["recall_target"], 0.9);
+    let ef = ann["ef"].as_u64().unwrap();
+    let recall = ann["recall"].as_f64().expect("measured at build");
+    assert!(recall >= 0.9, "{ann}");
+    assert!((16..=4096).contains(&ef), "{ann}");
+    let search = |extra: &[&str]| {
+        let mut args = vec![
+            "search",
+            "effect state render",
+            "--mode",
+            "vector",
+            "--device",
+            "cpu",
+            "--explain",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&args)
+    };
+    let plain = search(&[]);
+    let plan = &plain["plan"];
+    assert_eq!(plan["index"], "ann", "{plain}");
+    assert_eq!(plan["path"], "graph");
+    assert_eq!(
+        plan["ef"].as_u64(),
+        Some(ef),
+        "the measured ef is the one searched with"
+    );
+    assert_eq!(plan["rescored_from"], "vectors-file");
+    assert_eq!(plain["hits"].as_array().unwrap().len(), 10);
+    assert_eq!(search(&["--ef", "200"])["plan"]["ef"], 200);
+    // One document of 240: scoring its chunks beats any walk.
+    let one = search(&["--where", "source=*doc007.md"]);
+    assert_eq!(one["plan"]["path"], "filter-scan", "{one}");
+    assert!(one["plan"]["filtered_to"].as_u64().unwrap() >= 3);
+    let exact = search(&["--exact"]);
+    assert_eq!(exact["plan"]["index"], "exact");
+    // The same hits either way here (a small index searched well past its recall target).
+    let ids = |v: &serde_json::Value| -> Vec<String> {
+        v["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["chunk"]["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let wide = search(&["--ef", "512"]);
+    assert_eq!(ids(&wide), ids(&exact));
+    // Without --json, the plan is a line of its own.
+    let o = run(ragline().args([
+        "search",
+        "effect state render",
+        "--mode",
+        "vector",
+        "--device",
+        "cpu",
+        "--explain",
+        "--index",
+        &index,
+    ]));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(&format!("plan: ann, graph at ef {ef}")),
+        "{text}"
+    );
+    // A bad --ef is refused by clap, naming the range.
+    let o = run(ragline().args(["search", "x", "--ef", "5", "--index", &index]));
+    assert_eq!(o.status.code(), Some(2));
 }

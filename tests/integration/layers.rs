@@ -11,7 +11,7 @@ use crate::util::root;
 /// Top-level modules of the library, lowest layer first.
 const LAYERS: &[&[&str]] = &[
     &[
-        "document", "memory", "panics", "secret", "signal", "stats", "tokens",
+        "distance", "document", "memory", "panics", "secret", "signal", "stats", "tokens",
     ],
     &["event", "lifecycle"],
     // Above `event`: a broker's queue encodes events (`queue/wire.rs`).

@@ -19,7 +19,12 @@ impl SqliteStore {
     /// Everything `ragline status` shows.
     pub fn status(&self) -> Result<StatusReport, StoreError> {
         let index = format!("sqlite://{}", self.path.display());
-        status_report(&mut Sql(&self.conn), index, now_ms()).map_err(|e| self.err(e))
+        let mut report =
+            status_report(&mut Sql(&self.conn), index, now_ms()).map_err(|e| self.err(e))?;
+        for set in &mut report.vector_sets {
+            set.ann = super::ann::status(&self.conn, set.id).map_err(|e| self.err(e))?;
+        }
+        Ok(report)
     }
 
     /// Chunks of the active set still without a vector, and all current chunks.

@@ -19,6 +19,10 @@ pub struct SqliteReader {
     exact: bool,
     /// The active set's ANN, mapped on first use and again when a writer saves a new file.
     ann: std::sync::Mutex<Option<ann::AnnView>>,
+    /// The graph's candidate list for every search (`search --ef`), over the measured one.
+    ef: Option<usize>,
+    /// How the last vector search was answered (`search --explain`).
+    last: std::sync::Mutex<Option<crate::indexers::ann::VectorPlan>>,
     /// The chunks the last filter let through, with the file's `data_version` then: a
     /// service answering many queries under one filter (a tenant, a folder) finds them once
     /// per change of the index.
@@ -28,7 +32,7 @@ pub struct SqliteReader {
 type AllowedCache = (
     crate::indexers::filter::Where,
     i64,
-    std::sync::Arc<std::collections::HashSet<u64>>,
+    std::sync::Arc<rustc_hash::FxHashSet<u64>>,
 );
 
 /// The index's `meta` table: the schema version and the models it was built with.
@@ -118,6 +122,8 @@ impl SqliteReader {
             active,
             exact: false,
             ann: std::sync::Mutex::new(None),
+            ef: None,
+            last: std::sync::Mutex::new(None),
             allowed: std::sync::Mutex::new(None),
         })
     }
@@ -125,6 +131,13 @@ impl SqliteReader {
     /// Vector search scans every vector instead of asking the ANN (`search --exact`).
     pub fn with_exact(mut self, exact: bool) -> Self {
         self.exact = exact;
+        self
+    }
+
+    /// Every search through the ANN walks its graph with this ef (`search --ef`), not the one
+    /// measured for the index's recall target.
+    pub fn with_ef(mut self, ef: Option<usize>) -> Self {
+        self.ef = ef;
         self
     }
 
@@ -136,16 +149,53 @@ impl SqliteReader {
         k: usize,
         allowed: ann::Allowed<'_>,
     ) -> Result<Option<ann::AnnHits>, BackendError> {
-        let Some(set) = self.active.as_ref().filter(|_| !self.exact) else {
-            return Ok(None);
+        let exact = |why: &str| {
+            *self.last.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(crate::indexers::ann::VectorPlan {
+                    index: "exact",
+                    path: if allowed.is_some() {
+                        "filter-scan"
+                    } else {
+                        "scan"
+                    },
+                    why: why.into(),
+                    filtered_to: allowed.map(|a| a.len()),
+                    rescored_from: "index",
+                    ..Default::default()
+                });
         };
-        if self.meta.schema_version < 6 {
+        if self.exact {
+            exact("--exact");
             return Ok(None);
         }
+        let Some(set) = self
+            .active
+            .as_ref()
+            .filter(|_| self.meta.schema_version >= 6)
+        else {
+            exact("the index has no vector set an ANN is kept for");
+            return Ok(None);
+        };
         // One snapshot: the ANN's record, the changes it lacks and the vectors.
         let tx = self.conn.unchecked_transaction().map_err(|e| self.err(e))?;
         let mut cache = self.ann.lock().unwrap_or_else(|p| p.into_inner());
-        match ann::search(&self.path, &tx, &mut cache, set, query, k, allowed) {
+        let ask = ann::AnnQuery {
+            vector: query,
+            k,
+            allowed,
+            ef: self.ef,
+        };
+        let found = ann::search(&self.path, &tx, &mut cache, set, &ask);
+        match &found {
+            Ok(Some((_, stats))) => {
+                *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats.plan())
+            }
+            Ok(None) | Err(_) => exact(
+                "no usable ANN: none built (`--ann hnsw`, or `auto` past 50,000 vectors), one \
+                 being built, or more changes since it was saved than replaying them is worth",
+            ),
+        }
+        match found {
             Ok(found) => Ok(found),
             Err(ann::AnnError::Sql(e)) => Err(self.err(e)),
             Err(e) => {
@@ -255,7 +305,7 @@ impl SqliteReader {
     pub fn allowed(
         &self,
         filter: &crate::indexers::filter::Where,
-    ) -> Result<std::sync::Arc<std::collections::HashSet<u64>>, BackendError> {
+    ) -> Result<std::sync::Arc<rustc_hash::FxHashSet<u64>>, BackendError> {
         // Changes when another connection commits (this one never writes).
         let version: i64 = self
             .conn
@@ -270,7 +320,7 @@ impl SqliteReader {
         // Documents first (every clause is about the document), then their chunks by the
         // index: 20 ms for 1% of 1M chunks, where chunks first walks all of them (300 ms).
         let (cond, params) = filter.sqlite();
-        let set: std::collections::HashSet<u64> = self
+        let set: rustc_hash::FxHashSet<u64> = self
             .conn
             .prepare_cached(&format!(
                 "SELECT c.rowid FROM documents doc CROSS JOIN chunks c ON c.document_id = doc.id
@@ -767,6 +817,14 @@ impl crate::indexers::IndexReader for SqliteReader {
 
     fn document_of(&self, rowid: i64) -> Result<Option<String>, BackendError> {
         SqliteReader::document_of(self, rowid)
+    }
+
+    fn set_ef(&mut self, ef: Option<usize>) {
+        self.ef = ef;
+    }
+
+    fn last_plan(&self) -> Option<crate::indexers::ann::VectorPlan> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 

@@ -17,10 +17,14 @@
 //!   current vector if there is one) and saves. Either way search equals "the vectors SQLite
 //!   holds now", whatever was killed when.
 //! - **Quantized graph, exact answers.** The graph holds f16, int8 or binary vectors; the
-//!   best candidates are re-scored against the f32 vectors in SQLite before they are
-//!   returned, and a candidate SQLite no longer holds is never returned.
+//!   best candidates are re-scored against f32 vectors before they are returned: those the
+//!   graph was built from, in a mapped file beside it (`vectors.rs`, the same snapshot), and
+//!   for a chunk changed since, the one SQLite holds now. A candidate SQLite no longer holds
+//!   is never returned.
 
 use std::collections::HashSet;
+
+use rustc_hash::FxHashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -30,8 +34,14 @@ use usearch::{Index, IndexOptions, MetricKind, ScalarKind};
 
 use super::sets::{self, SetState, VectorSet};
 use super::vector_from_bytes;
+use crate::distance::Cosine;
 pub(super) use crate::indexers::ann::{AnnDtype, AnnMode, AnnSettings, AUTO_MIN_CHUNKS};
 use crate::lifecycle::now_ms;
+
+pub mod tune;
+mod vectors;
+use tune::Tuned;
+use vectors::{Vectors, VectorsError, VectorsWriter};
 
 /// How a stored vector kind is held by usearch.
 impl AnnDtype {
@@ -43,10 +53,14 @@ impl AnnDtype {
         }
     }
 
+    /// f16 and int8 graphs hold unit vectors (each normalised as it is added, and the query
+    /// too), so the inner product orders them as cosine does at a third of the arithmetic
+    /// (no norms per distance): the build's and the walk's main cost. Scores come from the
+    /// f32 vectors either way.
     pub(super) fn metric(self) -> MetricKind {
         match self {
             AnnDtype::Binary => MetricKind::Hamming,
-            _ => MetricKind::Cos,
+            _ => MetricKind::IP,
         }
     }
 }
@@ -55,25 +69,27 @@ impl AnnDtype {
 const CONNECTIVITY: usize = 16;
 /// Candidate list while building (efConstruction).
 const EXPANSION_ADD: usize = 128;
-/// Candidate list while searching (HNSW ef_search; usearch searches with max(this, count)):
-/// recall@10 0.93 at 96 on 1M MiniLM-like vectors, see BENCHMARKS.md. `RAGLINE_ANN_EF`
-/// overrides it (16 to 4096), for recall/latency trade-offs.
+/// Candidate list while searching (HNSW ef_search; usearch searches with max(this, count))
+/// where the set's recall was not measured (`tune.rs` measures it after each build):
+/// recall@10 0.98 on 1M MiniLM-like vectors, see BENCHMARKS.md.
 pub const EXPANSION_SEARCH: usize = 256;
+/// The range of ef a search or `--ef` may ask for.
+pub const EF_RANGE: std::ops::RangeInclusive<usize> = 16..=4096;
 
-/// The search's ef: [`EXPANSION_SEARCH`] or `RAGLINE_ANN_EF`.
-fn expansion_search() -> usize {
+/// `RAGLINE_ANN_EF`, the operator's override of every search's ef (16 to 4096).
+fn ef_from_env() -> Option<usize> {
     std::env::var("RAGLINE_ANN_EF")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .map_or(EXPANSION_SEARCH, |n| n.clamp(16, 4096))
+        .map(|n| n.clamp(*EF_RANGE.start(), *EF_RANGE.end()))
 }
-/// Candidates re-scored exactly from SQLite, as a multiple of k (and at least k x 10): the
-/// graph's nearest by its own quantized distances, which order f16 vectors almost exactly,
-/// int8 ones closely and binary ones coarsely. Each costs a vec0 point lookup (~35 us), the
-/// largest part of a search's time.
 /// Results asked of the graph, at most, whatever k a caller passes.
 const MAX_CANDIDATES: usize = 1 << 20;
 
+/// Candidates re-scored exactly, as a multiple of k (and at least k x 10): the graph's nearest
+/// by its own quantized distances, which order f16 vectors almost exactly, int8 ones closely
+/// and binary ones coarsely. Each is a read from the mapped vectors file (a vec0 point lookup,
+/// ~35 us, for a chunk changed since the file was cut).
 fn rescored(dtype: AnnDtype, k: usize) -> usize {
     match dtype {
         AnnDtype::F16 => 2 * k.max(10),
@@ -81,9 +97,6 @@ fn rescored(dtype: AnnDtype, k: usize) -> usize {
         AnnDtype::Binary => 40 * k.max(10),
     }
 }
-/// A filter that lets through this fraction of the set or less is answered by scoring the
-/// chunks it lets through (HNSW with a selective filter walks most of the graph anyway).
-const FILTER_SCAN_FRACTION: f64 = 0.03;
 /// A writer rebuilds instead of patching when this fraction of the graph changed (deletes
 /// leave tombstones that slow the graph down).
 const REBUILD_FRACTION: f64 = 0.25;
@@ -127,6 +140,15 @@ fn utf8(path: &Path) -> Result<&str, AnnError> {
 
 fn graph(e: impl std::fmt::Display) -> AnnError {
     AnnError::Graph(e.to_string())
+}
+
+fn vectors_error(path: &Path, e: VectorsError) -> AnnError {
+    file_error(path, e.to_string())
+}
+
+/// The vectors file beside a graph file (`set-S-Q-SUM.vectors` beside `set-S-Q-SUM.usearch`).
+fn vectors_path(graph: &Path) -> PathBuf {
+    graph.with_extension("vectors")
 }
 
 /// The folder of an index's ANN files: `<index>.ann`.
@@ -179,6 +201,33 @@ pub fn row_of(conn: &Connection, set: i64) -> rusqlite::Result<Option<AnnRow>> {
     .optional()
 }
 
+/// A set's ANN as `ragline status` shows it.
+pub fn status(
+    conn: &Connection,
+    set: i64,
+) -> rusqlite::Result<Option<crate::lifecycle::report::AnnStatus>> {
+    let Some(row) = row_of(conn, set)? else {
+        return Ok(None);
+    };
+    let pending: i64 = conn.query_row(
+        "SELECT COUNT(DISTINCT chunk) FROM ann_log WHERE vector_set = ?1 AND seq > ?2",
+        params![set, row.seq],
+        |r| r.get(0),
+    )?;
+    let tuned = tune::tuned(conn, set)?;
+    Ok(Some(crate::lifecycle::report::AnnStatus {
+        state: row.state,
+        dtype: row.dtype.as_str().to_string(),
+        vectors: row.size.max(0) as u64,
+        changes_pending: pending.max(0) as u64,
+        ef: ef_from_env()
+            .or(tuned.as_ref().map(|t| t.ef))
+            .unwrap_or(EXPANSION_SEARCH) as u64,
+        recall: tuned.as_ref().map(|t| t.recall),
+        recall_target: recorded(conn)?.recall,
+    }))
+}
+
 /// The operator's settings as the index records them (`meta`: `ann`, `ann_dtype`), so every
 /// writer (ingest, enrich, backfill) keeps the ANN the same way.
 pub fn recorded(conn: &Connection) -> rusqlite::Result<AnnSettings> {
@@ -191,13 +240,18 @@ pub fn recorded(conn: &Connection) -> rusqlite::Result<AnnSettings> {
         dtype: get("ann_dtype")?
             .and_then(|v| v.parse().ok())
             .unwrap_or_default(),
+        recall: get("ann_recall")?
+            .and_then(|v| crate::indexers::ann::parse_recall(&v).ok())
+            .unwrap_or(crate::indexers::ann::DEFAULT_RECALL),
     })
 }
 
 pub fn record(conn: &Connection, settings: AnnSettings) -> rusqlite::Result<()> {
+    let recall = settings.recall.to_string();
     for (k, v) in [
         ("ann", settings.mode.as_str()),
         ("ann_dtype", settings.dtype.as_str()),
+        ("ann_recall", recall.as_str()),
     ] {
         conn.execute(
             "INSERT INTO meta(key, value) VALUES (?1, ?2)
@@ -270,10 +324,11 @@ pub fn maintain(db: &Path, conn: &mut Connection) -> Result<Vec<String>, AnnErro
                 vectors,
                 seconds_x100,
             } => notes.push(format!(
-                "ANN ({}, HNSW) of vector set {} built: {vectors} vectors in {:.2}s",
+                "ANN ({}, HNSW) of vector set {} built: {vectors} vectors in {:.2}s{}",
                 settings.dtype.as_str(),
                 set.id,
-                seconds_x100 as f64 / 100.0
+                seconds_x100 as f64 / 100.0,
+                tuned_note(conn, set.id)?
             )),
             Maintained::Updated { changes } => notes.push(format!(
                 "ANN of vector set {} updated with {changes} changed chunks",
@@ -286,6 +341,25 @@ pub fn maintain(db: &Path, conn: &mut Connection) -> Result<Vec<String>, AnnErro
     // A retired set's record goes with the set (`sets::drop_retired`); its file goes here.
     remove_stale_files(db, conn)?;
     Ok(notes)
+}
+
+/// `; search ef 96 (recall@10 0.953 measured, target 0.95)`, or nothing when unmeasured.
+fn tuned_note(conn: &Connection, set: i64) -> rusqlite::Result<String> {
+    Ok(match tune::tuned(conn, set)? {
+        Some(t) => format!(
+            "; search ef {} (recall@10 {:.3} measured on {} stored vectors, target {}{})",
+            t.ef,
+            t.recall,
+            t.queries,
+            t.target,
+            if t.reached {
+                ""
+            } else {
+                ": not reached at the largest ef"
+            }
+        ),
+        None => String::new(),
+    })
 }
 
 /// [`maintain_set`] with the recorded settings, unless another thread of this process is
@@ -397,7 +471,18 @@ fn add(index: &Index, dtype: AnnDtype, key: u64, vector: &[f32]) -> Result<(), A
         AnnDtype::Binary => index
             .add::<usearch::b1x8>(key, usearch::b1x8::from_u8s(&sign_bits(vector)))
             .map_err(graph),
-        _ => index.add::<f32>(key, vector).map_err(graph),
+        _ => index.add::<f32>(key, &unit(vector)).map_err(graph),
+    }
+}
+
+/// `v` scaled to length 1 (a zero vector stays zero): what f16 and int8 graphs hold and are
+/// searched with.
+pub(super) fn unit(v: &[f32]) -> Vec<f32> {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if n > 0.0 && n.is_finite() {
+        v.iter().map(|x| x / n).collect()
+    } else {
+        v.to_vec()
     }
 }
 
@@ -442,34 +527,60 @@ fn build(
         dtype.as_str(),
         set.id
     );
-    // 2. One snapshot: its log position and every vector.
+    // 2. One snapshot: its log position and every vector, into the graph and the vectors file.
     let index = new_graph(set.dimension, dtype)?;
-    let (seq, vectors) = fill(conn, set, &index, dtype)?;
-    // 3. The file, then the record that points at it.
-    save(db, conn, set.id, &index, dtype, seq, !rebuild)?;
+    let filled = fill(db, conn, set, &index, dtype)?;
+    // 3. The search's ef for the recall asked for, measured with the held-out vectors.
+    let tuned = measure_and_add(conn, &index, dtype, &filled, set.dimension)?;
+    let vectors = filled.vectors;
+    // 4. The files, then the record that points at them.
+    let snapshot = Snapshot {
+        index: &index,
+        dtype,
+        seq: filled.seq,
+        vectors: &filled.written,
+        tuned,
+    };
+    save(db, conn, set.id, &snapshot, !rebuild)?;
     let built = Maintained::Built {
         vectors,
         seconds_x100: (started.elapsed().as_secs_f64() * 100.0) as u64,
     };
-    // 4. What was written meanwhile.
+    // 5. What was written meanwhile.
     if let Some(row) = row_of(conn, set.id)? {
         update_loaded(db, conn, set, &row, Some(index))?;
     }
     Ok(built)
 }
 
-/// Every vector of one snapshot added to `index`, in parallel batches: the snapshot's log
-/// position and how many were added.
+/// One snapshot's vectors, in a new graph and a new vectors file.
+struct Filled {
+    /// The snapshot's log position.
+    seq: i64,
+    /// Vectors in the snapshot.
+    vectors: usize,
+    /// The vectors file, written and fsynced.
+    written: PathBuf,
+    /// The vectors held out of the graph to measure it with (in the file; to be added).
+    held: Vec<(u64, Vec<f32>)>,
+}
+
+/// Every vector of one snapshot added to `index` (but a held-out sample, see `tune.rs`), in
+/// parallel batches, and written to a new vectors file.
 fn fill(
+    db: &Path,
     conn: &mut Connection,
     set: &VectorSet,
     index: &usearch::Index,
     dtype: AnnDtype,
-) -> Result<(i64, usize), AnnError> {
+) -> Result<Filled, AnnError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
     let seq: i64 = tx.query_row("SELECT COALESCE(MAX(seq), 0) FROM ann_log", [], |r| {
         r.get(0)
     })?;
+    let written = tmp_path(db, set.id, seq, "vectors")?;
+    let mut out =
+        VectorsWriter::create(&written, set.dimension).map_err(|e| vectors_error(&written, e))?;
     let n = vectors_in(&tx, set)? as usize;
     index
         .reserve_capacity_and_threads(n.max(16), rayon::current_num_threads().max(1))
@@ -477,6 +588,7 @@ fn fill(
     let mut stmt = tx.prepare(&format!("SELECT rowid, embedding FROM {}", set.vec_table))?;
     let mut rows = stmt.query([])?;
     let mut batch: Vec<(u64, Vec<f32>)> = Vec::with_capacity(BUILD_BATCH);
+    let mut held = Vec::new();
     let mut added = 0usize;
     loop {
         let row = rows.next()?;
@@ -495,10 +607,15 @@ fn fill(
                     .map_err(graph)?;
             }
             use rayon::prelude::*;
+            for (key, v) in &batch {
+                out.push(*key, v).map_err(|e| vectors_error(&written, e))?;
+            }
+            added += batch.len();
+            // The held-out sample is added after the graph is measured with it.
+            held.extend(batch.extract_if(.., |(key, _)| tune::held_out(*key, n)));
             batch
                 .par_iter()
                 .try_for_each(|(key, v)| add(index, dtype, *key, v))?;
-            added += batch.len();
             batch.clear();
             #[cfg(feature = "failpoints")]
             fail::fail_point!("ann::build-batch");
@@ -510,7 +627,39 @@ fn fill(
     drop(rows);
     drop(stmt);
     tx.commit()?;
-    Ok((seq, added))
+    out.finish().map_err(|e| vectors_error(&written, e))?;
+    Ok(Filled {
+        seq,
+        vectors: added,
+        written,
+        held,
+    })
+}
+
+/// Measure the graph with the vectors held out of it as queries, then add them.
+fn measure_and_add(
+    conn: &Connection,
+    index: &Index,
+    dtype: AnnDtype,
+    filled: &Filled,
+    dimension: usize,
+) -> Result<Option<Tuned>, AnnError> {
+    let tuned = measure(conn, index, dtype, &filled.written, &filled.held, dimension)?;
+    index
+        .reserve(index.size() + filled.held.len() + 16)
+        .map_err(graph)?;
+    for (key, v) in &filled.held {
+        add(index, dtype, *key, v)?;
+    }
+    Ok(tuned)
+}
+
+/// A new file's name while it is written: this process's, so that two writers never share
+/// one.
+fn tmp_path(db: &Path, set: i64, seq: i64, kind: &str) -> Result<PathBuf, AnnError> {
+    let dir = dir_of(db);
+    std::fs::create_dir_all(&dir).map_err(|e| file_error(&dir, e.to_string()))?;
+    Ok(dir.join(format!("set-{set}-{seq}-{}.{kind}.tmp", std::process::id())))
 }
 
 /// Apply the log past the file to the graph and save it (rebuilding when much changed).
@@ -526,9 +675,11 @@ fn update(
         |r| r.get(0),
     )?;
     if pending == 0 {
-        // The file may be gone or altered: then build it again.
+        // The file may be gone or altered, or from before graphs had a vectors file: then
+        // build it again.
         return match check_file(db, row, set.dimension) {
-            Ok(_) => Ok(Maintained::Untouched),
+            Ok((path, _)) if vectors_path(&path).is_file() => Ok(Maintained::Untouched),
+            Ok(_) => build(db, conn, set, row.dtype),
             Err(e) => {
                 tracing::warn!("{e}; rebuilding it");
                 build(db, conn, set, row.dtype)
@@ -554,17 +705,42 @@ fn update_loaded(
     if dirty.is_empty() {
         return Ok(Maintained::Untouched);
     }
-    let index = match loaded {
-        Some(index) => index,
-        None => match load(db, row, set.dimension, false) {
-            Ok(index) => index,
+    // The old vectors file, checked (its checksum) and opened (its header).
+    let old = check_file(db, row, set.dimension)
+        .and_then(|(path, _)| Ok(open_vectors(&path, set.dimension)?.map(|_| vectors_path(&path))));
+    let (index, old) = match (loaded, old) {
+        (Some(index), Ok(Some(old))) => (index, old),
+        (None, Ok(Some(old))) => match load(db, row, set.dimension) {
+            Ok(index) => (index, old),
             Err(e) => {
                 tracing::warn!("{e}; rebuilding it");
                 drop(tx);
                 return build(db, conn, set, row.dtype);
             }
         },
+        (_, Ok(None)) | (_, Err(_)) => {
+            tracing::warn!(
+                "the ANN of vector set {} has no usable vectors file; rebuilding it",
+                set.id
+            );
+            drop(tx);
+            return build(db, conn, set, row.dtype);
+        }
     };
+    let written = tmp_path(db, set.id, seq, "vectors")?;
+    let mut out =
+        VectorsWriter::create(&written, set.dimension).map_err(|e| vectors_error(&written, e))?;
+    let changed: HashSet<u64> = dirty.iter().copied().collect();
+    let mut copied = Ok(());
+    vectors::scan(&old, set.dimension, 8192, |keys, rows| {
+        for (key, v) in keys.iter().zip(rows.chunks(set.dimension)) {
+            if copied.is_ok() && !changed.contains(key) {
+                copied = out.push(*key, v);
+            }
+        }
+    })
+    .and(copied)
+    .map_err(|e| vectors_error(&old, e))?;
     let mut stmt = tx.prepare_cached(&format!(
         "SELECT embedding FROM {} WHERE rowid = ?1",
         set.vec_table
@@ -572,20 +748,48 @@ fn update_loaded(
     index
         .reserve(index.size() + dirty.len() + 16)
         .map_err(graph)?;
+    // When the set has grown enough to measure its ef again, a sample of the new vectors is
+    // held out of the graph to measure it with.
+    let target = recorded(&tx)?.recall;
+    let grown = index.size() + dirty.len();
+    let remeasure = tune::due(tune::tuned(&tx, set.id)?.as_ref(), grown as u64, target);
+    let mut held = Vec::new();
     for &chunk in &dirty {
         if index.contains(chunk) {
             index.remove(chunk).map_err(graph)?;
         }
         let bytes: Option<Vec<u8>> = stmt.query_row([chunk as i64], |r| r.get(0)).optional()?;
         if let Some(b) = bytes.filter(|b| b.len() == set.dimension * 4) {
-            add(&index, row.dtype, chunk, &vector_from_bytes(&b))?;
+            let v = vector_from_bytes(&b);
+            out.push(chunk, &v)
+                .map_err(|e| vectors_error(&written, e))?;
+            if remeasure && tune::held_out(chunk, dirty.len()) {
+                held.push((chunk, v));
+            } else {
+                add(&index, row.dtype, chunk, &v)?;
+            }
         }
     }
     drop(stmt);
     tx.commit()?;
+    out.finish().map_err(|e| vectors_error(&written, e))?;
     #[cfg(feature = "failpoints")]
     fail::fail_point!("ann::update-applied");
-    save(db, conn, set.id, &index, row.dtype, seq, false)?;
+    let filled = Filled {
+        seq,
+        vectors: 0,
+        written,
+        held,
+    };
+    let tuned = measure_and_add(conn, &index, row.dtype, &filled, set.dimension)?;
+    let snapshot = Snapshot {
+        index: &index,
+        dtype: row.dtype,
+        seq,
+        vectors: &filled.written,
+        tuned,
+    };
+    save(db, conn, set.id, &snapshot, false)?;
     Ok(Maintained::Updated {
         changes: dirty.len(),
     })
@@ -614,34 +818,81 @@ pub(super) fn dirty_since(
     Ok((seq, out))
 }
 
-/// Write the graph to a new file, fsync it, point the set's record at it and drop the log it
-/// holds, in one transaction; then delete the files nothing points at. `building`: the
-/// record is expected in state `building` (a build); otherwise `ready` at an older seq.
+/// The search's ef measured for the recorded recall target on `index`, with `held` (vectors
+/// of the file at `vectors`, left out of the graph) as queries; None with too few of them.
+fn measure(
+    conn: &Connection,
+    index: &Index,
+    dtype: AnnDtype,
+    vectors: &Path,
+    held: &[(u64, Vec<f32>)],
+    dimension: usize,
+) -> Result<Option<Tuned>, AnnError> {
+    if held.len() < tune::MIN_SAMPLE {
+        return Ok(None);
+    }
+    let target = recorded(conn)?.recall;
+    let started = Instant::now();
+    let file = Vectors::open(vectors, dimension).map_err(|e| vectors_error(vectors, e))?;
+    let tuned = tune::measure(index, vectors, &file, held, dtype, target)?;
+    if let Some(t) = &tuned {
+        tracing::info!(
+            "ANN search ef {} reaches recall@10 {:.3} (target {target}) on {} vectors; measured in {:.1}s",
+            t.ef,
+            t.recall,
+            t.size,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(tuned)
+}
+
+/// What [`save`] writes: a graph, its vectors file (written and fsynced, not yet named), the
+/// log position they hold and, when measured again, the search's ef.
+struct Snapshot<'a> {
+    index: &'a Index,
+    dtype: AnnDtype,
+    seq: i64,
+    vectors: &'a Path,
+    tuned: Option<Tuned>,
+}
+
+/// Write the graph to a new file, fsync it, name it and its vectors file after their
+/// checksum, point the set's record at them (and record a new measurement of its ef) and drop
+/// the log they hold, in one transaction; then delete the files nothing points at.
+/// `building`: the record is expected in state `building` (a build); otherwise `ready` at an
+/// older seq.
 fn save(
     db: &Path,
     conn: &mut Connection,
     set: i64,
-    index: &Index,
-    dtype: AnnDtype,
-    seq: i64,
+    snapshot: &Snapshot<'_>,
     building: bool,
 ) -> Result<(), AnnError> {
+    let Snapshot {
+        index,
+        dtype,
+        seq,
+        vectors: vectors_tmp,
+        ..
+    } = *snapshot;
     let dir = dir_of(db);
-    std::fs::create_dir_all(&dir).map_err(|e| AnnError::File {
-        path: dir.clone(),
-        message: e.to_string(),
-    })?;
     let io = |p: &Path, e: std::io::Error| file_error(p, e.to_string());
-    let tmp = dir.join(format!("set-{set}-{seq}.usearch.tmp"));
+    let tmp = tmp_path(db, set, seq, "usearch")?;
     let tmp_str = utf8(&tmp)?;
     index.save(tmp_str).map_err(graph)?;
     std::fs::File::open(&tmp)
         .and_then(|f| f.sync_all())
         .map_err(|e| io(&tmp, e))?;
-    // The file's checksum goes into its name, which the record keeps: a file altered after
-    // this point is found out when it is loaded.
-    let name = format!("set-{set}-{seq}-{}.usearch", checksum(&tmp)?);
+    // The files' checksum goes into their names, which the record keeps: a file altered
+    // after this point is found out when it is loaded.
+    let name = format!(
+        "set-{set}-{seq}-{}.usearch",
+        checksum(&[&tmp, vectors_tmp])?
+    );
     let path = dir.join(&name);
+    let vectors = vectors_path(&path);
+    std::fs::rename(vectors_tmp, &vectors).map_err(|e| io(&vectors, e))?;
     std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
     if let Ok(d) = std::fs::File::open(&dir) {
         let _ = d.sync_all();
@@ -659,6 +910,7 @@ fn save(
         // Dropped, rebuilt or moved on by another writer meanwhile: theirs stands.
         drop(tx);
         let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&vectors);
         return Ok(());
     }
     tx.execute(
@@ -677,6 +929,11 @@ fn save(
         "DELETE FROM ann_log WHERE vector_set = ?1 AND seq <= ?2",
         params![set, seq],
     )?;
+    match &snapshot.tuned {
+        Some(t) => tune::record(&tx, set, t)?,
+        None if building => tune::forget(&tx, set)?,
+        None => {}
+    }
     tx.commit()?;
     remove_stale_files(db, conn)?;
     Ok(())
@@ -694,7 +951,10 @@ fn remove_stale_files(db: &Path, conn: &Connection) -> Result<(), AnnError> {
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("set-") || keep.contains(&name) {
+        let graph = name
+            .strip_suffix(".vectors")
+            .map(|stem| format!("{stem}.usearch"));
+        if !name.starts_with("set-") || keep.contains(graph.as_ref().unwrap_or(&name)) {
             continue;
         }
         // A `.tmp` file may be another writer's save in progress: only an old one is a
@@ -716,6 +976,7 @@ pub fn drop_ann(db: &Path, conn: &mut Connection, set: i64) -> Result<(), AnnErr
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute("DELETE FROM ann WHERE vector_set = ?1", [set])?;
     tx.execute("DELETE FROM ann_log WHERE vector_set = ?1", [set])?;
+    tune::forget(&tx, set)?;
     tx.commit()?;
     remove_stale_files(db, conn)
 }
@@ -733,32 +994,78 @@ fn file_path(db: &Path, row: &AnnRow) -> Option<PathBuf> {
 
 /// Open a set's ANN file: mapped read-only (`view`) for readers, copied in for writers. Its
 /// header must agree with the record (dimensions, dtype, size) before the graph is touched.
-fn load(db: &Path, row: &AnnRow, dimension: usize, view: bool) -> Result<Index, AnnError> {
+fn load(db: &Path, row: &AnnRow, dimension: usize) -> Result<Index, AnnError> {
     let (path, len) = check_file(db, row, dimension)?;
     let bad = |message: String| file_error(&path, message);
-    let p = utf8(&path)?;
     let index = new_graph(dimension, row.dtype)?;
-    if view {
-        index.view(p).map_err(|e| bad(e.to_string()))?;
-    } else {
-        index.load(p).map_err(|e| bad(e.to_string()))?;
-    }
+    index.load(utf8(&path)?).map_err(|e| bad(e.to_string()))?;
     if index.serialized_length() as u64 != len {
         return Err(bad("its length does not match its header".into()));
     }
-    index.change_expansion_search(expansion_search());
     Ok(index)
+}
+
+/// A graph file mapped for searching, every page mapped up front: a walk touches a few
+/// thousand nodes spread over the whole file, and a page faulted in on first touch costs
+/// about what the walk's distances do (usearch's own `view` maps lazily: 2-6x slower per
+/// query until the whole file has been touched). The pages are the page cache's, shared by
+/// every reader of the file.
+struct MappedGraph {
+    /// Declared first: dropped before the mapping it points into.
+    index: Index,
+    _map: memmap2::Mmap,
+    path: PathBuf,
+}
+
+fn view(db: &Path, row: &AnnRow, dimension: usize) -> Result<MappedGraph, AnnError> {
+    let (path, len) = check_file(db, row, dimension)?;
+    let bad = |message: String| file_error(&path, message);
+    let file = std::fs::File::open(&path).map_err(|e| bad(e.to_string()))?;
+    // SAFETY: a saved graph file is never written again (a new snapshot is a new file), and
+    // its bytes were checked against the checksum in its name just now.
+    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
+        .map_err(|e| bad(e.to_string()))?;
+    if map.len() as u64 != len {
+        return Err(bad("it changed while it was opened".into()));
+    }
+    let index = new_graph(dimension, row.dtype)?;
+    // SAFETY: `index` points into `map`, which `MappedGraph` keeps alive (and read-only)
+    // for as long as `index`, and drops after it.
+    unsafe { index.view_from_buffer(&map) }.map_err(|e| bad(e.to_string()))?;
+    if index.serialized_length() as u64 != len {
+        return Err(bad("its length does not match its header".into()));
+    }
+    Ok(MappedGraph {
+        index,
+        _map: map,
+        path,
+    })
+}
+
+/// The vectors file beside the graph file at `graph`, mapped; None for a graph saved before
+/// graphs had one.
+fn open_vectors(graph: &Path, dimension: usize) -> Result<Option<Vectors>, AnnError> {
+    let path = vectors_path(graph);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    Vectors::open(&path, dimension)
+        .map(Some)
+        .map_err(|e| vectors_error(&path, e))
 }
 
 /// Hex digits of the checksum an ANN file's name carries (128 bits of BLAKE3).
 const CHECKSUM_HEX: usize = 32;
 
-/// The checksum of the file at `path`, as its name carries it.
-fn checksum(path: &Path) -> Result<String, AnnError> {
+/// The checksum of the files at `paths` (a graph, then its vectors file), as the graph's name
+/// carries it.
+fn checksum(paths: &[&Path]) -> Result<String, AnnError> {
     let mut hasher = blake3::Hasher::new();
-    hasher
-        .update_mmap_rayon(path)
-        .map_err(|e| file_error(path, e.to_string()))?;
+    for path in paths {
+        hasher
+            .update_mmap_rayon(path)
+            .map_err(|e| file_error(path, e.to_string()))?;
+    }
     Ok(hasher.finalize().to_hex()[..CHECKSUM_HEX].to_string())
 }
 
@@ -774,8 +1081,13 @@ fn named_checksum(name: &str) -> Option<&str> {
 /// process has checked is not read again while its length and time stay the same.
 fn verify_checksum(path: &Path, len: u64) -> Result<(), AnnError> {
     use std::sync::Mutex;
-    static CHECKED: Mutex<Vec<(PathBuf, u64, Option<std::time::SystemTime>)>> =
-        Mutex::new(Vec::new());
+    type Stamp = (
+        PathBuf,
+        u64,
+        Option<std::time::SystemTime>,
+        Option<(u64, Option<std::time::SystemTime>)>,
+    );
+    static CHECKED: Mutex<Vec<Stamp>> = Mutex::new(Vec::new());
     let Some(want) = path
         .file_name()
         .and_then(|n| n.to_str())
@@ -783,8 +1095,19 @@ fn verify_checksum(path: &Path, len: u64) -> Result<(), AnnError> {
     else {
         return Ok(());
     };
-    let modified = std::fs::metadata(path).ok().and_then(|m| m.modified().ok());
-    let stamp = (path.to_path_buf(), len, modified);
+    let vectors = vectors_path(path);
+    let vectors = vectors.is_file().then_some(vectors);
+    let stamp_of = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.len(), m.modified().ok()))
+    };
+    let stamp = (
+        path.to_path_buf(),
+        len,
+        stamp_of(path).and_then(|s| s.1),
+        vectors.as_deref().and_then(stamp_of),
+    );
     if CHECKED
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -792,13 +1115,16 @@ fn verify_checksum(path: &Path, len: u64) -> Result<(), AnnError> {
     {
         return Ok(());
     }
-    let got = checksum(path)?;
+    let got = match &vectors {
+        Some(v) => checksum(&[path, v])?,
+        None => checksum(&[path])?,
+    };
     if got != want {
         return Err(file_error(
             path,
             format!(
                 "its checksum is {got}, not the {want} it was saved with: the file was altered \
-                 or damaged since"
+                 or damaged since (with its `.vectors` file)"
             ),
         ));
     }
@@ -847,11 +1173,26 @@ pub struct AnnView {
     set: i64,
     dtype: AnnDtype,
     size: i64,
-    index: Index,
+    graph: MappedGraph,
+    /// The f32 vectors the graph was built from (None for a graph saved before graphs had
+    /// them: candidates are then read from SQLite).
+    vectors: Option<Vectors>,
+    /// The ef measured for the recall target when this file was saved (or the default).
+    tuned_ef: usize,
 }
 
 /// Which chunks a search may return: `None` lets every chunk through.
-pub type Allowed<'a> = Option<&'a HashSet<u64>>;
+pub type Allowed<'a> = Option<&'a FxHashSet<u64>>;
+
+/// One search of a set's ANN.
+#[derive(Clone, Copy, Debug)]
+pub struct AnnQuery<'a> {
+    pub vector: &'a [f32],
+    pub k: usize,
+    pub allowed: Allowed<'a>,
+    /// The graph's candidate list for this search (`search --ef`), over the measured one.
+    pub ef: Option<usize>,
+}
 
 /// Chunks and their exact cosine distances, nearest first, with how the search went.
 pub type AnnHits = (Vec<(i64, f64)>, AnnSearch);
@@ -863,6 +1204,51 @@ pub struct AnnSearch {
     pub dirty: usize,
     /// The filter was selective enough to score what it lets through.
     pub scanned: bool,
+    /// The ef the graph was searched with (0 when it was not walked).
+    pub ef: usize,
+    /// The chunks a filter let through (0 without a filter).
+    pub allowed: usize,
+    /// The candidates' f32 vectors came from the vectors file beside the graph (not SQLite).
+    pub mapped_vectors: bool,
+    /// Vectors in the graph.
+    pub graph_size: usize,
+}
+
+impl AnnSearch {
+    /// How the search went, as `search --explain` shows it.
+    pub fn plan(&self) -> crate::indexers::ann::VectorPlan {
+        let filtered = self.allowed > 0 || self.scanned;
+        let walk = walk_cost(self.allowed, self.graph_size, self.ef.max(1));
+        let why = match (filtered, self.scanned) {
+            (false, _) => "no filter: the graph's nearest, re-scored exactly".to_string(),
+            (true, true) => format!(
+                "the filter lets {} of {} chunks through: scoring them all costs less than a                  filtered walk (about {walk:.0} visits)",
+                self.allowed, self.graph_size
+            ),
+            (true, false) => format!(
+                "the filter lets {} of {} chunks through: a walk that skips the rest (about                  {walk:.0} visits at ef {}) costs less than scoring them all",
+                self.allowed, self.graph_size, self.ef
+            ),
+        };
+        crate::indexers::ann::VectorPlan {
+            index: "ann",
+            path: match (filtered, self.scanned) {
+                (false, _) => "graph",
+                (true, true) => "filter-scan",
+                (true, false) => "graph+filter",
+            },
+            why,
+            ef: (!self.scanned).then_some(self.ef),
+            candidates: self.candidates,
+            filtered_to: filtered.then_some(self.allowed),
+            changed_since_saved: self.dirty,
+            rescored_from: if self.mapped_vectors {
+                "vectors-file"
+            } else {
+                "index"
+            },
+        }
+    }
 }
 
 /// Search `set` through its ANN: the `k` nearest (rowid, cosine distance), exact distances,
@@ -873,10 +1259,14 @@ pub fn search(
     conn: &Connection,
     cache: &mut Option<AnnView>,
     set: &VectorSet,
-    query: &[f32],
-    k: usize,
-    allowed: Allowed<'_>,
+    ask: &AnnQuery<'_>,
 ) -> Result<Option<AnnHits>, AnnError> {
+    let AnnQuery {
+        vector: query,
+        k,
+        allowed,
+        ef,
+    } = *ask;
     let Some(row) = row_of(conn, set.id)? else {
         *cache = None;
         return Ok(None);
@@ -884,7 +1274,7 @@ pub fn search(
     if row.state != "ready" || query.len() != set.dimension {
         return Ok(None);
     }
-    let Some(view) = loaded(db, cache, &row, set) else {
+    let Some(view) = loaded(db, conn, cache, &row, set)? else {
         return Ok(None);
     };
     let (_, dirty) = dirty_since(conn, set.id, row.seq)?;
@@ -895,23 +1285,32 @@ pub fn search(
         );
         return Ok(None);
     }
-    let dirty: HashSet<u64> = dirty.into_iter().collect();
+    let dirty: FxHashSet<u64> = dirty.into_iter().collect();
+    let ef = ef
+        .map(|n| n.clamp(*EF_RANGE.start(), *EF_RANGE.end()))
+        .or_else(ef_from_env)
+        .unwrap_or(view.tuned_ef);
     let mut stats = AnnSearch {
         dirty: dirty.len(),
+        allowed: allowed.map_or(0, |a| a.len()),
+        mapped_vectors: view.vectors.is_some(),
+        graph_size: view.graph.index.size(),
         ..AnnSearch::default()
     };
     // Never more candidates than the graph holds (a huge k would size usearch's buffers).
-    let rescore = rescored(view.dtype, k.min(MAX_CANDIDATES)).min(view.index.size().max(1));
+    let rescore = rescored(view.dtype, k.min(MAX_CANDIDATES)).min(view.graph.index.size().max(1));
     // Candidates from the graph: every chunk whose vector changed since the file was cut is
     // masked out (it is scored from SQLite below).
     let mut candidates: Vec<u64> = match allowed {
-        Some(allowed)
-            if (allowed.len() as f64) <= FILTER_SCAN_FRACTION * view.index.size() as f64 =>
-        {
+        Some(allowed) if scan_is_cheaper(allowed.len(), view.graph.index.size(), ef) => {
             stats.scanned = true;
             scan_allowed(view, query, allowed, &dirty, rescore)?
         }
-        _ => walk(view, query, rescore, allowed, &dirty)?,
+        _ => {
+            stats.ef = ef;
+            view.graph.index.change_expansion_search(ef);
+            walk(view, query, rescore, allowed, &dirty)?
+        }
     };
     stats.candidates = candidates.len();
     candidates.extend(
@@ -921,41 +1320,68 @@ pub fn search(
             .filter(|c| allowed.is_none_or(|a| a.contains(c))),
     );
     Ok(Some((
-        exact_scores(conn, set, query, candidates, k)?,
+        exact_scores(conn, set, view, &dirty, query, candidates, k)?,
         stats,
     )))
+}
+
+/// Whether scoring the `allowed` chunks one by one costs less than a walk of a graph of
+/// `size` that skips what the filter leaves out: a filtered walk visits about ef x M nodes
+/// per match it needs, so its cost grows as the filter narrows (x size / allowed), while the
+/// scan's is the allowed count (a mapped f32 read and a SIMD distance each, about as dear as
+/// a graph visit).
+fn scan_is_cheaper(allowed: usize, size: usize, ef: usize) -> bool {
+    (allowed as f64) < walk_cost(allowed, size, ef)
+}
+
+/// About how many nodes a walk at `ef` visits to find its candidates among `allowed` of
+/// `size` (0 allowed: no filter).
+fn walk_cost(allowed: usize, size: usize, ef: usize) -> f64 {
+    let selectivity = match allowed {
+        0 => 1.0,
+        n => (n as f64 / size.max(1) as f64).min(1.0),
+    };
+    (ef * CONNECTIVITY) as f64 / selectivity
 }
 
 /// The set's ANN as `cache` holds it, loaded again when the file on record changed; None
 /// (and a warning) when it cannot be loaded.
 fn loaded<'a>(
     db: &Path,
+    conn: &Connection,
     cache: &'a mut Option<AnnView>,
     row: &AnnRow,
     set: &VectorSet,
-) -> Option<&'a AnnView> {
+) -> rusqlite::Result<Option<&'a AnnView>> {
     let fresh = cache.as_ref().is_some_and(|v| {
         Some(&v.file) == row.file.as_ref() && v.set == set.id && v.size == row.size
     });
     if !fresh {
         *cache = None;
-        match load(db, row, set.dimension, true) {
-            Ok(index) => {
+        let opened = view(db, row, set.dimension).and_then(|graph| {
+            let vectors = open_vectors(&graph.path, set.dimension)?;
+            Ok((graph, vectors))
+        });
+        let tuned_ef = tune::tuned(conn, set.id)?.map_or(EXPANSION_SEARCH, |t| t.ef);
+        match opened {
+            Ok((graph, vectors)) => {
                 *cache = Some(AnnView {
                     file: row.file.clone().unwrap_or_default(),
                     set: set.id,
                     dtype: row.dtype,
                     size: row.size,
-                    index,
+                    graph,
+                    vectors,
+                    tuned_ef,
                 })
             }
             Err(e) => {
                 tracing::warn!("{e}; searching exactly until a writer rebuilds it");
-                return None;
+                return Ok(None);
             }
         }
     }
-    cache.as_ref()
+    Ok(cache.as_ref())
 }
 
 /// Candidates from a walk of the graph, the chunks changed since the file was cut (`dirty`)
@@ -965,7 +1391,7 @@ fn walk(
     query: &[f32],
     rescore: usize,
     allowed: Allowed<'_>,
-    dirty: &HashSet<u64>,
+    dirty: &FxHashSet<u64>,
 ) -> Result<Vec<u64>, AnnError> {
     let query_bits;
     let keep = |key: u64| !dirty.contains(&key) && allowed.is_none_or(|a| a.contains(&key));
@@ -974,39 +1400,62 @@ fn walk(
             query_bits = sign_bits(query);
             let q = usearch::b1x8::from_u8s(&query_bits);
             if plain {
-                view.index.search::<usearch::b1x8>(q, rescore)
+                view.graph.index.search::<usearch::b1x8>(q, rescore)
             } else {
-                view.index
+                view.graph
+                    .index
                     .filtered_search::<usearch::b1x8, _>(q, rescore, keep)
             }
         }
-        (_, true) => view.index.search::<f32>(query, rescore),
-        (_, false) => view.index.filtered_search::<f32, _>(query, rescore, keep),
+        (_, true) => view.graph.index.search::<f32>(&unit(query), rescore),
+        (_, false) => view
+            .graph
+            .index
+            .filtered_search::<f32, _>(&unit(query), rescore, keep),
     }
     .map_err(graph)?;
     Ok(matches.keys)
 }
 
 /// The `k` nearest of `candidates` by their exact scores, from the f32 vectors SQLite holds
-/// now; a candidate it no longer holds is gone.
+/// now: the graph's own snapshot (`view.vectors`) for a chunk unchanged since it was cut, a
+/// point lookup for one changed since (`dirty`); a candidate SQLite no longer holds is gone.
 fn exact_scores(
     conn: &Connection,
     set: &VectorSet,
+    view: &AnnView,
+    dirty: &FxHashSet<u64>,
     query: &[f32],
     candidates: Vec<u64>,
     k: usize,
 ) -> Result<Vec<(i64, f64)>, AnnError> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT embedding FROM {} WHERE rowid = ?1",
-        set.vec_table
-    ))?;
-    let qn = norm(query);
+    let cosine = Cosine::new(query);
     let mut scored = Vec::with_capacity(candidates.len());
-    for c in candidates {
-        let bytes: Option<Vec<u8>> = stmt.query_row([c as i64], |r| r.get(0)).optional()?;
-        if let Some(b) = bytes.filter(|b| b.len() == set.dimension * 4) {
-            let v = vector_from_bytes(&b);
-            scored.push((c as i64, cosine_distance(query, qn, &v)));
+    let mut lookups = Vec::new();
+    match &view.vectors {
+        Some(vectors) => {
+            for &c in candidates.iter().filter(|c| !dirty.contains(c)) {
+                vectors.prefetch(c);
+            }
+            for c in candidates {
+                match vectors.get(c).filter(|_| !dirty.contains(&c)) {
+                    Some(v) => scored.push((c as i64, cosine.exact(v))),
+                    None => lookups.push(c),
+                }
+            }
+        }
+        None => lookups = candidates,
+    }
+    if !lookups.is_empty() {
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT embedding FROM {} WHERE rowid = ?1",
+            set.vec_table
+        ))?;
+        for c in lookups {
+            let bytes: Option<Vec<u8>> = stmt.query_row([c as i64], |r| r.get(0)).optional()?;
+            if let Some(b) = bytes.filter(|b| b.len() == set.dimension * 4) {
+                scored.push((c as i64, cosine.exact(&vector_from_bytes(&b))));
+            }
         }
     }
     scored.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
@@ -1019,20 +1468,30 @@ fn exact_scores(
 fn scan_allowed(
     view: &AnnView,
     query: &[f32],
-    allowed: &HashSet<u64>,
-    dirty: &HashSet<u64>,
+    allowed: &FxHashSet<u64>,
+    dirty: &FxHashSet<u64>,
     keep: usize,
 ) -> Result<Vec<u64>, AnnError> {
-    let dim = view.index.dimensions();
-    let qn = norm(query);
+    let dim = view.graph.index.dimensions();
+    let cosine = Cosine::new(query);
     let query_bits = sign_bits(query);
     let mut buf = vec![0f32; dim];
     let mut bits = vec![0u8; dim.div_ceil(8)];
     let mut scored: Vec<(f64, u64)> = Vec::with_capacity(allowed.len());
-    for &key in allowed.iter().filter(|k| !dirty.contains(k)) {
+    let unchanged = allowed.iter().filter(|k| !dirty.contains(k));
+    if let Some(vectors) = &view.vectors {
+        // One pass over the mapped f32 vectors, in f32 lanes: the exact scores of the best
+        // are taken again in f64 by the caller.
+        scored.extend(
+            unchanged.filter_map(|&key| Some((cosine.rank(vectors.get(key)?) as f64, key))),
+        );
+        return Ok(best_keys(scored, keep));
+    }
+    for &key in unchanged {
         let d = match view.dtype {
             AnnDtype::Binary => {
                 let found = view
+                    .graph
                     .index
                     .get::<usearch::b1x8>(key, usearch::b1x8::from_mut_u8s(&mut bits))
                     .map_err(graph)?;
@@ -1045,35 +1504,22 @@ fn scan_allowed(
                     .sum::<u32>() as f64
             }
             _ => {
-                if view.index.get::<f32>(key, &mut buf).map_err(graph)? == 0 {
+                if view.graph.index.get::<f32>(key, &mut buf).map_err(graph)? == 0 {
                     continue;
                 }
-                cosine_distance(query, qn, &buf)
+                cosine.rank(&buf) as f64
             }
         };
         scored.push((d, key));
     }
+    Ok(best_keys(scored, keep))
+}
+
+/// The keys of the `keep` smallest distances, in no order.
+fn best_keys(mut scored: Vec<(f64, u64)>, keep: usize) -> Vec<u64> {
     if scored.len() > keep {
         scored.select_nth_unstable_by(keep, |a, b| a.0.total_cmp(&b.0));
         scored.truncate(keep);
     }
-    Ok(scored.into_iter().map(|(_, k)| k).collect())
-}
-
-fn norm(v: &[f32]) -> f64 {
-    v.iter()
-        .map(|x| (*x as f64) * (*x as f64))
-        .sum::<f64>()
-        .sqrt()
-}
-
-/// 1 - cosine similarity, as sqlite-vec's `distance_metric=cosine` reports it.
-pub fn cosine_distance(q: &[f32], qn: f64, v: &[f32]) -> f64 {
-    let dot: f64 = q.iter().zip(v).map(|(a, b)| *a as f64 * *b as f64).sum();
-    let d = qn * norm(v);
-    if d == 0.0 {
-        1.0
-    } else {
-        1.0 - dot / d
-    }
+    scored.into_iter().map(|(_, k)| k).collect()
 }
