@@ -241,7 +241,6 @@ impl Vectors {
     pub fn iter(&self) -> impl Iterator<Item = (u64, &[f32])> + '_ {
         (0..self.count).filter_map(|i| Some((self.key(i), self.at_slot(self.slot(i))?)))
     }
-
 }
 
 #[cfg(test)]
