@@ -217,7 +217,9 @@ pub fn measure(
         truth(path, vectors.dimension(), &queries).map_err(|e| file_error(path, e.to_string()))?;
     let wanted: usize = truth.iter().map(|t| t.len()).sum();
     let mut last: Option<Tuned> = None;
-    for &ef in LADDER {
+    // usearch walks with max(ef, results asked for): rungs below the count are one rung.
+    let count = rescored(dtype, K);
+    for &ef in LADDER.iter().filter(|&&ef| ef >= count) {
         index.change_expansion_search(ef);
         let mut hits = 0;
         for ((_, q), truth) in queries.iter().zip(&truth) {
