@@ -152,29 +152,41 @@ fn dot_norm_portable(q: &[f32], v: &[f32]) -> (f32, f32) {
 mod x86 {
     use std::arch::x86_64::*;
 
+    /// The main loop of both kernels: two registers of `$w` lanes at a time, dot products
+    /// and norms by fused multiply-add. Gives `(i, d0, d1, n0, n1)`: where the loop stopped
+    /// and the four accumulators.
+    macro_rules! two_registers {
+        ($q:expr, $v:expr, $w:expr, $zero:ident, $load:ident, $fma:ident) => {{
+            let (q, v) = ($q, $v);
+            let (mut d0, mut d1) = ($zero(), $zero());
+            let (mut n0, mut n1) = ($zero(), $zero());
+            let mut i = 0;
+            while i + 2 * $w <= q.len() {
+                let (a0, b0) = ($load(q.as_ptr().add(i)), $load(v.as_ptr().add(i)));
+                let (a1, b1) = ($load(q.as_ptr().add(i + $w)), $load(v.as_ptr().add(i + $w)));
+                d0 = $fma(a0, b0, d0);
+                n0 = $fma(b0, b0, n0);
+                d1 = $fma(a1, b1, d1);
+                n1 = $fma(b1, b1, n1);
+                i += 2 * $w;
+            }
+            (i, d0, d1, n0, n1)
+        }};
+    }
+
     /// # Safety
     /// The CPU must have AVX-512 F; `q` and `v` the same length.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn dot_norm_avx512(q: &[f32], v: &[f32]) -> (f32, f32) {
         let n = q.len();
-        let (mut d0, mut d1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let (mut n0, mut n1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut i = 0;
-        while i + 32 <= n {
-            let (a0, b0) = (
-                _mm512_loadu_ps(q.as_ptr().add(i)),
-                _mm512_loadu_ps(v.as_ptr().add(i)),
-            );
-            let (a1, b1) = (
-                _mm512_loadu_ps(q.as_ptr().add(i + 16)),
-                _mm512_loadu_ps(v.as_ptr().add(i + 16)),
-            );
-            d0 = _mm512_fmadd_ps(a0, b0, d0);
-            n0 = _mm512_fmadd_ps(b0, b0, n0);
-            d1 = _mm512_fmadd_ps(a1, b1, d1);
-            n1 = _mm512_fmadd_ps(b1, b1, n1);
-            i += 32;
-        }
+        let (mut i, mut d0, d1, mut n0, n1) = two_registers!(
+            q,
+            v,
+            16,
+            _mm512_setzero_ps,
+            _mm512_loadu_ps,
+            _mm512_fmadd_ps
+        );
         while i < n {
             let left = (n - i).min(16);
             let m: __mmask16 = if left == 16 {
@@ -198,31 +210,14 @@ mod x86 {
     /// The CPU must have AVX2 and FMA; `q` and `v` the same length.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_norm_avx2(q: &[f32], v: &[f32]) -> (f32, f32) {
-        let n = q.len();
-        let (mut d0, mut d1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let (mut n0, mut n1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut i = 0;
-        while i + 16 <= n {
-            let (a0, b0) = (
-                _mm256_loadu_ps(q.as_ptr().add(i)),
-                _mm256_loadu_ps(v.as_ptr().add(i)),
-            );
-            let (a1, b1) = (
-                _mm256_loadu_ps(q.as_ptr().add(i + 8)),
-                _mm256_loadu_ps(v.as_ptr().add(i + 8)),
-            );
-            d0 = _mm256_fmadd_ps(a0, b0, d0);
-            n0 = _mm256_fmadd_ps(b0, b0, n0);
-            d1 = _mm256_fmadd_ps(a1, b1, d1);
-            n1 = _mm256_fmadd_ps(b1, b1, n1);
-            i += 16;
-        }
+        let (mut i, d0, d1, n0, n1) =
+            two_registers!(q, v, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_fmadd_ps);
         let mut lanes = [0f32; 8];
         let mut norms = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(d0, d1));
         _mm256_storeu_ps(norms.as_mut_ptr(), _mm256_add_ps(n0, n1));
         let (mut d, mut nn): (f32, f32) = (lanes.iter().sum(), norms.iter().sum());
-        while i < n {
+        while i < q.len() {
             d += q[i] * v[i];
             nn += v[i] * v[i];
             i += 1;

@@ -100,14 +100,17 @@ impl Default for AnnSettings {
 pub const DEFAULT_RECALL: f64 = 0.95;
 
 /// A recall target as `--ann-recall` and `index.ann_recall` take it: above 0.5, at most 1.
-pub fn parse_recall(s: &str) -> Result<f64, String> {
+pub fn parse_recall(s: &str) -> Result<f64, BadRecall> {
     match s.trim().parse::<f64>() {
         Ok(r) if r > 0.5 && r <= 1.0 => Ok(r),
-        _ => Err(format!(
-            "ANN recall target `{s}` is not a number above 0.5 and at most 1 (e.g. 0.95)"
-        )),
+        _ => Err(BadRecall(s.to_string())),
     }
 }
+
+/// A recall target that is not a number in (0.5, 1].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("ANN recall target `{0}` is not a number above 0.5 and at most 1 (e.g. 0.95)")]
+pub struct BadRecall(pub String);
 
 /// What a run asked for, each part `None` where it left the index's recorded choice alone.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -432,6 +432,58 @@ pub fn search_latency(
         }
         answers.push(answer);
     }
+    let mut keyword = keyword_latency(reader, queries, k, filter)?;
+    let mut exact_ms = Vec::new();
+    let mut truths = Vec::new();
+    if let Some(exact) = exact {
+        for q in &qs {
+            let t = Instant::now();
+            let truth = exact.nearest_where(q, k, filter)?;
+            exact_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            truths.push(truth.iter().map(|t| t.0).collect::<HashSet<i64>>());
+        }
+    }
+    let recall = |answers: &[Vec<(i64, f64)>]| recall_against(answers, &truths);
+    let mut ef_sweep = Vec::with_capacity(efs.len());
+    for &ef in efs {
+        reader.set_ef(Some(ef));
+        let mut ms = Vec::with_capacity(queries);
+        let mut found = Vec::with_capacity(queries);
+        for q in &qs {
+            let t = Instant::now();
+            found.push(reader.nearest_where(q, k, filter)?);
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        ef_sweep.push(EfPoint {
+            ef,
+            recall_at_10: recall(&found),
+            p50_ms: percentile(&mut ms, 0.5),
+            p99_ms: percentile(&mut ms, 0.99),
+        });
+    }
+    reader.set_ef(None);
+    let exact_p50_ms = (!exact_ms.is_empty()).then(|| percentile(&mut exact_ms, 0.5));
+    Ok(SearchLatency {
+        queries,
+        k,
+        short_answers: short,
+        recall_at_10: recall(&answers),
+        exact_p50_ms,
+        vector_p50_ms: percentile(&mut vector, 0.5),
+        vector_p99_ms: percentile(&mut vector, 0.99),
+        keyword_p50_ms: percentile(&mut keyword, 0.5),
+        keyword_p99_ms: percentile(&mut keyword, 0.99),
+        ef_sweep,
+    })
+}
+
+/// `queries` two-word keyword queries, each timed in milliseconds; each must find something.
+fn keyword_latency(
+    reader: &dyn super::IndexReader,
+    queries: usize,
+    k: usize,
+    filter: &super::filter::Where,
+) -> Result<Vec<f64>, BackendError> {
     let mut keyword = Vec::with_capacity(queries);
     for i in 0..queries {
         let words = format!(
@@ -446,60 +498,24 @@ pub fn search_latency(
             return Err(nothing_found(i, reader));
         }
     }
-    let mut exact_ms = Vec::new();
-    let mut truths = Vec::new();
-    if let Some(exact) = exact {
-        for q in &qs {
-            let t = Instant::now();
-            let truth = exact.nearest_where(q, k, filter)?;
-            exact_ms.push(t.elapsed().as_secs_f64() * 1e3);
-            truths.push(truth.iter().map(|t| t.0).collect::<HashSet<i64>>());
-        }
-    }
-    let recall = |answers: &[Vec<(i64, f64)>]| {
-        let wanted: usize = truths.iter().map(|t| t.len()).sum();
-        let hits: usize = answers
-            .iter()
-            .zip(&truths)
-            .map(|(a, t)| a.iter().filter(|x| t.contains(&x.0)).count())
-            .sum();
-        (wanted > 0).then(|| hits as f64 / wanted as f64)
-    };
-    let pct = |v: &mut Vec<f64>, p: f64| {
-        v.sort_by(f64::total_cmp);
-        v[((v.len() - 1) as f64 * p).round() as usize]
-    };
-    let mut ef_sweep = Vec::with_capacity(efs.len());
-    for &ef in efs {
-        reader.set_ef(Some(ef));
-        let mut ms = Vec::with_capacity(queries);
-        let mut found = Vec::with_capacity(queries);
-        for q in &qs {
-            let t = Instant::now();
-            found.push(reader.nearest_where(q, k, filter)?);
-            ms.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        ef_sweep.push(EfPoint {
-            ef,
-            recall_at_10: recall(&found),
-            p50_ms: pct(&mut ms, 0.5),
-            p99_ms: pct(&mut ms, 0.99),
-        });
-    }
-    reader.set_ef(None);
-    let exact_p50_ms = (!exact_ms.is_empty()).then(|| pct(&mut exact_ms, 0.5));
-    Ok(SearchLatency {
-        queries,
-        k,
-        short_answers: short,
-        recall_at_10: recall(&answers),
-        exact_p50_ms,
-        vector_p50_ms: pct(&mut vector, 0.5),
-        vector_p99_ms: pct(&mut vector, 0.99),
-        keyword_p50_ms: pct(&mut keyword, 0.5),
-        keyword_p99_ms: pct(&mut keyword, 0.99),
-        ef_sweep,
-    })
+    Ok(keyword)
+}
+
+/// The share of `truths` (one set per query) that `answers` found; `None` without truths.
+fn recall_against(answers: &[Vec<(i64, f64)>], truths: &[HashSet<i64>]) -> Option<f64> {
+    let wanted: usize = truths.iter().map(|t| t.len()).sum();
+    let hits: usize = answers
+        .iter()
+        .zip(truths)
+        .map(|(a, t)| a.iter().filter(|x| t.contains(&x.0)).count())
+        .sum();
+    (wanted > 0).then(|| hits as f64 / wanted as f64)
+}
+
+/// The `p` quantile of `v` (sorted in place; not empty).
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 fn nothing_found(i: usize, reader: &dyn super::IndexReader) -> BackendError {

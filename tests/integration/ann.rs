@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -114,8 +114,9 @@ fn ann_equals_exact(db: &Path, queries: &[Vec<f32>]) -> usize {
     dirty
 }
 
-#[test]
-fn kill_9_during_an_ingest_a_build_or_a_save_never_leaves_search_wrong() {
+/// A folder of 240 documents and where their index goes (the folder lives as long as the
+/// returned directory).
+fn corpus_of_240() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let corpus = dir.path().join("corpus");
     fs::create_dir(&corpus).unwrap();
@@ -123,6 +124,12 @@ fn kill_9_during_an_ingest_a_build_or_a_save_never_leaves_search_wrong() {
         write_doc(&corpus, i, 0, false);
     }
     let db = dir.path().join("rag.db");
+    (dir, corpus, db)
+}
+
+#[test]
+fn kill_9_during_an_ingest_a_build_or_a_save_never_leaves_search_wrong() {
+    let (dir, corpus, db) = corpus_of_240();
     // Uniformly random 384-d queries are far from every chunk, where any HNSW needs a wider
     // walk than for a corpus's questions: the graph is tuned for recall 0.99 on held-out
     // vectors, so that it is the replay these checks test, not the default target's margin
@@ -228,13 +235,7 @@ fn kill_9_during_an_ingest_a_build_or_a_save_never_leaves_search_wrong() {
 /// of what a selective filter lets through, or every vector with `--exact`.
 #[test]
 fn status_shows_the_measured_ef_and_search_explains_its_plan() {
-    let dir = tempfile::tempdir().unwrap();
-    let corpus = dir.path().join("corpus");
-    fs::create_dir(&corpus).unwrap();
-    for i in 0..240 {
-        write_doc(&corpus, i, 0, false);
-    }
-    let db = dir.path().join("rag.db");
+    let (_dir, corpus, db) = corpus_of_240();
     ok(&mut ingest(
         &db,
         &corpus,

@@ -705,42 +705,15 @@ fn update_loaded(
     if dirty.is_empty() {
         return Ok(Maintained::Untouched);
     }
-    // The old vectors file, checked (its checksum) and opened (its header).
-    let old = check_file(db, row, set.dimension)
-        .and_then(|(path, _)| Ok(open_vectors(&path, set.dimension)?.map(|_| vectors_path(&path))));
-    let (index, old) = match (loaded, old) {
-        (Some(index), Ok(Some(old))) => (index, old),
-        (None, Ok(Some(old))) => match load(db, row, set.dimension) {
-            Ok(index) => (index, old),
-            Err(e) => {
-                tracing::warn!("{e}; rebuilding it");
-                drop(tx);
-                return build(db, conn, set, row.dtype);
-            }
-        },
-        (_, Ok(None)) | (_, Err(_)) => {
-            tracing::warn!(
-                "the ANN of vector set {} has no usable vectors file; rebuilding it",
-                set.id
-            );
-            drop(tx);
-            return build(db, conn, set, row.dtype);
-        }
+    let Some((index, old)) = graph_to_update(db, row, set, loaded) else {
+        drop(tx);
+        return build(db, conn, set, row.dtype);
     };
     let written = tmp_path(db, set.id, seq, "vectors")?;
     let mut out =
         VectorsWriter::create(&written, set.dimension).map_err(|e| vectors_error(&written, e))?;
     let changed: HashSet<u64> = dirty.iter().copied().collect();
-    let mut copied = Ok(());
-    vectors::scan(&old, set.dimension, 8192, |keys, rows| {
-        for (key, v) in keys.iter().zip(rows.chunks(set.dimension)) {
-            if copied.is_ok() && !changed.contains(key) {
-                copied = out.push(*key, v);
-            }
-        }
-    })
-    .and(copied)
-    .map_err(|e| vectors_error(&old, e))?;
+    copy_unchanged(&old, set.dimension, &changed, &mut out)?;
     let mut stmt = tx.prepare_cached(&format!(
         "SELECT embedding FROM {} WHERE rowid = ?1",
         set.vec_table
@@ -793,6 +766,57 @@ fn update_loaded(
     Ok(Maintained::Updated {
         changes: dirty.len(),
     })
+}
+
+/// The graph an update starts from (`loaded`, or the file's) and the vectors file saved with
+/// it, both checked; `None` where either is unusable (the caller rebuilds).
+fn graph_to_update(
+    db: &Path,
+    row: &AnnRow,
+    set: &VectorSet,
+    loaded: Option<Index>,
+) -> Option<(Index, PathBuf)> {
+    let old = check_file(db, row, set.dimension)
+        .and_then(|(path, _)| Ok(open_vectors(&path, set.dimension)?.map(|_| vectors_path(&path))));
+    let old = match old {
+        Ok(Some(old)) => old,
+        Ok(None) | Err(_) => {
+            tracing::warn!(
+                "the ANN of vector set {} has no usable vectors file; rebuilding it",
+                set.id
+            );
+            return None;
+        }
+    };
+    match loaded {
+        Some(index) => Some((index, old)),
+        None => match load(db, row, set.dimension) {
+            Ok(index) => Some((index, old)),
+            Err(e) => {
+                tracing::warn!("{e}; rebuilding it");
+                None
+            }
+        },
+    }
+}
+
+/// The rows of the vectors file `old` whose keys are not in `changed`, into `out`.
+fn copy_unchanged(
+    old: &Path,
+    dimension: usize,
+    changed: &HashSet<u64>,
+    out: &mut VectorsWriter,
+) -> Result<(), AnnError> {
+    let mut copied = Ok(());
+    vectors::scan(old, dimension, 8192, |keys, rows| {
+        for (key, v) in keys.iter().zip(rows.chunks(dimension)) {
+            if copied.is_ok() && !changed.contains(key) {
+                copied = out.push(*key, v);
+            }
+        }
+    })
+    .and(copied)
+    .map_err(|e| vectors_error(old, e))
 }
 
 /// The chunks of `set` changed after log position `after`, and the last position.

@@ -105,6 +105,18 @@ fn files(path: &Path) -> Vec<String> {
     graphs
 }
 
+/// A reader of `path` does not trust its ANN files (search answers exactly), and the next
+/// writer `f` rebuilds them.
+fn untrusted_until_rebuilt(path: &Path, q: &[f32], f: &SqliteFactory) {
+    assert!(SqliteReader::open(path)
+        .unwrap()
+        .nearest_ann(q, 10, None)
+        .unwrap()
+        .is_none());
+    let notes = f.finish().unwrap();
+    assert!(notes.iter().any(|n| n.contains("built")), "{notes:?}");
+}
+
 fn log_len(path: &Path) -> i64 {
     connect(path)
         .unwrap()
@@ -202,23 +214,11 @@ fn the_ann_answers_as_the_exact_scan_through_updates_deletes_and_a_killed_build(
     let mut bytes = std::fs::read(&vectors).unwrap();
     bytes[100] ^= 1;
     std::fs::write(&vectors, &bytes).unwrap();
-    assert!(SqliteReader::open(&path)
-        .unwrap()
-        .nearest_ann(&qs[0], 10, None)
-        .unwrap()
-        .is_none());
-    let notes = f.finish().unwrap();
-    assert!(notes.iter().any(|n| n.contains("built")), "{notes:?}");
+    untrusted_until_rebuilt(&path, &qs[0], &f);
     for name in files(&path) {
         std::fs::write(ann::dir_of(&path).join(name), b"not an index").unwrap();
     }
-    assert!(SqliteReader::open(&path)
-        .unwrap()
-        .nearest_ann(&qs[0], 10, None)
-        .unwrap()
-        .is_none());
-    let notes = f.finish().unwrap();
-    assert!(notes.iter().any(|n| n.contains("built")), "{notes:?}");
+    untrusted_until_rebuilt(&path, &qs[0], &f);
 
     // `none` drops it, files and all; search scans again.
     let f = factory(&path, AnnMode::None, AnnDtype::F16);
