@@ -394,6 +394,9 @@ fn print_write(r: &WriteBenchReport) {
             "search over {} queries: vector p50 {:.2} ms, p99 {:.2} ms; keyword p50 {:.2} ms, p99 {:.2} ms",
             l.queries, l.vector_p50_ms, l.vector_p99_ms, l.keyword_p50_ms, l.keyword_p99_ms
         );
+        if let (Some(p50), Some(p99)) = (l.hybrid_p50_ms, l.hybrid_p99_ms) {
+            println!("hybrid (dense + keyword, fused) p50 {p50:.2} ms, p99 {p99:.2} ms");
+        }
         if let (Some(recall), Some(e)) = (l.recall_at_10, l.exact_p50_ms) {
             println!("recall@10 against the exact scan {recall:.4} (exact scan p50 {e:.2} ms)");
         }

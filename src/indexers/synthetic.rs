@@ -378,6 +378,12 @@ pub struct SearchLatency {
     pub vector_p99_ms: f64,
     pub keyword_p50_ms: f64,
     pub keyword_p99_ms: f64,
+    /// The same vector and keyword queries as one hybrid search (dense and keyword ranked to
+    /// the hybrid depth and fused), measured by the caller through the searcher.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hybrid_p50_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hybrid_p99_ms: Option<f64>,
     /// The same vector queries again at each ef asked for (`bench --ef`), against the same
     /// exact answers.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -409,13 +415,7 @@ pub fn search_latency(
     filter: &super::filter::Where,
     efs: &[usize],
 ) -> Result<SearchLatency, BackendError> {
-    let mut rng = Rng(99);
-    let qs: Vec<Vec<f32>> = (0..queries)
-        .map(|_| match like {
-            Some(like) => like.query(&mut rng),
-            None => rng.unit(dim),
-        })
-        .collect();
+    let qs = bench_queries(queries, dim, like);
     // Each kind of query in its own loop, as a service answering a stream of them would run
     // (and as the peers' scripts time theirs): the exact scan between two ANN queries would
     // leave the graph out of every cache.
@@ -473,8 +473,35 @@ pub fn search_latency(
         vector_p99_ms: percentile(&mut vector, 0.99),
         keyword_p50_ms: percentile(&mut keyword, 0.5),
         keyword_p99_ms: percentile(&mut keyword, 0.99),
+        hybrid_p50_ms: None,
+        hybrid_p99_ms: None,
         ef_sweep,
     })
+}
+
+/// The bench's vector queries: drawn [`Like`] real ones, or uniform unit vectors.
+pub fn bench_queries(queries: usize, dim: usize, like: Option<&Like>) -> Vec<Vec<f32>> {
+    let mut rng = Rng(99);
+    (0..queries)
+        .map(|_| match like {
+            Some(like) => like.query(&mut rng),
+            None => rng.unit(dim),
+        })
+        .collect()
+}
+
+/// The bench's `i`th keyword query: two words of [`WORDS`].
+pub fn bench_words(i: usize) -> String {
+    format!(
+        "{} {}",
+        WORDS[i % WORDS.len()],
+        WORDS[(i * 7 + 3) % WORDS.len()]
+    )
+}
+
+/// Milliseconds at the 50th and 99th percentiles of `v` (sorted in place; not empty).
+pub fn p50_p99(v: &mut [f64]) -> (f64, f64) {
+    (percentile(v, 0.5), percentile(v, 0.99))
 }
 
 /// `queries` two-word keyword queries, each timed in milliseconds; each must find something.
@@ -486,11 +513,7 @@ fn keyword_latency(
 ) -> Result<Vec<f64>, BackendError> {
     let mut keyword = Vec::with_capacity(queries);
     for i in 0..queries {
-        let words = format!(
-            "{} {}",
-            WORDS[i % WORDS.len()],
-            WORDS[(i * 7 + 3) % WORDS.len()]
-        );
+        let words = bench_words(i);
         let t = Instant::now();
         let found_words = reader.keyword_where(&words, k, filter)?.len();
         keyword.push(t.elapsed().as_secs_f64() * 1e3);

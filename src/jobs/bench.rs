@@ -75,7 +75,7 @@ pub fn write(bench: &WriteBench<'_>) -> Result<WriteBenchReport, JobError> {
         } else {
             None
         };
-        Some(synthetic::search_latency(
+        let mut latency = synthetic::search_latency(
             reader.as_mut(),
             exact.as_deref(),
             bench.queries,
@@ -84,7 +84,11 @@ pub fn write(bench: &WriteBench<'_>) -> Result<WriteBenchReport, JobError> {
             like.as_ref(),
             &filter,
             bench.efs,
-        )?)
+        )?;
+        let (p50, p99) = hybrid_latency(reader, bench, like.as_ref(), &filter)?;
+        latency.hybrid_p50_ms = Some(p50);
+        latency.hybrid_p99_ms = Some(p99);
+        Some(latency)
     } else {
         None
     };
@@ -94,6 +98,40 @@ pub fn write(bench: &WriteBench<'_>) -> Result<WriteBenchReport, JobError> {
         peak_rss_mb: peak_rss_mb(),
         files_mb: indexers::files_bytes(&uri).map(|b| b as f64 / 1e6),
     })
+}
+
+/// The bench's vector and keyword queries as hybrid searches through the searcher (the
+/// vector given, as a server that embedded it would): p50 and p99 in milliseconds.
+fn hybrid_latency(
+    reader: Box<dyn indexers::IndexReader>,
+    bench: &WriteBench<'_>,
+    like: Option<&synthetic::Like>,
+    filter: &indexers::filter::Where,
+) -> Result<(f64, f64), JobError> {
+    use crate::search::{Fuse, Mode, QueryVectors, Searcher};
+    let searcher = Searcher::new(reader, None);
+    let mut ms = Vec::with_capacity(bench.queries);
+    for (i, q) in synthetic::bench_queries(bench.queries, bench.dim, like)
+        .into_iter()
+        .enumerate()
+    {
+        let given = QueryVectors {
+            dense: Some(q),
+            sparse: None,
+        };
+        let t = std::time::Instant::now();
+        searcher
+            .ranked_with(
+                &synthetic::bench_words(i),
+                given,
+                Mode::Hybrid(Fuse::DEFAULT),
+                10,
+                filter,
+            )
+            .map_err(|e| crate::indexers::BackendError::Io(e.to_string()))?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(synthetic::p50_p99(&mut ms))
 }
 
 /// The `--like` vectors, of the benchmark's dimension.

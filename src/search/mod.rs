@@ -317,12 +317,12 @@ impl Searcher {
         depth: usize,
         filter: &Where,
     ) -> Result<Vec<(i64, f64)>, SearchError> {
-        self.ranked_inner(query, QueryVectors::default(), mode, depth, filter)
+        self.ranked_with(query, QueryVectors::default(), mode, depth, filter)
     }
 
     /// Ranked, with the query's vectors where the caller encoded them already (else the
     /// searcher's models encode it, when the mode needs them).
-    fn ranked_inner(
+    pub fn ranked_with(
         &self,
         query: &str,
         given: QueryVectors,
@@ -451,7 +451,7 @@ impl Searcher {
     ) -> Result<Vec<Hit>, SearchError> {
         // Bounded here, whoever asks: the backends size buffers by k.
         let k = k.min(MAX_K);
-        let ranked = self.ranked_inner(query, vectors, mode, k, filter)?;
+        let ranked = self.ranked_with(query, vectors, mode, k, filter)?;
         let mut hits = Vec::with_capacity(ranked.len());
         for (i, (rowid, score)) in ranked.into_iter().enumerate() {
             if let Some(chunk) = self.reader.chunk(rowid)? {

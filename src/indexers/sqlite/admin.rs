@@ -286,7 +286,10 @@ impl crate::indexers::IndexStore for SqliteStore {
     /// Bring the ANN of each live vector set up to date with what the run wrote (a backfill's
     /// new set gets its own).
     fn finish_run(&mut self) -> Result<Vec<String>, StoreError> {
-        super::ann::maintain(&self.path, &mut self.conn).map_err(|e| StoreError::Io(e.to_string()))
+        let mut notes = super::ann::maintain(&self.path, &mut self.conn)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        notes.extend(super::keyword::maintain_noted(&self.path, &mut self.conn));
+        Ok(notes)
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod admin;
 pub mod ann;
+pub mod keyword;
 mod outputs;
 mod queue;
 pub(crate) mod reader;
@@ -370,7 +371,10 @@ impl BackendFactory for SqliteFactory {
     /// threshold), apply what the run changed, drop it (`none`).
     fn finish(&self) -> Result<Vec<String>, BackendError> {
         let mut conn = self.connection()?;
-        ann::maintain(&self.path, &mut conn).map_err(|e| BackendError::Io(e.to_string()))
+        let mut notes =
+            ann::maintain(&self.path, &mut conn).map_err(|e| BackendError::Io(e.to_string()))?;
+        notes.extend(keyword::maintain_noted(&self.path, &mut conn));
+        Ok(notes)
     }
 
     /// Documents whose chunks of their current version are all there (and, unless the run

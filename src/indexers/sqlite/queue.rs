@@ -476,6 +476,9 @@ impl LifecycleStore for SqliteStore {
             if let Err(e) = super::ann::apply_due(&self.path, &mut self.conn) {
                 tracing::warn!("applying the ANN's change log: {e}; the next run retries");
             }
+            if let Err(e) = super::keyword::maintain(&self.path, &mut self.conn, None) {
+                tracing::warn!("applying the keyword index's log: {e}; the next run retries");
+            }
         }
         Ok(done)
     }

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{ann, read_only_flags, register_sqlite_vec, schema::SCHEMA_VERSION, vector_bytes};
+use super::{
+    ann, keyword, read_only_flags, register_sqlite_vec, schema::SCHEMA_VERSION, vector_bytes,
+};
 use crate::indexers::meta::{annotation_sql, metadata_of};
 use crate::indexers::{BackendError, ChunkRow, IndexMeta};
 
@@ -27,6 +29,8 @@ pub struct SqliteReader {
     /// service answering many queries under one filter (a tenant, a folder) finds them once
     /// per change of the index.
     allowed: std::sync::Mutex<Option<AllowedCache>>,
+    /// The Tantivy index beside the file (`keyword.rs`), opened on first use.
+    keyword: std::sync::Mutex<Option<keyword::KeywordView>>,
 }
 
 type AllowedCache = (
@@ -125,6 +129,7 @@ impl SqliteReader {
             ef: None,
             last: std::sync::Mutex::new(None),
             allowed: std::sync::Mutex::new(None),
+            keyword: std::sync::Mutex::new(None),
         })
     }
 
@@ -388,6 +393,10 @@ impl SqliteReader {
         if filter.is_empty() {
             return self.keyword(query, k);
         }
+        let allowed = self.allowed(filter)?;
+        if let Some(found) = self.keyword_tantivy(query, k, Some(&allowed))? {
+            return Ok(found);
+        }
         let Some(terms) = fts_terms(query) else {
             return Ok(Vec::new());
         };
@@ -418,6 +427,14 @@ impl SqliteReader {
     /// best first (higher is better). Every word of the query is optional (OR), as keyword
     /// retrieval over natural-language questions wants.
     pub fn keyword(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
+        match self.keyword_tantivy(query, k, None)? {
+            Some(found) => Ok(found),
+            None => self.keyword_fts5(query, k),
+        }
+    }
+
+    /// [`SqliteReader::keyword`] by FTS5 alone.
+    pub fn keyword_fts5(&self, query: &str, k: usize) -> Result<Vec<(i64, f64)>, BackendError> {
         let terms: Vec<String> = query
             .split(|c: char| !c.is_alphanumeric())
             .filter(|t| !t.is_empty())
@@ -441,6 +458,48 @@ impl SqliteReader {
             .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
             .map_err(|e| self.err(e))?;
         Ok(rows)
+    }
+
+    /// [`SqliteReader::keyword`] from the Tantivy index beside the file, among `allowed`
+    /// where given; `None` where there is none or it has yet to take in a logged change (FTS5
+    /// answers then).
+    pub fn keyword_tantivy(
+        &self,
+        query: &str,
+        k: usize,
+        allowed: Option<&std::sync::Arc<rustc_hash::FxHashSet<u64>>>,
+    ) -> Result<Option<Vec<(i64, f64)>>, BackendError> {
+        if self.meta.schema_version < 10 {
+            return Ok(None);
+        }
+        let mut view = self.keyword.lock().unwrap_or_else(|p| p.into_inner());
+        if view.is_none() {
+            *view = keyword::KeywordView::open(&self.path);
+        }
+        let Some(v) = view.as_mut() else {
+            return Ok(None);
+        };
+        let (committed, mut waiting) =
+            keyword::standing(&self.conn, v.seq()).map_err(|e| self.err(e))?;
+        if committed > v.seq() {
+            if let Err(e) = v.reload() {
+                tracing::warn!("reloading the keyword index: {e}; FTS5 answers");
+                *view = None;
+                return Ok(None);
+            }
+            waiting = keyword::standing(&self.conn, v.seq())
+                .map_err(|e| self.err(e))?
+                .1;
+        }
+        if waiting {
+            return Ok(None);
+        }
+        v.search(query, k, allowed).map(Some).map_err(|e| {
+            BackendError::Io(format!(
+                "keyword search in `{}`: {e}",
+                keyword::dir_of(&self.path).display()
+            ))
+        })
     }
 
     pub fn chunk(&self, rowid: i64) -> Result<Option<ChunkRow>, BackendError> {

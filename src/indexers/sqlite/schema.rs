@@ -77,10 +77,16 @@
 //! - `stage_dependencies(stage, depends_on)`: the config's stage graph beyond `chunk`, read by
 //!   the claim (work waits for its dependencies) and by a stage's write (its dependents are
 //!   pending again).
+//!
+//! Version 10:
+//! - `keyword_log(seq, chunk)`: every chunk whose full-text entry a write added or removed,
+//!   once the index has a Tantivy index beside it (`meta.keyword_index`: `building`, `ready`;
+//!   `meta.keyword_seq`: the last position its commit holds), in the writer's transaction; the
+//!   next writer replays it into `<index>.keyword/` (see `keyword.rs`).
 
 use rusqlite::Connection;
 
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// Create or migrate the schema up to [`SCHEMA_VERSION`]. Runs in the caller's transaction.
 /// Version 3's data steps (vector set of an existing index, lifecycle rows of existing
@@ -318,7 +324,14 @@ pub(super) const V9: &str = "CREATE TABLE document_entities (
              ) WITHOUT ROWID;
              CREATE INDEX stage_dependencies_by_dependency ON stage_dependencies(depends_on);";
 
-const STEPS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6, V7, V8, V9];
+/// Version 10: the log of full-text changes the Tantivy index beside the file has yet to take
+/// in (`keyword.rs`).
+const V10: &str = "CREATE TABLE keyword_log (
+                 seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                 chunk INTEGER NOT NULL
+             );";
+
+const STEPS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6, V7, V8, V9, V10];
 
 /// Migrate from version `from` to `to` (tests build old versions with it).
 pub fn migrate_to(conn: &Connection, from: i64, to: i64) -> rusqlite::Result<()> {

@@ -238,6 +238,7 @@ fn write_chunk(
     let rowid = rowid.unwrap_or_else(|| tx.last_insert_rowid());
     tx.prepare_cached("INSERT INTO chunk_fts(rowid, text, heading_path) VALUES (?1, ?2, ?3)")?
         .execute(params![rowid, doc.fields.text, heading_path])?;
+    super::keyword::log_change(tx, rowid)?;
     if let (Some(vector), Some(active)) = (&chunk.vector, &ctx.active) {
         insert_vector(tx, &active.vec_table, rowid, vector)?;
         drop_replaced(tx, parent, &doc.id, &ctx.sets)?;
@@ -329,7 +330,7 @@ fn unindex_text(tx: &Connection, rowid: i64) -> rusqlite::Result<()> {
          SELECT 'delete', rowid, text, heading_path FROM chunks WHERE rowid = ?1",
     )?
     .execute([rowid])?;
-    Ok(())
+    super::keyword::log_change(tx, rowid)
 }
 
 /// Delete a chunk row with its vectors (in every set whose bit `embedded` has) and, for a

@@ -58,4 +58,5 @@ fn another_model_or_a_foreign_file_is_refused_without_touching_the_file() {
 }
 
 mod ann;
+mod keyword;
 mod migration;
