@@ -220,19 +220,58 @@ impl Vectors {
         self.at_slot(self.slot(self.find(key)?))
     }
 
+    /// The rows of `keys` the file holds, as (slot, key), in slot order (the order they lie
+    /// in the file): the keys sorted, then merged with the file's sorted keys by galloping,
+    /// so a few thousand keys cost a few cache misses each rather than a binary search each.
+    pub fn slots_of(&self, keys: impl Iterator<Item = u64>) -> Vec<(u32, u64)> {
+        let mut keys: Vec<u64> = keys.collect();
+        keys.sort_unstable();
+        let mut out = Vec::with_capacity(keys.len());
+        let mut lo = 0;
+        for key in keys {
+            // Gallop from the last match: 1, 2, 4... rows ahead, then a binary search inside.
+            let mut step = 1;
+            let mut hi = lo;
+            while hi < self.count && self.key(hi) < key {
+                lo = hi + 1;
+                hi = lo + step;
+                step *= 2;
+            }
+            let hi = hi.min(self.count);
+            let (mut a, mut b) = (lo, hi);
+            while a < b {
+                let mid = a + (b - a) / 2;
+                if self.key(mid) < key {
+                    a = mid + 1;
+                } else {
+                    b = mid;
+                }
+            }
+            lo = a;
+            if a < self.count && self.key(a) == key {
+                out.push((self.slot(a) as u32, key));
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// The vector in row `slot`, if there is one.
+    pub fn at(&self, slot: u32) -> Option<&[f32]> {
+        self.at_slot(slot as usize)
+    }
+
+    /// Ask the CPU to read row `slot` into its caches ahead of its use.
+    pub fn prefetch_slot(&self, slot: u32) {
+        if let Some(v) = self.at_slot(slot as usize) {
+            prefetch(v);
+        }
+    }
+
     /// Ask the kernel to read `key`'s vector in ahead of its use.
     pub fn prefetch(&self, key: u64) {
         if let Some(v) = self.get(key) {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a prefetch is a hint; the address is inside the mapping.
-            unsafe {
-                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                for line in (0..v.len()).step_by(16) {
-                    _mm_prefetch(v.as_ptr().add(line) as *const i8, _MM_HINT_T0);
-                }
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = v;
+            prefetch(v);
         }
     }
 
@@ -241,6 +280,20 @@ impl Vectors {
     pub fn iter(&self) -> impl Iterator<Item = (u64, &[f32])> + '_ {
         (0..self.count).filter_map(|i| Some((self.key(i), self.at_slot(self.slot(i))?)))
     }
+}
+
+/// A hint to the CPU to bring every cache line of `v` in.
+fn prefetch(v: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; every address is inside `v`.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        for line in (0..v.len()).step_by(16) {
+            _mm_prefetch(v.as_ptr().add(line) as *const i8, _MM_HINT_T0);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = v;
 }
 
 #[cfg(test)]
@@ -277,6 +330,35 @@ mod tests {
         .unwrap();
         assert_eq!(seen, keys);
         assert!(Vectors::open(&path, 4).is_err());
+    }
+
+    #[test]
+    fn slots_of_finds_each_held_key_once_in_file_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.vectors");
+        let mut w = VectorsWriter::create(&path, 2).unwrap();
+        // Keys 0, 3, 6... written in a scrambled order.
+        let written: Vec<u64> = (0..3000u64).map(|i| (i * 7919 % 3000) * 3).collect();
+        for &k in &written {
+            w.push(k, &[k as f32, 0.5]).unwrap();
+        }
+        w.finish().unwrap();
+        let v = Vectors::open(&path, 2).unwrap();
+        for every in [1u64, 2, 5, 97, 2999] {
+            // Every `every`th number: held keys (multiples of 3) and missing ones.
+            let asked: Vec<u64> = (0..9100).step_by(every as usize).collect();
+            let got = v.slots_of(asked.iter().rev().copied());
+            let mut want: Vec<(u32, u64)> = asked
+                .iter()
+                .filter_map(|&k| Some((v.slot(v.find(k)?) as u32, k)))
+                .collect();
+            want.sort_unstable();
+            assert_eq!(got, want, "every {every}");
+            for (slot, key) in got {
+                assert_eq!(v.at(slot).unwrap(), &[key as f32, 0.5]);
+            }
+        }
+        assert!(v.slots_of(std::iter::empty()).is_empty());
     }
 
     #[test]
